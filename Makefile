@@ -1,0 +1,42 @@
+# One entry point for setup, checks, tests and the demo; every target installs what it needs.
+PY ?= python3.11
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+TEST_REDIS_URL ?= redis://127.0.0.1:6379/15
+
+.PHONY: install check test test-fast demo serve redis clean
+
+$(STAMP): pyproject.toml
+	test -x $(BIN)/python || $(PY) -m venv $(VENV)
+	# torch first, pinned, so the CPU build on disk is used instead of a multi-GB CUDA build.
+	$(BIN)/pip install -q torch==2.13.0
+	$(BIN)/pip install -q -e '.[dev]'
+	touch $(STAMP)
+
+install: $(STAMP)
+
+redis:
+	@command -v redis-server >/dev/null || { apt-get update -q && apt-get install -y -q redis-server; }
+	@redis-cli -h 127.0.0.1 -p 6379 ping >/dev/null 2>&1 || { \
+	  echo "starting redis-server on 127.0.0.1:6379"; \
+	  redis-server --daemonize yes --bind 127.0.0.1 --port 6379 --save "" --appendonly no \
+	    --dir /tmp --logfile /tmp/nobackfill-redis.log; \
+	  for i in 1 2 3 4 5 6 7 8 9 10; do redis-cli ping >/dev/null 2>&1 && break; sleep 0.5; done; }
+
+check: $(STAMP)
+	$(BIN)/ruff check service tests loadtest
+	$(BIN)/ruff format --check service tests loadtest
+	$(BIN)/mypy
+
+test: $(STAMP) redis
+	NOBACKFILL_TEST_REDIS_URL=$(TEST_REDIS_URL) $(BIN)/pytest -q -p no:cacheprovider
+
+demo: $(STAMP)
+	$(BIN)/nobackfill demo
+
+serve: $(STAMP)
+	$(BIN)/nobackfill serve
+
+clean:
+	rm -rf $(VENV) artifacts .mypy_cache .ruff_cache .pytest_cache .hypothesis

@@ -1,0 +1,151 @@
+"""Locust load test for POST /v1/search against a gallery of the synthetic world.
+
+Run: `locust -f loadtest/locustfile.py --headless --host http://127.0.0.1:8000` (nothing else is
+required). Queries are captions of random gallery items (`item-0000001234 caption-7`); a chosen
+share repeats earlier queries so the old-embedding cache hits. Because the synthetic world knows
+the ground truth, each answer is also scored: did the query's own item come back in the top 10?
+That hit@10, per mode, is printed at the end and written to `--hit-report` as JSON.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import threading
+from collections import defaultdict
+from pathlib import Path
+from typing import Any
+
+from locust import between, events, task
+from locust.contrib.fasthttp import FastHttpUser
+
+K = 10
+CAPTION_VARIANTS = 1_000_000  # fresh queries pick a caption index from here, so they rarely repeat
+
+
+@events.init_command_line_parser.add_listener
+def _add_arguments(parser: Any) -> None:
+    """Knobs of the query mix; every one has a default."""
+    parser.add_argument(
+        "--repeat-ratio", type=float, default=0.8, help="share of queries repeating a hot one"
+    )
+    parser.add_argument("--hot-set", type=int, default=2000, help="distinct queries that repeat")
+    parser.add_argument("--batch-mix", default="1:0.9,8:0.1", help="batch size:weight, comma separated")
+    parser.add_argument(
+        "--mode-mix", default="slerp:0.7,aligned:0.1,old:0.1,compare:0.1", help="mode:weight, comma separated"
+    )
+    parser.add_argument("--gallery-size", type=int, default=0, help="items in the gallery (0: ask /v1/info)")
+    parser.add_argument(
+        "--hit-report", default="loadtest/results/hit_at_10.json", help="where to write hit@10"
+    )
+    parser.add_argument(
+        "--think-time", type=float, default=0.0, help="max seconds a user waits between requests"
+    )
+
+
+def parse_mix(text: str) -> tuple[list[str], list[float]]:
+    """'a:0.7,b:0.3' -> (['a', 'b'], [0.7, 0.3])."""
+    names, weights = [], []
+    for part in text.split(","):
+        name, _, weight = part.partition(":")
+        names.append(name.strip())
+        weights.append(float(weight or 1))
+    return names, weights
+
+
+class HitCounter:
+    """hit@10 per mode, shared by all users of this process."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.hits: dict[str, int] = defaultdict(int)
+        self.total: dict[str, int] = defaultdict(int)
+
+    def add(self, mode: str, hit: bool) -> None:
+        """Count one answered query."""
+        with self.lock:
+            self.total[mode] += 1
+            self.hits[mode] += int(hit)
+
+    def report(self) -> dict[str, dict[str, float]]:
+        """{mode: {queries, hits, hit@10}}."""
+        with self.lock:
+            return {
+                mode: {"queries": n, "hits": self.hits[mode], "hit@10": self.hits[mode] / n}
+                for mode, n in sorted(self.total.items())
+                if n
+            }
+
+
+HITS = HitCounter()
+GALLERY: dict[str, int] = {}
+
+
+@events.test_start.add_listener
+def _learn_gallery_size(environment: Any, **_: Any) -> None:
+    """Use --gallery-size, or ask the service how many items its gallery holds."""
+    size = environment.parsed_options.gallery_size if environment.parsed_options else 0
+    if not size:
+        import urllib.request
+
+        with urllib.request.urlopen(f"{environment.host}/v1/info", timeout=30) as response:
+            size = int(json.load(response)["gallery"]["ntotal"])
+    GALLERY["size"] = size
+
+
+@events.test_stop.add_listener
+def _write_hit_report(environment: Any, **_: Any) -> None:
+    """Print hit@10 per mode and save it beside the CSVs."""
+    report = HITS.report()
+    print("hit@10 by mode:", json.dumps(report, indent=2))
+    target = Path(environment.parsed_options.hit_report if environment.parsed_options else "hit_at_10.json")
+    target.parent.mkdir(parents=True, exist_ok=True)
+    target.write_text(json.dumps(report, indent=2))
+
+
+class SearchUser(FastHttpUser):
+    """One client sending caption queries in the configured mix."""
+
+    wait_time = between(0, 0)
+
+    def on_start(self) -> None:
+        """Read the mix once per user."""
+        options = self.environment.parsed_options
+        self.repeat_ratio = options.repeat_ratio if options else 0.8
+        self.hot_set = options.hot_set if options else 2000
+        self.batch_sizes, self.batch_weights = parse_mix(options.batch_mix if options else "1:1")
+        self.modes, self.mode_weights = parse_mix(options.mode_mix if options else "slerp:1")
+        think = options.think_time if options else 0.0
+        self.wait_time = between(0, think) if think else between(0, 0)  # type: ignore[method-assign]
+        self.rng = random.Random()
+
+    def next_query(self) -> tuple[int, str]:
+        """(item id, caption): a hot repeat with probability repeat_ratio, else a fresh caption."""
+        size = GALLERY.get("size", 1)
+        if self.rng.random() < self.repeat_ratio:
+            hot = self.rng.randrange(min(self.hot_set, size))
+            item = hot * max(size // max(self.hot_set, 1), 1) % size
+            return item, f"item-{item:010d} caption-0"
+        item = self.rng.randrange(size)
+        return item, f"item-{item:010d} caption-{self.rng.randrange(1, CAPTION_VARIANTS)}"
+
+    @task
+    def search(self) -> None:
+        """One POST /v1/search, checked for status, result count and hit@10."""
+        batch = self.rng.choices(self.batch_sizes, self.batch_weights)[0]
+        mode = self.rng.choices(self.modes, self.mode_weights)[0]
+        picks = [self.next_query() for _ in range(int(batch))]
+        body = {"queries": [{"text": text} for _, text in picks], "k": K, "mode": mode}
+        with self.client.post(
+            "/v1/search", json=body, name=f"/v1/search [{mode} x{batch}]", catch_response=True
+        ) as response:
+            if response.status_code != 200:
+                response.failure(f"HTTP {response.status_code}: {response.text[:200]}")
+                return
+            results = response.json()["results"]
+            if len(results) != len(picks) or any(len(r["ids"]) != K for r in results):
+                response.failure(f"expected {len(picks)} results of {K} ids")
+                return
+            for (item, _), result in zip(picks, results, strict=True):
+                HITS.add(mode, item in result["ids"])
+            response.success()

@@ -1,0 +1,155 @@
+"""Turn a load-test run (Locust CSVs, /metrics scrapes, hit@10) into loadtest/report.md and PNG plots.
+
+python loadtest/report.py --results loadtest/results --out loadtest/report.md
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import os
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+from prometheus_client.parser import text_string_to_metric_families  # noqa: E402
+
+
+def read_csv(path: Path) -> list[dict[str, str]]:
+    """Rows of a Locust CSV."""
+    with path.open() as handle:
+        return list(csv.DictReader(handle))
+
+
+def cache_counts(text: str) -> tuple[float, float]:
+    """(hits, misses) from one /metrics scrape."""
+    hits = misses = 0.0
+    for family in text_string_to_metric_families(text):
+        if family.name != "nobackfill_cache_events":
+            continue
+        for sample in family.samples:
+            if sample.name.endswith("_total"):
+                event = sample.labels.get("event")
+                hits += sample.value if event == "hit" else 0.0
+                misses += sample.value if event == "miss" else 0.0
+    return hits, misses
+
+
+def stage_means_ms(text: str) -> dict[str, float]:
+    """Mean time per stage (ms) from the stage histogram of one scrape."""
+    sums: dict[str, float] = {}
+    counts: dict[str, float] = {}
+    for family in text_string_to_metric_families(text):
+        if family.name != "nobackfill_stage_duration_seconds":
+            continue
+        for sample in family.samples:
+            stage = sample.labels.get("stage", "?")
+            if sample.name.endswith("_sum"):
+                sums[stage] = sample.value
+            elif sample.name.endswith("_count"):
+                counts[stage] = sample.value
+    return {stage: 1000 * sums[stage] / counts[stage] for stage in sums if counts.get(stage)}
+
+
+def scrapes(path: Path) -> list[tuple[float, str]]:
+    """(unix time, exposition text) for each periodic scrape."""
+    if not path.exists():
+        return []
+    out: list[tuple[float, str]] = []
+    for chunk in path.read_text().split("### ")[1:]:
+        stamp, _, body = chunk.partition("\n")
+        if body.strip():
+            out.append((float(stamp), body))
+    return out
+
+
+def plot_history(history: list[dict[str, str]], results: Path) -> list[str]:
+    """Latency percentiles and throughput over time; returns the PNG names."""
+    rows = [r for r in history if r.get("Name") == "Aggregated" and r.get("50%", "N/A") != "N/A"]
+    if not rows:
+        return []
+    start = float(rows[0]["Timestamp"])
+    t = [float(r["Timestamp"]) - start for r in rows]
+    fig, ax = plt.subplots(figsize=(8, 4))
+    for pct in ("50%", "95%", "99%"):
+        ax.plot(t, [float(r[pct]) for r in rows], label=f"p{pct.rstrip('%')}")
+    ax.set(xlabel="seconds", ylabel="latency (ms)", title="Latency percentiles (cumulative)")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(results / "latency.png")
+    fig, ax = plt.subplots(figsize=(8, 4))
+    ax.plot(t, [float(r["Requests/s"]) for r in rows], label="requests/s")
+    ax.plot(t, [float(r["Failures/s"]) for r in rows], label="failures/s")
+    ax.set(xlabel="seconds", ylabel="per second", title="Throughput")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(results / "throughput.png")
+    plt.close("all")
+    return ["latency.png", "throughput.png"]
+
+
+def plot_cache(series: list[tuple[float, str]], results: Path) -> str | None:
+    """Cache hit ratio between consecutive scrapes."""
+    points = [(stamp, *cache_counts(text)) for stamp, text in series]
+    xs, ys = [], []
+    for (_, h0, m0), (t1, h1, m1) in zip(points, points[1:], strict=False):
+        looked_up = (h1 - h0) + (m1 - m0)
+        if looked_up > 0:
+            xs.append(t1 - points[0][0])
+            ys.append((h1 - h0) / looked_up)
+    if not xs:
+        return None
+    fig, ax = plt.subplots(figsize=(8, 4))
+    ax.plot(xs, ys)
+    ax.set(xlabel="seconds", ylabel="hit ratio", ylim=(0, 1), title="Old-embedding cache hit ratio")
+    fig.tight_layout()
+    fig.savefig(results / "cache_hit_ratio.png")
+    plt.close(fig)
+    return "cache_hit_ratio.png"
+
+
+def main() -> None:
+    """Write the report."""
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--results", type=Path, default=Path("loadtest/results"))
+    parser.add_argument("--out", type=Path, default=Path("loadtest/report.md"))
+    args = parser.parse_args()
+    results: Path = args.results
+    stats = read_csv(results / "locust_stats.csv")
+    history_path = results / "locust_stats_history.csv"
+    history = read_csv(history_path) if history_path.exists() else []
+    final_path = results / "metrics-final.txt"
+    final = final_path.read_text() if final_path.exists() else ""
+    hits_path = results / "hit_at_10.json"
+    hit_report = json.loads(hits_path.read_text()) if hits_path.exists() else {}
+    images = plot_history(history, results)
+    cache_png = plot_cache(scrapes(results / "metrics.txt"), results)
+    hits, misses = cache_counts(final)
+    lines = [
+        "# Load test report",
+        "",
+        "| name | requests | failures | req/s | p50 ms | p95 ms | p99 ms |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for row in stats:
+        lines.append(
+            f"| {row['Name']} | {row['Request Count']} | {row['Failure Count']} | {float(row['Requests/s']):.1f} "
+            f"| {row['50%']} | {row['95%']} | {row['99%']} |"
+        )
+    ratio = f"{hits / (hits + misses):.3f}" if hits + misses else "n/a"
+    lines += ["", f"Cache hit ratio (service counters): {ratio} ({hits:.0f} hits, {misses:.0f} misses)", ""]
+    lines += ["| mode | queries | hit@10 |", "|---|---|---|"]
+    lines += [f"| {mode} | {r['queries']} | {r['hit@10']:.3f} |" for mode, r in hit_report.items()]
+    lines += ["", "Mean time per stage (ms, service histograms):", ""]
+    lines += [f"- {stage}: {ms:.3f}" for stage, ms in sorted(stage_means_ms(final).items())]
+    pngs = [name for name in [*images, cache_png] if name]
+    lines += [""] + [f"![{name}]({os.path.relpath(results / name, args.out.parent)})" for name in pngs]
+    args.out.write_text("\n".join(lines) + "\n")
+    print(args.out.read_text())
+
+
+if __name__ == "__main__":
+    main()

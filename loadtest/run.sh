@@ -1,0 +1,63 @@
+#!/usr/bin/env bash
+# Bounded end-to-end load test: start what is missing (Redis, the service on GALLERY/PROFILE),
+# run Locust headless, scrape /metrics meanwhile, then write loadtest/report.md and PNG plots.
+#
+#   loadtest/run.sh [--gallery DIR] [--profile DIR] [--users 32] [--spawn-rate 8] [--duration 60s]
+#                   [--port 8000] [--out loadtest/results] [--redis-url URL] [-- extra locust args]
+set -euo pipefail
+cd "$(dirname "$0")/.."
+BIN=${BIN:-.venv/bin}
+GALLERY=artifacts/demo/gallery PROFILE=artifacts/demo/profile USERS=32 SPAWN=8 DURATION=60s PORT=8000
+OUT=loadtest/results REDIS_URL=${REDIS_URL:-redis://127.0.0.1:6379/0} EXTRA=()
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --gallery) GALLERY=$2; shift 2 ;;
+    --profile) PROFILE=$2; shift 2 ;;
+    --users) USERS=$2; shift 2 ;;
+    --spawn-rate) SPAWN=$2; shift 2 ;;
+    --duration) DURATION=$2; shift 2 ;;
+    --port) PORT=$2; shift 2 ;;
+    --out) OUT=$2; shift 2 ;;
+    --redis-url) REDIS_URL=$2; shift 2 ;;
+    --) shift; EXTRA=("$@"); break ;;
+    *) echo "unknown argument: $1" >&2; exit 2 ;;
+  esac
+done
+mkdir -p "$OUT"
+HOST="http://127.0.0.1:$PORT"
+PIDS=()
+cleanup() { for pid in "${PIDS[@]}"; do kill "$pid" 2>/dev/null || true; done; wait 2>/dev/null || true; }
+trap cleanup EXIT
+
+redis_host=$(echo "$REDIS_URL" | sed -E 's#redis://([^:/]+):?([0-9]*).*#\1#')
+redis_port=$(echo "$REDIS_URL" | sed -E 's#redis://([^:/]+):?([0-9]*).*#\2#'); redis_port=${redis_port:-6379}
+if ! redis-cli -h "$redis_host" -p "$redis_port" ping >/dev/null 2>&1; then
+  echo "starting redis-server on $redis_host:$redis_port"
+  redis-server --port "$redis_port" --bind "$redis_host" --save "" --appendonly no >"$OUT/redis.log" 2>&1 &
+  PIDS+=($!)
+fi
+
+if ! curl -sf "$HOST/readyz" >/dev/null 2>&1; then
+  [ -f "$GALLERY/gallery.json" ] || { echo "no gallery at $GALLERY (make demo builds one)" >&2; exit 2; }
+  echo "starting the service on $HOST ($GALLERY, $PROFILE)"
+  NOBACKFILL_INDEX__GALLERY_DIR=$GALLERY NOBACKFILL_COMPAT__PROFILE_DIR=$PROFILE \
+    NOBACKFILL_CACHE__REDIS_URL=$REDIS_URL NOBACKFILL_API__PORT=$PORT \
+    "$BIN/nobackfill" serve >"$OUT/service.log" 2>&1 &
+  PIDS+=($!)
+  for _ in $(seq 1 300); do curl -sf "$HOST/readyz" >/dev/null 2>&1 && break; sleep 1; done
+  curl -sf "$HOST/readyz" >/dev/null || { echo "service not ready; see $OUT/service.log" >&2; exit 1; }
+fi
+
+# Scrape /metrics every 5 s for the cache-hit-ratio plot; the last scrape holds the stage breakdown.
+( while true; do
+    printf '### %s\n' "$(date +%s)"; curl -sf "$HOST/metrics" || true; sleep 5
+  done ) >"$OUT/metrics.txt" 2>/dev/null &
+PIDS+=($!)
+
+status=0
+"$BIN/locust" -f loadtest/locustfile.py --headless --host "$HOST" --users "$USERS" --spawn-rate "$SPAWN" \
+  --run-time "$DURATION" --stop-timeout 10 --csv "$OUT/locust" --csv-full-history --only-summary \
+  --hit-report "$OUT/hit_at_10.json" "${EXTRA[@]}" || status=$?
+curl -sf "$HOST/metrics" >"$OUT/metrics-final.txt"
+"$BIN/python" loadtest/report.py --results "$OUT" --out loadtest/report.md
+exit "$status"  # Locust exits non-zero when any request failed

@@ -1,0 +1,111 @@
+"""The FastAPI app factory: lifespan loads the pipeline, one handler renders every error."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import signal
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+
+from fastapi import FastAPI, Request, Response
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import ORJSONResponse
+
+from service import __version__, metrics
+from service.api.routes import router
+from service.errors import NobackfillError, Overloaded
+from service.pipeline import Pipeline
+from service.settings import Settings
+
+log = logging.getLogger("nobackfill")
+
+
+def _error(status: int, code: str, message: str, headers: dict[str, str] | None = None) -> ORJSONResponse:
+    """The one error shape."""
+    return ORJSONResponse({"error": {"code": code, "message": message}}, status_code=status, headers=headers)
+
+
+async def _on_service_error(_: Request, exc: Exception) -> Response:
+    """Render a NobackfillError with its own status and code."""
+    assert isinstance(exc, NobackfillError)
+    headers = {"Retry-After": str(exc.retry_after_s)} if isinstance(exc, Overloaded) else None
+    return _error(exc.status, exc.code, exc.message, headers)
+
+
+async def _on_validation_error(_: Request, exc: Exception) -> Response:
+    """Render a malformed body as 422 in the same shape, naming the first bad field."""
+    assert isinstance(exc, RequestValidationError)
+    first = exc.errors()[0] if exc.errors() else {"loc": (), "msg": "invalid request"}
+    where = ".".join(str(part) for part in first.get("loc", ()) if part != "body")
+    return _error(422, "invalid_request", f"{where}: {first.get('msg')}" if where else str(first.get("msg")))
+
+
+def _install_sighup(app: FastAPI) -> None:
+    """SIGHUP reloads the configured profile (kept as is when the new one fails)."""
+
+    async def reload() -> None:
+        pipeline: Pipeline | None = getattr(app.state, "pipeline", None)
+        if pipeline is None:
+            return
+        try:
+            profile = await pipeline.reload_profile()
+            log.info("SIGHUP: profile %s loaded", profile.profile_id)
+        except NobackfillError as exc:
+            log.error("SIGHUP: profile reload refused, keeping the current one: %s", exc.message)
+
+    loop = asyncio.get_running_loop()
+    with contextlib.suppress(NotImplementedError, RuntimeError, ValueError):
+        loop.add_signal_handler(signal.SIGHUP, lambda: app.state.tasks.add(loop.create_task(reload())))
+
+
+def create_app(settings: Settings | None = None) -> FastAPI:
+    """Build the app; the heavy loading happens in the lifespan, not at import or construction."""
+    settings = settings or Settings()
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        app.state.tasks = set()
+        metrics.BUILD_INFO.info({"version": __version__})
+        app.state.pipeline = await Pipeline.build(settings)
+        _install_sighup(app)
+        try:
+            yield
+        finally:
+            pipeline: Pipeline = app.state.pipeline
+            app.state.pipeline = None
+            await pipeline.aclose()
+
+    app = FastAPI(
+        title="nobackfill",
+        version=__version__,
+        description="Serve a new embedding model against a gallery frozen in the old model's space.",
+        default_response_class=ORJSONResponse,
+        lifespan=lifespan,
+    )
+    app.state.settings = settings
+    app.state.pipeline = None
+    app.add_exception_handler(NobackfillError, _on_service_error)
+    app.add_exception_handler(RequestValidationError, _on_validation_error)
+
+    @app.middleware("http")
+    async def count_requests(
+        request: Request, call_next: Callable[[Request], Awaitable[Response]]
+    ) -> Response:
+        """Request count and latency by route template, mode and status."""
+        start = time.perf_counter()
+        status = 500
+        try:
+            response = await call_next(request)
+            status = response.status_code
+            return response
+        finally:
+            route = request.scope.get("route")
+            path = getattr(route, "path", "unmatched")
+            mode = getattr(request.state, "mode", "-")
+            metrics.REQUESTS.labels(route=path, mode=mode, status=str(status)).inc()
+            metrics.REQUEST_DURATION.labels(route=path).observe(time.perf_counter() - start)
+
+    app.include_router(router)
+    return app

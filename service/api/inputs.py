@@ -1,0 +1,50 @@
+"""Turn validated request bodies into pipeline queries: decode images, convert embeddings."""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import io
+
+import numpy as np
+from PIL import Image, UnidentifiedImageError
+
+from service.api.schemas import QueryIn
+from service.errors import InputError
+from service.pipeline import Query
+
+
+def check_image(i: int, payload: str, max_bytes: int) -> None:
+    """Refuse a payload that is not strict base64 of a decodable image within the size limit."""
+    if len(payload) > max_bytes * 4 // 3 + 4:
+        raise InputError(f"queries[{i}].image_b64 is over the {max_bytes}-byte limit")
+    try:
+        raw = base64.b64decode(payload, validate=True)
+    except (binascii.Error, ValueError) as exc:
+        raise InputError(f"queries[{i}].image_b64 is not valid base64") from exc
+    try:
+        with Image.open(io.BytesIO(raw)) as image:
+            image.verify()
+    except (UnidentifiedImageError, OSError, SyntaxError, ValueError) as exc:
+        raise InputError(f"queries[{i}].image_b64 is not a readable image") from exc
+
+
+def to_queries(items: list[QueryIn], max_image_bytes: int) -> list[Query]:
+    """Pipeline queries in request order; images are checked here, everything else in the pipeline."""
+    queries = []
+    for i, item in enumerate(items):
+        if item.text is not None:
+            queries.append(Query(modality="text", content=item.text))
+        elif item.image_b64 is not None:
+            check_image(i, item.image_b64, max_image_bytes)
+            # Image backends receive the base64 payload itself; it also keys the cache.
+            queries.append(Query(modality="image", content=item.image_b64))
+        else:
+            queries.append(
+                Query(
+                    modality=item.modality or "text",
+                    old_embedding=np.asarray(item.old_embedding, dtype=np.float32),
+                    new_embedding=np.asarray(item.new_embedding, dtype=np.float32),
+                )
+            )
+    return queries

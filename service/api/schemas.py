@@ -1,0 +1,90 @@
+"""Request and response bodies of the HTTP API."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+QueryModality = Literal["text", "image"]
+
+
+class QueryIn(BaseModel):
+    """One query: text, a base64 image, or both embeddings precomputed by the caller."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    text: str | None = None
+    image_b64: str | None = None
+    old_embedding: list[float] | None = None
+    new_embedding: list[float] | None = None
+    modality: QueryModality | None = Field(
+        None, description="Query modality for precomputed embeddings (picks the alpha); default text."
+    )
+
+    @model_validator(mode="after")
+    def _exactly_one_kind(self) -> QueryIn:
+        """A query is text, or an image, or a pair of embeddings, never a mix."""
+        kinds = [self.text is not None, self.image_b64 is not None, self.old_embedding is not None]
+        if self.new_embedding is not None and self.old_embedding is None:
+            raise ValueError("new_embedding needs old_embedding beside it")
+        if self.old_embedding is not None and self.new_embedding is None:
+            raise ValueError("old_embedding needs new_embedding beside it")
+        if sum(kinds) != 1:
+            raise ValueError("give exactly one of text, image_b64, or old_embedding + new_embedding")
+        return self
+
+
+class SearchRequest(BaseModel):
+    """POST /v1/search body."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    queries: list[QueryIn]
+    k: int = 10
+    mode: str | None = None
+    alpha: float | None = None
+    nprobe: int | None = None
+    debug: bool = False
+
+
+class QueryResultOut(BaseModel):
+    """Top-k for one query."""
+
+    ids: list[int]
+    scores: list[float]
+    mode: str
+    alpha: float | None
+    cache: Literal["hit", "miss", "off"]
+    theta: float | None = None
+    timings_ms: dict[str, float] | None = None
+    old_ids: list[int] | None = None
+    old_scores: list[float] | None = None
+    overlap: float | None = None
+
+
+class SearchResponse(BaseModel):
+    """POST /v1/search answer, results in request order."""
+
+    results: list[QueryResultOut]
+
+
+class ReloadRequest(BaseModel):
+    """POST /v1/admin/reload-profile body; no path reloads the configured profile directory."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    profile_dir: str | None = None
+
+
+class ErrorBody(BaseModel):
+    """The one error shape: {"error": {"code", "message"}}."""
+
+    code: str
+    message: str
+
+
+class ErrorResponse(BaseModel):
+    """Envelope of ErrorBody."""
+
+    error: ErrorBody

@@ -1,0 +1,35 @@
+"""The `nobackfill` command line: wires the command groups and renders errors as one line, exit 2."""
+
+from __future__ import annotations
+
+import sys
+
+import typer
+
+from service.commands import compat, gallery, serve, synth
+from service.errors import NobackfillError
+
+app = typer.Typer(no_args_is_help=True, pretty_exceptions_enable=False, add_completion=False)
+profile_app = typer.Typer(no_args_is_help=True, help="Inspect compatibility profiles.")
+
+app.command("fit")(compat.fit)
+app.command("eval")(compat.evaluate)
+profile_app.command("show")(compat.profile_show)
+app.add_typer(profile_app, name="profile")
+app.add_typer(gallery.app, name="gallery", help="Build, inspect and evaluate frozen IVF-PQ galleries.")
+app.add_typer(synth.app, name="synth", help="Write support / test sets from the synthetic upgrade world.")
+app.command("serve")(serve.serve)
+app.command("demo")(serve.demo)
+
+
+def main() -> None:
+    """Console entry point: run the CLI, turning our errors into `error: ...` and exit code 2."""
+    try:
+        app()
+    except NobackfillError as exc:
+        typer.echo(f"error: {exc.message}", err=True)
+        sys.exit(2)
+
+
+if __name__ == "__main__":
+    main()

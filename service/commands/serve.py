@@ -1,0 +1,74 @@
+"""`nobackfill serve` (uvicorn) and `nobackfill demo` (build a small synthetic world, then serve it)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import typer
+
+from service.settings import CompatSettings, IndexSettings, Settings
+
+DEMO_DIR = Path("artifacts/demo")
+DEMO_GALLERY_SIZE = 50_000
+DEMO_SUPPORT_SIZE = 10_000
+
+CURL_EXAMPLE = """\
+curl -s http://{host}:{port}/v1/search -H 'content-type: application/json' \\
+  -d '{{"queries": [{{"text": "item-0000000042 caption-1"}}], "k": 5, "debug": true}}'"""
+
+
+def serve(
+    host: str | None = typer.Option(None, help="Bind address (default: settings api.host)."),
+    port: int | None = typer.Option(None, help="Port (default: settings api.port)."),
+    workers: int | None = typer.Option(None, help="Worker processes (default: settings api.workers)."),
+) -> None:
+    """Run the HTTP service with the configured encoders, gallery and profile."""
+    settings = Settings()
+    _run(settings, host or settings.api.host, port or settings.api.port, workers or settings.api.workers)
+
+
+def _run(settings: Settings, host: str, port: int, workers: int) -> None:
+    """Start uvicorn; several workers each build their own app from the environment."""
+    import uvicorn
+
+    if workers > 1:
+        uvicorn.run("service.api.app:create_app", factory=True, host=host, port=port, workers=workers)
+        return
+    from service.api.app import create_app
+
+    uvicorn.run(create_app(settings), host=host, port=port)
+
+
+def _cli(*args: str) -> None:
+    """Run one `nobackfill` subcommand as a user would, stopping the demo if it fails."""
+    done = subprocess.run([sys.executable, "-m", "service.cli", *args], check=False)
+    if done.returncode != 0:
+        raise typer.Exit(done.returncode)
+
+
+def demo(
+    port: int = typer.Option(8000, help="Port for the demo service."),
+    gallery_size: int = typer.Option(DEMO_GALLERY_SIZE, help="Items in the demo gallery."),
+    prepare_only: bool = typer.Option(False, help="Build the artifacts, then exit without serving."),
+) -> None:
+    """Build a small synthetic gallery and profile if missing, then serve them on 127.0.0.1."""
+    gallery_dir, profile_dir, support_dir = DEMO_DIR / "gallery", DEMO_DIR / "profile", DEMO_DIR / "support"
+    if not (gallery_dir / "gallery.json").exists():
+        typer.echo(f"building a {gallery_size:,}-item synthetic gallery in {gallery_dir}")
+        _cli("gallery", "build", "--size", str(gallery_size), "--out", str(gallery_dir), "--force")
+    if not (profile_dir / "profile.json").exists():
+        if not (support_dir / "old_query.npy").exists():
+            _cli("synth", "support", "--n", str(DEMO_SUPPORT_SIZE), "--out", str(support_dir))
+        _cli("fit", str(support_dir), "--out", str(profile_dir), "--force")
+    if prepare_only:
+        return
+    settings = Settings(
+        index=IndexSettings(gallery_dir=gallery_dir),
+        compat=CompatSettings(profile_dir=profile_dir),
+    )
+    cache = settings.cache.redis_url or "in-process LRU (set NOBACKFILL_CACHE__REDIS_URL for Redis)"
+    typer.echo(f"serving on http://127.0.0.1:{port} (cache: {cache}); try:")
+    typer.echo(CURL_EXAMPLE.format(host="127.0.0.1", port=port))
+    _run(settings, "127.0.0.1", port, 1)

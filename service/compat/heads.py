@@ -1,0 +1,118 @@
+"""The query transform every caller shares (HTTP service and `nobackfill eval`), so results are identical.
+
+transform() computes u = normalise(pad(old)), v = normalise(pad(new) @ R), blends them in the padded
+space (as the paper does: the angle theta counts every coordinate of v), then keeps the first d_old
+coordinates and renormalises.  The dropped coordinates meet only zeros in the padded gallery, so
+inner-product ranking on the old gallery is exactly the padded ranking.
+
+Modes: `old` (u), `aligned` (v), `slerp`, `nlerp` (the profile's alpha for the query modality, or an
+explicit alpha), `adaptive` (per-query alpha = clip(a + b (cos - c_ref), 0, 1); an explicit alpha
+replaces the base a).  An explicit alpha is refused for `old` and `aligned`, whose weight is fixed.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+import numpy.typing as npt
+
+from service.compat.interpolation import adaptive_alpha, geometry, nlerp, slerp
+from service.compat.procrustes import align, normalize_rows, pad
+from service.compat.profile import BLEND_MODES, CompatProfile
+from service.errors import InputError, UnsupportedMode
+
+Array = npt.NDArray[np.float32]
+
+
+@dataclass(frozen=True)
+class Transformed:
+    """Queries ready for the old gallery, with the angle between endpoints and the weight used."""
+
+    queries: Array  # [n, d_old], unit rows
+    theta: Array  # [n] radians between u and v (0 where one endpoint is absent)
+    alpha: float  # the weight on v; for `adaptive` the mean of the per-query weights
+    row_alpha: Array  # [n] per-query weight on v
+
+
+def _check_rows(x: npt.NDArray[np.floating] | None, dim: int, name: str, needed: bool, mode: str) -> Array | None:
+    """Validate one side of the input: shape, finiteness, no zero rows."""
+    if x is None:
+        if needed:
+            raise InputError(f"mode {mode!r} needs the {name} query embeddings")
+        return None
+    arr = np.asarray(x, dtype=np.float32)
+    if arr.ndim != 2 or arr.shape[1] != dim:
+        raise InputError(f"{name} embeddings have shape {arr.shape}, expected [n, {dim}]")
+    if not np.isfinite(arr).all():
+        raise InputError(f"{name} embeddings contain NaN/inf")
+    if len(arr) and not np.any(arr != 0, axis=1).all():
+        raise InputError(f"{name} embeddings contain an all-zero row")
+    return arr
+
+
+def _mode_params(profile: CompatProfile, mode: str, modality: str) -> dict[str, float]:
+    """The fitted parameters of a blend mode for a query modality."""
+    try:
+        return profile.params[modality][mode]
+    except KeyError:
+        fitted = ", ".join(sorted(profile.params)) or "none"
+        raise UnsupportedMode(
+            f"profile {profile.profile_id} has no {mode} weight for {modality!r} queries (fitted: {fitted}); "
+            "pass an explicit alpha"
+        ) from None
+
+
+def transform(
+    profile: CompatProfile,
+    mode: str,
+    old: npt.NDArray[np.floating] | None,
+    new: npt.NDArray[np.floating] | None,
+    modality: str,
+    alpha: float | None = None,
+) -> Transformed:
+    """Turn old / new query embeddings into unit queries [n, d_old] for the old gallery."""
+    if mode not in profile.modes():
+        served = ", ".join(profile.modes())
+        raise UnsupportedMode(f"unknown mode {mode!r}; profile {profile.profile_id} serves {served}")
+    if alpha is not None:
+        if mode not in BLEND_MODES:
+            raise InputError(f"an explicit alpha applies to {', '.join(BLEND_MODES)}, not to mode {mode!r}")
+        if not (math.isfinite(alpha) and 0.0 <= alpha <= 1.0):
+            raise InputError(f"alpha must be within [0, 1], got {alpha}")
+    u_raw = _check_rows(old, profile.old_dim, "old", needed=mode != "aligned", mode=mode)
+    v_raw = _check_rows(new, profile.new_dim, "new", needed=mode != "old", mode=mode)
+    if u_raw is not None and v_raw is not None and len(u_raw) != len(v_raw):
+        raise InputError(f"{len(u_raw)} old rows but {len(v_raw)} new rows")
+    d_old, d = profile.old_dim, profile.dim
+    u = pad(normalize_rows(u_raw), d) if u_raw is not None else None
+    v = align(v_raw, profile.rotation, d_old) if v_raw is not None else None
+    n = len(u) if u is not None else len(v) if v is not None else 0
+    cos = np.ones(n, np.float64)
+    theta = np.zeros(n, np.float32)
+    if u is not None and v is not None:
+        g = geometry(u, v)
+        cos, theta = g.cos, g.theta.astype(np.float32)
+
+    used: float
+    if mode == "old":
+        assert u is not None
+        q, row_alpha, used = u, np.zeros(n, np.float32), 0.0
+    elif mode == "aligned":
+        assert v is not None
+        q, row_alpha, used = v, np.ones(n, np.float32), 1.0
+    elif mode == "adaptive":
+        assert u is not None and v is not None
+        params = _mode_params(profile, mode, modality)
+        a = alpha if alpha is not None else params["a"]
+        row_alpha = adaptive_alpha(cos, a, params["b"], params["c_ref"])
+        q = nlerp(u, v, row_alpha)
+        used = float(row_alpha.astype(np.float64).mean()) if n else float(a)
+    else:
+        assert u is not None and v is not None
+        used = float(alpha) if alpha is not None else _mode_params(profile, mode, modality)["alpha"]
+        row_alpha = np.full(n, used, np.float32)
+        q = slerp(u, v, used) if mode == "slerp" else nlerp(u, v, used)
+    queries = normalize_rows(q[:, :d_old])
+    return Transformed(queries=queries, theta=theta, alpha=used, row_alpha=row_alpha)

@@ -1,0 +1,147 @@
+"""Blending the old query u with the aligned new query v on the unit sphere: SLERP, NLERP, adaptive NLERP.
+
+All functions take float32 rows [n, d] (normalised here again, so slightly off-norm inputs are fine),
+vectorise over rows, compute in float64 and return float32 unit rows; they never emit NaN.
+
+Degenerate pairs (theta = angle(u, v)):
+- theta ~ 0 (sin theta < 1e-6): the arc has no length; the linear blend normalise((1-a) u + a v)
+  is the exact limit of SLERP there, so it is returned (u itself when u == v).
+- theta ~ pi (v ~ -u): every great circle through u and -u is a shortest arc.  Rule: travel along
+  a deterministic direction w orthogonal to u, namely the standard basis axis e_j with the smallest
+  |u_j| (lowest index on ties) with its u-component removed.  So alpha = 0 gives u, alpha = 1 gives
+  -u ~ v, and the same input always gives the same output.
+- NLERP whose blend cancels ((1-a) u + a v ~ 0, i.e. v ~ -u at a ~ 0.5) returns the SLERP point
+  of the same row, which follows the rule above.
+
+Adaptive NLERP (002_..., Appendix N): the weight moves with the agreement of the two endpoints,
+    alpha_i = clip(a + b * (cos_i - c_ref), 0, 1),   cos_i = u_i . v_i,
+with c_ref the median cosine on the support set and (a, b) chosen on the support grid by
+`selection.py`.  b > 0 trusts the new model more where the two models agree.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import numpy.typing as npt
+
+Array = npt.NDArray[np.float32]
+AlphaLike = float | npt.NDArray[np.floating]
+
+_DEGENERATE_SIN = 1e-6
+_EPS = 1e-30
+
+
+def _unit64(x: npt.NDArray[np.floating]) -> npt.NDArray[np.float64]:
+    """Rows as float64 unit vectors; zero rows stay zero."""
+    x64 = np.asarray(x, dtype=np.float64)
+    assert x64.ndim == 2, f"expected [n, d] rows, got shape {x64.shape}"
+    norms = np.linalg.norm(x64, axis=1, keepdims=True)
+    out: npt.NDArray[np.float64] = x64 / np.maximum(norms, _EPS)
+    return out
+
+
+def _alpha_column(alpha: AlphaLike, n: int) -> npt.NDArray[np.float64]:
+    """Broadcast a scalar or per-row alpha to a float64 column [n, 1]."""
+    a = np.asarray(alpha, dtype=np.float64)
+    if a.ndim == 0:
+        return np.full((n, 1), float(a))
+    assert a.shape == (n,), f"alpha must be a scalar or shape ({n},), got {a.shape}"
+    return a.reshape(n, 1)
+
+
+def _orthogonal_fallback(u: npt.NDArray[np.float64]) -> npt.NDArray[np.float64]:
+    """Deterministic unit direction orthogonal to each row of u (axis of smallest |u_j|, deflated)."""
+    n, d = u.shape
+    if d == 1:
+        # No orthogonal direction exists on the 0-sphere; stay on u (documented degenerate case).
+        return u.copy()
+    j = np.argmin(np.abs(u), axis=1)
+    w = np.zeros_like(u)
+    w[np.arange(n), j] = 1.0
+    w -= u * u[np.arange(n), j][:, None]
+    out: npt.NDArray[np.float64] = w / np.maximum(np.linalg.norm(w, axis=1, keepdims=True), _EPS)
+    return out
+
+
+@dataclass(frozen=True)
+class Geometry:
+    """Per-row geometry of a pair: unit u, unit tangent w at u pointing to v, angle theta, cosine."""
+
+    u: npt.NDArray[np.float64]
+    w: npt.NDArray[np.float64]
+    theta: npt.NDArray[np.float64]
+    cos: npt.NDArray[np.float64]
+    near_zero: npt.NDArray[np.bool_]
+
+
+def geometry(u: npt.NDArray[np.floating], v: npt.NDArray[np.floating]) -> Geometry:
+    """Decompose v = cos(theta) u + sin(theta) w per row, with the degenerate rules of this module."""
+    assert np.shape(u) == np.shape(v), f"u {np.shape(u)} and v {np.shape(v)} differ"
+    u64, v64 = _unit64(u), _unit64(v)
+    cos = np.clip(np.sum(u64 * v64, axis=1), -1.0, 1.0)
+    perp = v64 - cos[:, None] * u64
+    sin = np.linalg.norm(perp, axis=1)
+    # atan2 keeps theta accurate near 0 and pi, where arccos(cos) loses half the digits.
+    theta = np.arctan2(sin, cos)
+    degenerate = sin < _DEGENERATE_SIN
+    near_zero = degenerate & (cos > 0)
+    near_pi = degenerate & (cos <= 0)
+    w = perp / np.maximum(sin, _EPS)[:, None]
+    if near_pi.any():
+        w[near_pi] = _orthogonal_fallback(u64[near_pi])
+        theta[near_pi] = np.pi
+    return Geometry(u=u64, w=w, theta=theta, cos=cos, near_zero=near_zero)
+
+
+def angle(u: npt.NDArray[np.floating], v: npt.NDArray[np.floating]) -> Array:
+    """Angle in radians between matching rows of u and v, in [0, pi]."""
+    return geometry(u, v).theta.astype(np.float32)
+
+
+def _finish(q: npt.NDArray[np.float64]) -> Array:
+    """Renormalise float64 rows and hand them back as float32."""
+    return _unit64(q).astype(np.float32)
+
+
+def slerp(u: npt.NDArray[np.floating], v: npt.NDArray[np.floating], alpha: AlphaLike) -> Array:
+    """Spherical interpolation: the point at angle alpha * theta from u on the arc to v (unit rows)."""
+    g = geometry(u, v)
+    a = _alpha_column(alpha, g.u.shape[0])
+    # cos/sin form of SLERP: identical to sin((1-a)t)/sin(t) u + sin(a t)/sin(t) v, but has no
+    # division by sin(theta), so it stays finite up to theta = pi.
+    phi = a * g.theta[:, None]
+    q = np.cos(phi) * g.u + np.sin(phi) * g.w
+    if g.near_zero.any():
+        v64 = _unit64(v)[g.near_zero]
+        az = a[g.near_zero]
+        q[g.near_zero] = (1.0 - az) * g.u[g.near_zero] + az * v64
+    return _finish(q)
+
+
+def nlerp(u: npt.NDArray[np.floating], v: npt.NDArray[np.floating], alpha: AlphaLike) -> Array:
+    """Normalised linear interpolation normalise((1-alpha) u + alpha v) of unit rows (unit rows out)."""
+    u64, v64 = _unit64(u), _unit64(v)
+    a = _alpha_column(alpha, u64.shape[0])
+    q = (1.0 - a) * u64 + a * v64
+    cancelled = np.linalg.norm(q, axis=1) < _DEGENERATE_SIN
+    if cancelled.any():
+        idx = np.flatnonzero(cancelled)
+        a_sub = a[idx, 0]
+        q[idx] = slerp(u64[idx], v64[idx], a_sub).astype(np.float64)
+    return _finish(q)
+
+
+def adaptive_alpha(cos: npt.NDArray[np.floating], a: float, b: float, c_ref: float) -> npt.NDArray[np.float32]:
+    """Per-query weight clip(a + b * (cos - c_ref), 0, 1) from the endpoint agreement cos = u . v."""
+    return np.clip(a + b * (np.asarray(cos, dtype=np.float64) - c_ref), 0.0, 1.0).astype(np.float32)
+
+
+def adaptive_nlerp(
+    u: npt.NDArray[np.floating], v: npt.NDArray[np.floating], a: float, b: float, c_ref: float
+) -> tuple[Array, npt.NDArray[np.float32]]:
+    """NLERP with the per-query weight of `adaptive_alpha`; returns (unit rows, per-row alpha)."""
+    cos = np.sum(_unit64(u) * _unit64(v), axis=1)
+    alpha = adaptive_alpha(cos, a, b, c_ref)
+    return nlerp(u, v, alpha), alpha

@@ -1,0 +1,1 @@
+"""Encoders: the `Encoder` protocol, backends, device resolution and per-encoder micro-batching."""

@@ -1,0 +1,239 @@
+"""Per-encoder micro-batching: concurrent `encode` calls coalesce into batches on a dedicated thread.
+
+    callers ──encode(items, modality)──► pending entries, one deque per modality
+                                              │  collector task (event loop): oldest entry's modality,
+                                              │  fill up to max_batch_size, wait <= max_wait_ms
+                                              ▼
+                           single-thread executor "encoder-{name}" ── encoder.encode(batch, modality)
+                                              │
+                         rows sliced back to each caller's future (event loop)
+
+Each batcher owns one worker thread, so the old and the new encoder run at the same time (torch
+and time.sleep release the GIL) and the event loop never runs model code. A call larger than
+`max_batch_size` is split into chunks; entries are never split further, so a batch holds whole
+entries of one modality. An encoder exception fails the callers of that batch only.
+The batcher's `name` labels its metrics (`old` / `new`): keep it to a fixed set.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections import deque
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from service import metrics
+from service.encoders.base import Embeddings, Encoder, Modality
+from service.errors import NotReady
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(eq=False)
+class _Entry:
+    """Up to max_batch_size items of one modality from one call, waiting for a batch."""
+
+    items: list[str]
+    modality: Modality
+    future: asyncio.Future[Embeddings]
+    enqueued: float = field(default_factory=time.perf_counter)
+
+
+class MicroBatcher:
+    """Coalesce concurrent encode calls into batches run on the encoder's own worker thread."""
+
+    def __init__(
+        self,
+        encoder: Encoder,
+        max_batch_size: int,
+        max_wait_ms: float,
+        name: str,
+        *,
+        batching: bool = True,
+    ) -> None:
+        if max_batch_size < 1 or max_wait_ms < 0:
+            raise ValueError("max_batch_size must be >= 1 and max_wait_ms >= 0")
+        self.encoder = encoder
+        self.name = name
+        self.max_batch_size = max_batch_size
+        self.max_wait_s = max_wait_ms / 1000
+        # batching=False: one entry per encoder call, no waiting (the baseline for benchmarks).
+        self.batching = batching
+        self._pending: dict[Modality, deque[_Entry]] = {}
+        self._depth = 0
+        self._wakeup = asyncio.Event()
+        self._executor: ThreadPoolExecutor | None = None
+        self._collector: asyncio.Task[None] | None = None
+        self._accepting = False
+        self._draining = False
+
+    @property
+    def queue_depth(self) -> int:
+        """Items waiting for a batch (not counting the batch on the worker now)."""
+        return self._depth
+
+    @property
+    def running(self) -> bool:
+        """True between start() and stop()."""
+        return self._accepting
+
+    async def start(self) -> None:
+        """Create the worker thread and the collector task; idempotent."""
+        if self._accepting:
+            return
+        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"encoder-{self.name}")
+        # A fresh event per start: asyncio primitives bind to the loop that first uses them.
+        self._wakeup = asyncio.Event()
+        self._draining = False
+        self._accepting = True
+        self._collector = asyncio.create_task(self._collect_forever(), name=f"batcher-{self.name}")
+
+    async def stop(self, drain: bool = True) -> None:
+        """Refuse new calls; finish pending ones (drain) or fail them with NotReady; join the worker."""
+        if self._collector is None:
+            return
+        self._accepting = False
+        collector, self._collector = self._collector, None
+        if drain:
+            self._draining = True
+            self._wakeup.set()
+            await collector
+        else:
+            collector.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await collector
+            self._fail_pending(NotReady(f"encoder {self.name!r} stopped"))
+        executor, self._executor = self._executor, None
+        if executor is not None:
+            # shutdown(wait=True) blocks until a running batch ends: do that wait off the loop.
+            await asyncio.to_thread(executor.shutdown, True)
+
+    async def encode(self, items: list[str], modality: Modality = "text") -> Embeddings:
+        """Float32 [len(items), dim] rows, encoded in whatever batches the traffic allows."""
+        if not self._accepting:
+            raise NotReady(f"encoder {self.name!r} is not running")
+        if not items:
+            return np.empty((0, self.encoder.dim), dtype=np.float32)
+        loop = asyncio.get_running_loop()
+        step = self.max_batch_size
+        entries = [
+            _Entry(items[i : i + step], modality, loop.create_future()) for i in range(0, len(items), step)
+        ]
+        queue = self._pending.setdefault(modality, deque())
+        queue.extend(entries)
+        self._set_depth(self._depth + len(items))
+        self._wakeup.set()
+        if len(entries) == 1:
+            return await entries[0].future
+        # Wait for every chunk even when one fails, so no future is left with an unread exception.
+        results = await asyncio.gather(*(entry.future for entry in entries), return_exceptions=True)
+        chunks: list[Embeddings] = []
+        for result in results:
+            if isinstance(result, BaseException):
+                raise result
+            chunks.append(result)
+        return np.concatenate(chunks)
+
+    async def _collect_forever(self) -> None:
+        """Form and run batches until stopped (and, when draining, until nothing is pending)."""
+        try:
+            await self._collect()
+        except Exception as exc:  # a bug here must not leave callers waiting forever
+            log.exception("batcher %r crashed", self.name)
+            self._accepting = False
+            self._fail_pending(exc)
+
+    async def _collect(self) -> None:
+        while True:
+            if not self._depth:
+                if self._draining:
+                    return
+                self._wakeup.clear()
+                await self._wakeup.wait()
+                continue
+            batch = await self._next_batch()
+            if batch:
+                await self._run(batch)
+
+    async def _next_batch(self) -> list[_Entry]:
+        """Take entries of the oldest entry's modality, waiting up to max_wait for the batch to fill."""
+        queue = min((q for q in self._pending.values() if q), key=lambda q: q[0].enqueued)
+        if self.batching and not self._draining:
+            deadline = queue[0].enqueued + self.max_wait_s
+            while sum(len(e.items) for e in queue) < self.max_batch_size and not self._draining:
+                remaining = deadline - time.perf_counter()
+                if remaining <= 0:
+                    break
+                self._wakeup.clear()
+                try:
+                    await asyncio.wait_for(self._wakeup.wait(), remaining)
+                except TimeoutError:
+                    break
+        batch: list[_Entry] = []
+        size = 0
+        while queue:
+            entry = queue[0]
+            if batch and (not self.batching or size + len(entry.items) > self.max_batch_size):
+                break
+            queue.popleft()
+            self._set_depth(self._depth - len(entry.items))
+            if entry.future.done():  # the caller gave up (cancelled): do not spend compute on it
+                continue
+            batch.append(entry)
+            size += len(entry.items)
+        return batch
+
+    async def _run(self, batch: list[_Entry]) -> None:
+        """Encode one batch on the worker thread and hand each entry its rows (or the exception)."""
+        assert self._executor is not None
+        modality = batch[0].modality
+        items = [item for entry in batch for item in entry.items]
+        started = time.perf_counter()
+        wait_hist = metrics.STAGE_DURATION.labels(stage="queue_wait")
+        for entry in batch:
+            wait_hist.observe(started - entry.enqueued)
+        metrics.ENCODER_BATCH_SIZE.labels(encoder=self.name).observe(len(items))
+        loop = asyncio.get_running_loop()
+        try:
+            rows = await loop.run_in_executor(self._executor, self.encoder.encode, items, modality)
+            rows = np.asarray(rows, dtype=np.float32)
+            if rows.ndim != 2 or rows.shape[0] != len(items):
+                raise RuntimeError(
+                    f"encoder {self.name!r} returned shape {rows.shape} for a batch of {len(items)}"
+                )
+        except asyncio.CancelledError:
+            # stop(drain=False) cancelled us mid-batch; the thread finishes on its own.
+            self._fail(batch, NotReady(f"encoder {self.name!r} stopped"))
+            raise
+        except Exception as exc:  # only this batch's callers see it; the batcher keeps serving
+            log.warning("encoder %r failed on a batch of %d: %r", self.name, len(items), exc)
+            self._fail(batch, exc)
+            return
+        finally:
+            metrics.ENCODER_BATCH_DURATION.labels(encoder=self.name).observe(time.perf_counter() - started)
+        start = 0
+        for entry in batch:
+            stop = start + len(entry.items)
+            if not entry.future.done():
+                entry.future.set_result(rows[start:stop])
+            start = stop
+
+    def _fail(self, batch: list[_Entry], exc: BaseException) -> None:
+        for entry in batch:
+            if not entry.future.done():
+                entry.future.set_exception(exc)
+
+    def _fail_pending(self, exc: BaseException) -> None:
+        for queue in self._pending.values():
+            self._fail(list(queue), exc)
+            queue.clear()
+        self._set_depth(0)
+
+    def _set_depth(self, depth: int) -> None:
+        self._depth = depth
+        metrics.QUEUE_DEPTH.labels(encoder=self.name).set(depth)

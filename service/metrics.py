@@ -1,0 +1,152 @@
+"""Every Prometheus collector of the service, declared in one place on a private registry.
+
+The registry is module-level and not prometheus-client's global default, so importing the service
+never clashes with other libraries' collectors, and tests read values with
+`REGISTRY.get_sample_value(...)`. All app instances in one process share these collectors.
+Names carry the `nobackfill_` prefix and their unit; every label has a small, fixed set of values:
+
+    nobackfill_requests_total{route, mode, status}        counter    route = route template, never a raw path
+    nobackfill_request_duration_seconds{route}            histogram  whole request, middleware to response
+    nobackfill_stage_duration_seconds{stage}              histogram  cache_lookup|old_encode|new_encode|
+                                                                     queue_wait|transform|search
+    nobackfill_requests_in_flight                         gauge
+    nobackfill_encoder_batch_size{encoder}                histogram  encoder = old|new (the batcher's name)
+    nobackfill_encoder_batch_duration_seconds{encoder}    histogram  one encoder.encode call on its worker
+    nobackfill_encoder_queue_depth{encoder}               gauge      items waiting for a batch
+    nobackfill_cache_events_total{event}                  counter    hit|miss|error|write_error|skipped
+    nobackfill_cache_breaker_open                         gauge      1 while Redis is skipped (cooling down)
+    nobackfill_residual_angle_radians                     histogram  theta between u and v, per query
+    nobackfill_build_info / _profile_info / _gallery_info info
+
+Cache events: `hit` and `miss` count keys (a lookup that failed or was skipped returns misses, so
+its keys count as misses too); `error`, `write_error` and `skipped` count operations.
+Multi-process serving (several uvicorn workers) would need prometheus-client's multiprocess mode;
+the service runs one worker per process and scales by replicas instead.
+"""
+
+from __future__ import annotations
+
+import math
+
+from prometheus_client import (
+    CONTENT_TYPE_LATEST,
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    Info,
+    generate_latest,
+)
+
+REGISTRY = CollectorRegistry(auto_describe=True)
+
+# 0.1 ms to 10 s: a cache hit is sub-millisecond, a cold encoder batch on CPU can take seconds.
+LATENCY_BUCKETS_S = (
+    0.0001,
+    0.00025,
+    0.0005,
+    0.001,
+    0.0025,
+    0.005,
+    0.01,
+    0.025,
+    0.05,
+    0.1,
+    0.25,
+    0.5,
+    1.0,
+    2.5,
+    5.0,
+    10.0,
+)
+BATCH_SIZE_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)
+# Residual angle between two unit vectors lies in [0, pi]; finer steps where real upgrades land.
+ANGLE_BUCKETS_RAD = (0.05, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.8, 1.0, 1.2, 1.4, math.pi / 2, 2.0, 2.5, math.pi)
+
+STAGES = ("cache_lookup", "old_encode", "new_encode", "queue_wait", "transform", "search")
+CACHE_EVENTS = ("hit", "miss", "error", "write_error", "skipped")
+
+REQUESTS = Counter(
+    "nobackfill_requests_total",
+    "HTTP requests by route template, query mode and status code.",
+    ["route", "mode", "status"],
+    registry=REGISTRY,
+)
+REQUEST_DURATION = Histogram(
+    "nobackfill_request_duration_seconds",
+    "Whole-request latency by route template.",
+    ["route"],
+    buckets=LATENCY_BUCKETS_S,
+    registry=REGISTRY,
+)
+STAGE_DURATION = Histogram(
+    "nobackfill_stage_duration_seconds",
+    "Latency of one stage of the query path.",
+    ["stage"],
+    buckets=LATENCY_BUCKETS_S,
+    registry=REGISTRY,
+)
+IN_FLIGHT = Gauge(
+    "nobackfill_requests_in_flight",
+    "Queries being served right now.",
+    registry=REGISTRY,
+)
+ENCODER_BATCH_SIZE = Histogram(
+    "nobackfill_encoder_batch_size",
+    "Items per encoder call, after micro-batching.",
+    ["encoder"],
+    buckets=BATCH_SIZE_BUCKETS,
+    registry=REGISTRY,
+)
+ENCODER_BATCH_DURATION = Histogram(
+    "nobackfill_encoder_batch_duration_seconds",
+    "Time of one encoder call on the encoder's worker thread.",
+    ["encoder"],
+    buckets=LATENCY_BUCKETS_S,
+    registry=REGISTRY,
+)
+QUEUE_DEPTH = Gauge(
+    "nobackfill_encoder_queue_depth",
+    "Items waiting in an encoder's micro-batcher.",
+    ["encoder"],
+    registry=REGISTRY,
+)
+CACHE_EVENTS_TOTAL = Counter(
+    "nobackfill_cache_events_total",
+    "Old-embedding cache: hit/miss per key; error/write_error/skipped per operation.",
+    ["event"],
+    registry=REGISTRY,
+)
+CACHE_BREAKER_OPEN = Gauge(
+    "nobackfill_cache_breaker_open",
+    "1 while the Redis circuit breaker is open and lookups skip Redis, else 0.",
+    registry=REGISTRY,
+)
+RESIDUAL_ANGLE = Histogram(
+    "nobackfill_residual_angle_radians",
+    "Angle theta between the old query embedding and the mapped new one.",
+    buckets=ANGLE_BUCKETS_RAD,
+    registry=REGISTRY,
+)
+BUILD_INFO = Info("nobackfill_build", "Service version and build.", registry=REGISTRY)
+PROFILE_INFO = Info("nobackfill_profile", "The compat profile being served.", registry=REGISTRY)
+GALLERY_INFO = Info("nobackfill_gallery", "The frozen gallery being searched.", registry=REGISTRY)
+
+# Label children created up front so dashboards see zeros instead of missing series.
+for _stage in STAGES:
+    STAGE_DURATION.labels(stage=_stage)
+for _event in CACHE_EVENTS:
+    CACHE_EVENTS_TOTAL.labels(event=_event)
+
+
+def cache_event(event: str, amount: int = 1) -> None:
+    """Count `amount` cache events of one kind (see CACHE_EVENTS)."""
+    if event not in CACHE_EVENTS:  # a free-form label value would make the series unbounded
+        raise ValueError(f"unknown cache event {event!r}")
+    if amount:
+        CACHE_EVENTS_TOTAL.labels(event=event).inc(amount)
+
+
+def render() -> tuple[bytes, str]:
+    """The registry in Prometheus text format, with its content type, for the /metrics route."""
+    return generate_latest(REGISTRY), CONTENT_TYPE_LATEST

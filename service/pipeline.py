@@ -1,0 +1,444 @@
+"""The query path without HTTP: cache lookup, old and new encoders at once, compat head, gallery search.
+
+Old embeddings come from the cache when they can; the misses go to the old encoder while the new
+encoder runs on every query at the same time, each behind its own micro-batcher and device. New old
+embeddings are written back to the cache in the background so the response never waits for Redis.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import time
+from collections.abc import Awaitable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, TypeVar
+
+import numpy as np
+
+from service import metrics
+from service.cache import EmbeddingCache, create_cache
+from service.compat.heads import transform
+from service.compat.profile import CompatProfile, load_profile
+from service.encoders.base import Embeddings, Encoder, Modality
+from service.encoders.batcher import MicroBatcher
+from service.encoders.registry import create_encoder
+from service.errors import ArtifactError, InputError, Overloaded, TooManyQueries, UnsupportedMode
+from service.index.gallery import Gallery
+from service.settings import Settings
+
+T = TypeVar("T")
+
+# Modes that never look at one of the two query embeddings, so that encoder is skipped.
+OLD_FREE_MODES = frozenset({"aligned", "adapter", "psp", "lsp"})
+NEW_FREE_MODES = frozenset({"old"})
+COMPARE = "compare"
+KNOWN_MODES = frozenset(
+    {"old", "aligned", "slerp", "nlerp", "adaptive", "adapter", "adapter+slerp", "psp", "lsp", COMPARE}
+)
+
+
+@dataclass(frozen=True)
+class Query:
+    """One query: content for the encoders, or both embeddings given by the caller."""
+
+    modality: Modality
+    content: str | None = None
+    old_embedding: Embeddings | None = None
+    new_embedding: Embeddings | None = None
+
+
+@dataclass
+class QueryResult:
+    """Top-k for one query, plus what produced it."""
+
+    ids: list[int]
+    scores: list[float]
+    mode: str
+    alpha: float | None
+    cache: str
+    theta: float | None = None
+    old_ids: list[int] | None = None
+    old_scores: list[float] | None = None
+    overlap: float | None = None
+
+
+@dataclass
+class SearchOutcome:
+    """Results in request order and the time each stage took, in milliseconds."""
+
+    results: list[QueryResult]
+    timings_ms: dict[str, float] = field(default_factory=dict)
+
+
+@contextmanager
+def _stage(timings: dict[str, float], name: str) -> Iterator[None]:
+    """Time a stage into the request's timings and the stage histogram."""
+    start = time.perf_counter()
+    try:
+        yield
+    finally:
+        elapsed = time.perf_counter() - start
+        timings[name] = timings.get(name, 0.0) + elapsed * 1000
+        metrics.STAGE_DURATION.labels(stage=name).observe(elapsed)
+
+
+async def _timed(timings: dict[str, float], name: str, work: Awaitable[T]) -> T:
+    """Await `work`, timing it as a stage."""
+    with _stage(timings, name):
+        return await work
+
+
+def _unit_rows(rows: np.ndarray) -> Embeddings:
+    """Float32 copy with unit-norm rows (cached float16 rows drift slightly off the sphere)."""
+    rows = np.asarray(rows, dtype=np.float32)
+    norms = np.linalg.norm(rows, axis=1, keepdims=True)
+    return np.asarray(rows / np.maximum(norms, 1e-12), dtype=np.float32)
+
+
+def check_compatible(profile: CompatProfile, old: Encoder, new: Encoder, gallery: Gallery) -> None:
+    """Refuse a profile whose dims or model ids do not match the encoders and the gallery."""
+    problems = []
+    if profile.old_dim != gallery.dim:
+        problems.append(f"profile old dim {profile.old_dim} != gallery dim {gallery.dim}")
+    if profile.old_dim != old.dim:
+        problems.append(f"profile old dim {profile.old_dim} != old encoder dim {old.dim}")
+    if profile.new_dim != new.dim:
+        problems.append(f"profile new dim {profile.new_dim} != new encoder dim {new.dim}")
+    if profile.old_model_id != old.model_id:
+        problems.append(f"profile old model {profile.old_model_id!r} != old encoder {old.model_id!r}")
+    if profile.new_model_id != new.model_id:
+        problems.append(f"profile new model {profile.new_model_id!r} != new encoder {new.model_id!r}")
+    if problems:
+        raise ArtifactError("profile does not match the service: " + "; ".join(problems))
+
+
+class Pipeline:
+    """Owns the encoders' batchers, the cache, the gallery and the current profile."""
+
+    def __init__(
+        self,
+        settings: Settings,
+        old: MicroBatcher,
+        new: MicroBatcher,
+        cache: EmbeddingCache,
+        gallery: Gallery,
+        profile: CompatProfile,
+    ) -> None:
+        self.settings = settings
+        self.old = old
+        self.new = new
+        self.cache = cache
+        self.gallery = gallery
+        self.profile = profile
+        self.in_flight = 0
+        self._background: set[asyncio.Task[None]] = set()
+
+    @classmethod
+    async def build(cls, settings: Settings) -> Pipeline:
+        """Load encoders, gallery and profile (off the event loop), check they fit, start the batchers."""
+        old_encoder, new_encoder = await asyncio.gather(
+            asyncio.to_thread(create_encoder, settings.old, "old"),
+            asyncio.to_thread(create_encoder, settings.new, "new"),
+        )
+        gallery, profile, _, _ = await asyncio.gather(
+            asyncio.to_thread(Gallery.load, settings.index.gallery_dir),
+            asyncio.to_thread(load_profile, settings.compat.profile_dir),
+            asyncio.to_thread(old_encoder.warmup),
+            asyncio.to_thread(new_encoder.warmup),
+        )
+        check_compatible(profile, old_encoder, new_encoder, gallery)
+        if settings.compat.default_mode not in {*profile.modes(), COMPARE}:
+            raise ArtifactError(
+                f"default mode {settings.compat.default_mode!r} is not served by the profile "
+                f"(it has {', '.join(profile.modes())})"
+            )
+        cache = create_cache(settings.cache, old_encoder.model_id, old_encoder.dim)
+        old = MicroBatcher(
+            old_encoder, settings.old.max_batch_size, settings.old.max_wait_ms, name="old", batching=settings.old.batching
+        )
+        new = MicroBatcher(
+            new_encoder, settings.new.max_batch_size, settings.new.max_wait_ms, name="new", batching=settings.new.batching
+        )
+        await old.start()
+        await new.start()
+        metrics.PROFILE_INFO.info({"profile_id": profile.profile_id, "head": profile.head})
+        metrics.GALLERY_INFO.info({"fingerprint": gallery.fingerprint, "ntotal": str(gallery.ntotal)})
+        return cls(settings, old, new, cache, gallery, profile)
+
+    async def drain(self) -> None:
+        """Wait for the background cache writes started so far."""
+        if self._background:
+            await asyncio.gather(*self._background, return_exceptions=True)
+
+    async def aclose(self) -> None:
+        """Stop the batchers, let pending cache writes finish, close the cache."""
+        await self.drain()
+        await self.old.stop()
+        await self.new.stop()
+        await self.cache.aclose()
+
+    # -- validation -------------------------------------------------------------------------------
+
+    def validate(self, queries: list[Query], k: int, mode: str, alpha: float | None, nprobe: int) -> None:
+        """Check a request against the limits, the profile and the gallery; raise a 4xx error if bad."""
+        api = self.settings.api
+        if not queries:
+            raise InputError("queries must not be empty")
+        if len(queries) > api.max_queries:
+            raise TooManyQueries(f"{len(queries)} queries in one request; the limit is {api.max_queries}")
+        if not 1 <= k <= api.max_k:
+            raise InputError(f"k must be in 1..{api.max_k}, got {k}")
+        if not 1 <= nprobe <= self.gallery.nlist:
+            raise InputError(f"nprobe must be in 1..{self.gallery.nlist} (the gallery's nlist), got {nprobe}")
+        if alpha is not None and not (math.isfinite(alpha) and 0.0 <= alpha <= 1.0):
+            raise InputError(f"alpha must be in [0, 1], got {alpha}")
+        served = self.profile.modes()
+        if mode != COMPARE and mode not in served:
+            raise UnsupportedMode(
+                f"mode {mode!r} is not served by this profile; it serves {', '.join(served)}"
+            )
+        for i, query in enumerate(queries):
+            self._validate_query(i, query)
+
+    def _validate_query(self, i: int, query: Query) -> None:
+        """Check one query's text length or embedding dims and values."""
+        if query.content is not None and len(query.content) > self.settings.api.max_text_chars:
+            raise InputError(
+                f"queries[{i}] is {len(query.content)} characters; the limit is {self.settings.api.max_text_chars}"
+            )
+        for name, row, dim in (
+            ("old_embedding", query.old_embedding, self.profile.old_dim),
+            ("new_embedding", query.new_embedding, self.profile.new_dim),
+        ):
+            if row is None:
+                continue
+            if row.shape != (dim,):
+                raise InputError(f"queries[{i}].{name} has {row.size} values; expected {dim}")
+            if not np.all(np.isfinite(row)):
+                raise InputError(f"queries[{i}].{name} contains NaN or infinity")
+            if not np.any(row):
+                raise InputError(f"queries[{i}].{name} is all zeros")
+
+    # -- the query path ---------------------------------------------------------------------------
+
+    async def search(
+        self,
+        queries: list[Query],
+        k: int = 10,
+        mode: str | None = None,
+        alpha: float | None = None,
+        nprobe: int | None = None,
+    ) -> SearchOutcome:
+        """Answer a batch of queries; raises InputError subclasses for bad input, Overloaded when full."""
+        mode = mode or self.settings.compat.default_mode
+        nprobe = nprobe or min(self.settings.index.nprobe, self.gallery.nlist)
+        self.validate(queries, k, mode, alpha, nprobe)
+        if self.in_flight + len(queries) > self.settings.api.max_in_flight:
+            raise Overloaded(
+                f"{self.in_flight} queries in flight; the limit is {self.settings.api.max_in_flight}"
+            )
+        self.in_flight += len(queries)
+        metrics.IN_FLIGHT.inc()
+        profile = self.profile  # one profile for the whole request, even if a reload lands meanwhile
+        timings: dict[str, float] = {}
+        try:
+            need_old = mode not in OLD_FREE_MODES
+            need_new = mode not in NEW_FREE_MODES
+            old, new, cache_status = await self._embed(queries, profile, need_old, need_new, timings)
+            results = await asyncio.to_thread(
+                self._transform_and_search, profile, queries, old, new, mode, alpha, k, nprobe, timings
+            )
+        finally:
+            self.in_flight -= len(queries)
+            metrics.IN_FLIGHT.dec()
+        for result, status in zip(results, cache_status, strict=True):
+            result.cache = status
+        return SearchOutcome(results, timings)
+
+    async def _embed(
+        self,
+        queries: list[Query],
+        profile: CompatProfile,
+        need_old: bool,
+        need_new: bool,
+        timings: dict[str, float],
+    ) -> tuple[Embeddings, Embeddings, list[str]]:
+        """Fill the old and new query embeddings: given by the caller, cached, or encoded."""
+        n = len(queries)
+        old = np.zeros((n, profile.old_dim), dtype=np.float32)
+        new = np.zeros((n, profile.new_dim), dtype=np.float32)
+        cache_status = ["off"] * n
+        by_modality: dict[Modality, list[int]] = {}
+        for i, query in enumerate(queries):
+            if query.content is None:
+                if query.old_embedding is not None:
+                    old[i] = _unit_rows(query.old_embedding[None])[0]
+                if query.new_embedding is not None:
+                    new[i] = _unit_rows(query.new_embedding[None])[0]
+            else:
+                by_modality.setdefault(query.modality, []).append(i)
+        await asyncio.gather(
+            *(
+                self._encode_group(
+                    modality, rows, queries, old, new, cache_status, need_old, need_new, timings
+                )
+                for modality, rows in by_modality.items()
+            )
+        )
+        return old, new, cache_status
+
+    async def _encode_group(
+        self,
+        modality: Modality,
+        rows: list[int],
+        queries: list[Query],
+        old: Embeddings,
+        new: Embeddings,
+        cache_status: list[str],
+        need_old: bool,
+        need_new: bool,
+        timings: dict[str, float],
+    ) -> None:
+        """One modality: start the new encoder, look up the cache, encode the old misses meanwhile."""
+        inputs = [queries[i].content or "" for i in rows]
+        if need_old and not self.settings.compat.concurrent_encoders:
+            await self._old_embeddings(modality, rows, inputs, old, cache_status, timings)
+            need_old = False
+        new_task = (
+            asyncio.ensure_future(_timed(timings, "new_encode", self.new.encode(inputs, modality)))
+            if need_new
+            else None
+        )
+        try:
+            if need_old:
+                await self._old_embeddings(modality, rows, inputs, old, cache_status, timings)
+        finally:
+            if new_task is not None:
+                new[rows] = await new_task
+
+    async def _old_embeddings(
+        self,
+        modality: Modality,
+        rows: list[int],
+        inputs: list[str],
+        old: Embeddings,
+        cache_status: list[str],
+        timings: dict[str, float],
+    ) -> None:
+        """Old embeddings from the cache, the misses from the old encoder (and back into the cache)."""
+        cached = await _timed(timings, "cache_lookup", self.cache.get_many(modality, inputs))
+        misses = [j for j, row in enumerate(cached) if row is None]
+        caching = self.cache.kind != "off"
+        for j, row in enumerate(cached):
+            if row is not None:
+                old[rows[j]] = _unit_rows(row[None])[0]
+                cache_status[rows[j]] = "hit"
+        if not misses:
+            return
+        miss_inputs = [inputs[j] for j in misses]
+        encoded = await _timed(timings, "old_encode", self.old.encode(miss_inputs, modality))
+        for j, row in zip(misses, encoded, strict=True):
+            old[rows[j]] = row
+            cache_status[rows[j]] = "miss" if caching else "off"
+        if caching:
+            task = asyncio.create_task(self.cache.set_many(modality, miss_inputs, encoded))
+            self._background.add(task)
+            task.add_done_callback(self._background.discard)
+
+    def _transform_and_search(
+        self,
+        profile: CompatProfile,
+        queries: list[Query],
+        old: Embeddings,
+        new: Embeddings,
+        mode: str,
+        alpha: float | None,
+        k: int,
+        nprobe: int,
+        timings: dict[str, float],
+    ) -> list[QueryResult]:
+        """Apply the head per modality, then one batched gallery search (worker thread)."""
+        compare = mode == COMPARE
+        head_mode = profile.head if compare else mode
+        n = len(queries)
+        batch = np.zeros((n, profile.old_dim), dtype=np.float32)
+        thetas: list[float | None] = [None] * n
+        alphas: list[float | None] = [None] * n
+        with _stage(timings, "transform"):
+            for modality in sorted({q.modality for q in queries}):
+                rows = [i for i, q in enumerate(queries) if q.modality == modality]
+                out = transform(profile, head_mode, old[rows], new[rows], modality, alpha)
+                batch[rows] = out.queries
+                for j, i in enumerate(rows):
+                    theta = float(out.theta[j])
+                    thetas[i] = theta if math.isfinite(theta) else None
+                    alphas[i] = out.alpha
+                    if thetas[i] is not None:
+                        metrics.RESIDUAL_ANGLE.observe(theta)
+        if compare:
+            batch = np.concatenate([batch, _unit_rows(old)])
+        with _stage(timings, "search"):
+            scores, ids = self.gallery.search(batch, k, nprobe)
+        results = [
+            QueryResult(
+                ids=[int(x) for x in ids[i]],
+                scores=[float(x) for x in scores[i]],
+                mode=head_mode,
+                alpha=alphas[i],
+                cache="off",
+                theta=thetas[i],
+            )
+            for i in range(n)
+        ]
+        if compare:
+            for i, result in enumerate(results):
+                result.old_ids = [int(x) for x in ids[n + i]]
+                result.old_scores = [float(x) for x in scores[n + i]]
+                kept = {x for x in result.ids if x >= 0}
+                result.overlap = len(kept & {x for x in result.old_ids if x >= 0}) / k
+        return results
+
+    # -- profile hot swap -------------------------------------------------------------------------
+
+    async def reload_profile(self, profile_dir: Path | None = None) -> CompatProfile:
+        """Load a profile and swap it in atomically; on any failure the current one stays."""
+        path = profile_dir or self.settings.compat.profile_dir
+        candidate = await asyncio.to_thread(load_profile, path)
+        check_compatible(candidate, self.old.encoder, self.new.encoder, self.gallery)
+        self.profile = candidate
+        metrics.PROFILE_INFO.info({"profile_id": candidate.profile_id, "head": candidate.head})
+        return candidate
+
+    def info(self) -> dict[str, Any]:
+        """What /v1/info reports: models, dims, devices, profile, gallery."""
+        profile = self.profile
+        return {
+            "old_model": {
+                "id": self.old.encoder.model_id,
+                "dim": self.old.encoder.dim,
+                "device": self.old.encoder.device,
+            },
+            "new_model": {
+                "id": self.new.encoder.model_id,
+                "dim": self.new.encoder.dim,
+                "device": self.new.encoder.device,
+            },
+            "profile": {
+                "id": profile.profile_id,
+                "head": profile.head,
+                "alphas": profile.alphas,
+                "modes": profile.modes(),
+            },
+            "gallery": {
+                "fingerprint": self.gallery.fingerprint,
+                "ntotal": self.gallery.ntotal,
+                "dim": self.gallery.dim,
+                "nlist": self.gallery.nlist,
+                "nprobe_default": min(self.settings.index.nprobe, self.gallery.nlist),
+            },
+            "cache": {"kind": self.cache.kind, "state": self.cache.state()},
+            "default_mode": self.settings.compat.default_mode,
+        }

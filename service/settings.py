@@ -1,0 +1,113 @@
+"""The one settings tree: env vars `NOBACKFILL_*` (nested with `__`) over an optional YAML file.
+
+The YAML file is named by `NOBACKFILL_CONFIG_FILE`; env vars win over it, explicit kwargs win over both.
+Nothing else in the service reads the environment.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Literal
+
+from pydantic import BaseModel, Field, SecretStr
+from pydantic_settings import (
+    BaseSettings,
+    PydanticBaseSettingsSource,
+    SettingsConfigDict,
+    YamlConfigSettingsSource,
+)
+
+ARTIFACTS = Path("artifacts")
+
+
+class EncoderSettings(BaseModel):
+    """One encoder: which backend, where it runs, how it batches."""
+
+    backend: str = "synthetic-old"
+    path: str | None = None
+    device: str = "auto"
+    max_batch_size: int = Field(32, ge=1)
+    max_wait_ms: float = Field(2.0, ge=0)
+    # Off only for benchmarks: every call then runs alone on the encoder.
+    batching: bool = True
+    # Simulated per-batch cost (base + per item), to give synthetic encoders a real model's latency.
+    simulated_cost_ms: float = Field(0.0, ge=0)
+    simulated_cost_per_item_ms: float = Field(0.0, ge=0)
+
+
+class CacheSettings(BaseModel):
+    """Old-embedding cache: Redis when a URL is set, an in-process LRU otherwise."""
+
+    redis_url: str | None = None
+    namespace: str = "nobackfill"
+    ttl_s: int = Field(7 * 24 * 3600, ge=1)
+    dtype: Literal["float16", "float32"] = "float16"
+    socket_timeout_s: float = Field(0.05, gt=0)
+    error_threshold: int = Field(3, ge=1)
+    cooldown_s: float = Field(10.0, ge=0)
+    lru_size: int = Field(100_000, ge=0)
+
+
+class IndexSettings(BaseModel):
+    """The frozen old-model gallery."""
+
+    gallery_dir: Path = ARTIFACTS / "gallery"
+    nprobe: int = Field(16, ge=1)
+    omp_threads: int | None = None
+
+
+class CompatSettings(BaseModel):
+    """The compatibility profile and the default head."""
+
+    profile_dir: Path = ARTIFACTS / "profile"
+    default_mode: str = "slerp"
+    # Off only for benchmarks: the old encoder then finishes before the new one starts.
+    concurrent_encoders: bool = True
+
+
+class ApiSettings(BaseModel):
+    """HTTP server and request limits."""
+
+    host: str = "127.0.0.1"
+    port: int = Field(8000, ge=1, le=65535)
+    workers: int = Field(1, ge=1)
+    api_key: SecretStr | None = None
+    max_queries: int = Field(64, ge=1)
+    max_text_chars: int = Field(2048, ge=1)
+    max_image_bytes: int = Field(8 * 1024 * 1024, ge=1)
+    max_k: int = Field(1000, ge=1)
+    max_in_flight: int = Field(256, ge=1)
+
+
+class Settings(BaseSettings):
+    """Everything configurable, in one tree."""
+
+    model_config = SettingsConfigDict(
+        env_prefix="NOBACKFILL_",
+        env_nested_delimiter="__",
+        extra="ignore",
+    )
+
+    old: EncoderSettings = EncoderSettings(backend="synthetic-old")
+    new: EncoderSettings = EncoderSettings(backend="synthetic-new")
+    cache: CacheSettings = CacheSettings()
+    index: IndexSettings = IndexSettings()
+    compat: CompatSettings = CompatSettings()
+    api: ApiSettings = ApiSettings()
+
+    @classmethod
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,  # noqa: ARG003 (pydantic passes it by name)
+        file_secret_settings: PydanticBaseSettingsSource,  # noqa: ARG003
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        """Kwargs, then env, then the YAML file named by NOBACKFILL_CONFIG_FILE."""
+        sources: list[PydanticBaseSettingsSource] = [init_settings, env_settings]
+        config_file = os.environ.get("NOBACKFILL_CONFIG_FILE")
+        if config_file:
+            sources.append(YamlConfigSettingsSource(settings_cls, yaml_file=config_file))
+        return tuple(sources)

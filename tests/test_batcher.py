@@ -1,0 +1,340 @@
+"""MicroBatcher with fake encoders: coalescing, limits, modalities, errors, concurrency, shutdown.
+
+Batches are made deterministic with a gate: the encoder blocks on its worker thread until the test
+opens the gate, so everything submitted meanwhile is pending when the next batch forms.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import threading
+import time
+
+import numpy as np
+import pytest
+
+from service import metrics
+from service.encoders.base import Embeddings, Modality
+from service.encoders.batcher import MicroBatcher
+from service.errors import NotReady
+
+DIM = 8
+
+
+def expected(item: str, modality: str) -> np.ndarray:
+    """The fake encoders' row for one item: deterministic, depends on modality."""
+    seed = int.from_bytes(hashlib.sha256(f"{modality}:{item}".encode()).digest()[:8], "little")
+    row = np.random.default_rng(seed).standard_normal(DIM).astype(np.float32)
+    return row / np.linalg.norm(row)
+
+
+class FakeEncoder:
+    """Records every batch; optionally blocks on a gate, sleeps, or fails on items named 'boom'."""
+
+    dim = DIM
+    model_id = "fake"
+    device = "cpu"
+
+    def __init__(self, sleep_s: float = 0.0, gated: bool = False) -> None:
+        self.sleep_s = sleep_s
+        self.gate = threading.Event()
+        if not gated:
+            self.gate.set()
+        self.entered = threading.Event()
+        self.calls: list[tuple[Modality, list[str]]] = []
+        self.threads: set[str] = set()
+        self.spans: list[tuple[float, float]] = []
+
+    def encode(self, batch: list[str], modality: Modality = "text") -> Embeddings:
+        start = time.perf_counter()
+        self.threads.add(threading.current_thread().name)
+        self.calls.append((modality, list(batch)))
+        self.entered.set()
+        self.gate.wait(10)
+        if self.sleep_s:
+            time.sleep(self.sleep_s)  # releases the GIL, like torch kernels do
+        if any(item == "boom" for item in batch):
+            raise ValueError(f"cannot encode {batch}")
+        self.spans.append((start, time.perf_counter()))
+        return np.stack([expected(item, modality) for item in batch])
+
+    def warmup(self) -> None:
+        self.encode(["warmup"])
+
+
+async def wait_entered(encoder: FakeEncoder) -> None:
+    """Wait (without blocking the loop) until the encoder is inside a batch."""
+    await asyncio.to_thread(encoder.entered.wait, 10)
+
+
+async def started(encoder: FakeEncoder, max_batch_size: int = 32, max_wait_ms: float = 5.0) -> MicroBatcher:
+    """A started batcher around `encoder`."""
+    batcher = MicroBatcher(encoder, max_batch_size, max_wait_ms, name="test")
+    await batcher.start()
+    return batcher
+
+
+async def test_results_match_the_inputs_in_order() -> None:
+    batcher = await started(FakeEncoder())
+    try:
+        out = await batcher.encode(["a", "b", "c"], "text")
+        empty = await batcher.encode([], "text")
+    finally:
+        await batcher.stop()
+    np.testing.assert_array_equal(out, np.stack([expected(x, "text") for x in "abc"]))
+    assert out.dtype == np.float32 and empty.shape == (0, DIM)
+
+
+async def test_concurrent_calls_coalesce_into_one_batch() -> None:
+    encoder = FakeEncoder(gated=True)
+    batcher = await started(encoder)
+    try:
+        first = asyncio.create_task(batcher.encode(["first"], "text"))
+        await wait_entered(encoder)  # the worker is busy with "first"
+        rest = [asyncio.create_task(batcher.encode([f"q{i}"], "text")) for i in range(10)]
+        await asyncio.sleep(0.01)
+        assert batcher.queue_depth == 10
+        encoder.gate.set()
+        results = await asyncio.gather(first, *rest)
+    finally:
+        await batcher.stop()
+    assert [len(batch) for _, batch in encoder.calls] == [1, 10]
+    for i, result in enumerate(results[1:]):
+        np.testing.assert_array_equal(result[0], expected(f"q{i}", "text"))
+    assert batcher.queue_depth == 0
+
+
+async def test_max_wait_gathers_calls_that_arrive_while_waiting() -> None:
+    encoder = FakeEncoder()
+    batcher = await started(encoder, max_wait_ms=200)
+    try:
+
+        async def late(i: int) -> Embeddings:
+            await asyncio.sleep(0.01 * i)
+            return await batcher.encode([f"q{i}"], "text")
+
+        await asyncio.gather(*(late(i) for i in range(5)))
+    finally:
+        await batcher.stop()
+    assert [len(batch) for _, batch in encoder.calls] == [5]
+
+
+async def test_full_batch_does_not_wait() -> None:
+    encoder = FakeEncoder()
+    batcher = await started(encoder, max_batch_size=4, max_wait_ms=10_000)
+    try:
+        # A full batch goes at once; a 10 s wait would time this out.
+        await asyncio.wait_for(batcher.encode(["a", "b", "c", "d"], "text"), 5)
+    finally:
+        await batcher.stop()
+
+
+async def test_batches_respect_max_batch_size() -> None:
+    encoder = FakeEncoder(gated=True)
+    batcher = await started(encoder, max_batch_size=8)
+    try:
+        first = asyncio.create_task(batcher.encode(["first"], "text"))
+        await wait_entered(encoder)
+        tasks = [asyncio.create_task(batcher.encode([f"q{i}", f"r{i}", f"s{i}"], "text")) for i in range(7)]
+        await asyncio.sleep(0.01)
+        encoder.gate.set()
+        await asyncio.gather(first, *tasks)
+    finally:
+        await batcher.stop()
+    sizes = [len(batch) for _, batch in encoder.calls]
+    assert max(sizes) <= 8 and sum(sizes) == 22
+    assert sizes[1:] == [6, 6, 6, 3]  # whole 3-item calls, two per batch
+
+
+async def test_a_call_larger_than_max_batch_is_split_and_reassembled() -> None:
+    encoder = FakeEncoder()
+    batcher = await started(encoder, max_batch_size=8)
+    items = [f"x{i}" for i in range(21)]
+    try:
+        out = await batcher.encode(items, "image")
+    finally:
+        await batcher.stop()
+    assert [len(batch) for _, batch in encoder.calls] == [8, 8, 5]
+    np.testing.assert_array_equal(out, np.stack([expected(x, "image") for x in items]))
+
+
+async def test_modalities_are_batched_separately() -> None:
+    encoder = FakeEncoder(gated=True)
+    batcher = await started(encoder)
+    try:
+        first = asyncio.create_task(batcher.encode(["first"], "text"))
+        await wait_entered(encoder)
+        mixed = [("text", "t1"), ("image", "i1"), ("text", "t2"), ("image", "i2"), ("text", "t3")]
+        tasks = [asyncio.create_task(batcher.encode([item], modality)) for modality, item in mixed]  # type: ignore[arg-type]
+        await asyncio.sleep(0.01)
+        encoder.gate.set()
+        results = await asyncio.gather(first, *tasks)
+    finally:
+        await batcher.stop()
+    assert encoder.calls[1:] == [("text", ["t1", "t2", "t3"]), ("image", ["i1", "i2"])]
+    for (modality, item), result in zip(mixed, results[1:], strict=True):
+        np.testing.assert_array_equal(result[0], expected(item, modality))
+
+
+async def test_an_encoder_error_fails_only_its_batch() -> None:
+    encoder = FakeEncoder(gated=True)
+    batcher = await started(encoder, max_batch_size=2)
+    try:
+        first = asyncio.create_task(batcher.encode(["first"], "text"))
+        await wait_entered(encoder)
+        names = ["a", "boom", "c", "d"]  # batches [a, boom] and [c, d]
+        tasks = [asyncio.create_task(batcher.encode([name], "text")) for name in names]
+        image = asyncio.create_task(batcher.encode(["boom-free"], "image"))
+        await asyncio.sleep(0.01)
+        encoder.gate.set()
+        results = await asyncio.gather(first, *tasks, image, return_exceptions=True)
+        after = await batcher.encode(["later"], "text")  # the batcher keeps serving
+    finally:
+        await batcher.stop()
+    outcomes = [isinstance(r, ValueError) for r in results]
+    assert outcomes == [False, True, True, False, False, False]
+    assert after.shape == (1, DIM)
+
+
+async def test_a_failing_chunk_fails_the_whole_split_call() -> None:
+    batcher = await started(FakeEncoder(), max_batch_size=2)
+    try:
+        with pytest.raises(ValueError, match="boom"):
+            await batcher.encode(["a", "b", "boom", "c"], "text")
+    finally:
+        await batcher.stop()
+
+
+async def test_two_batchers_encode_concurrently() -> None:
+    # Each batch sleeps 0.2 s on its encoder's own thread; in series the pair would take the sum.
+    old_encoder, new_encoder = FakeEncoder(sleep_s=0.2), FakeEncoder(sleep_s=0.2)
+    old = MicroBatcher(old_encoder, 32, 0.0, name="test-old")
+    new = MicroBatcher(new_encoder, 32, 0.0, name="test-new")
+    await old.start()
+    await new.start()
+    try:
+        start = time.perf_counter()
+        for i in range(3):
+            await asyncio.gather(old.encode([f"q{i}"], "text"), new.encode([f"q{i}"], "text"))
+        elapsed = time.perf_counter() - start
+    finally:
+        await old.stop()
+        await new.stop()
+    busy = sum(end - begin for begin, end in old_encoder.spans + new_encoder.spans)
+    assert elapsed / busy < 0.75, f"elapsed {elapsed:.3f}s vs summed encoder time {busy:.3f}s"
+    assert len(old_encoder.threads) == 1 and len(new_encoder.threads) == 1
+    assert old_encoder.threads != new_encoder.threads
+
+
+async def test_the_event_loop_keeps_running_during_a_batch() -> None:
+    encoder = FakeEncoder(sleep_s=0.3)
+    batcher = await started(encoder, max_wait_ms=0)
+    ticks = 0
+
+    async def ticker() -> None:
+        nonlocal ticks
+        while True:
+            await asyncio.sleep(0.01)
+            ticks += 1
+
+    task = asyncio.create_task(ticker())
+    try:
+        await batcher.encode(["slow"], "text")
+    finally:
+        task.cancel()
+        await batcher.stop()
+    # A blocked loop would tick about once; a free one about 30 times in 0.3 s.
+    assert ticks >= 10
+
+
+async def test_batching_off_encodes_each_call_alone() -> None:
+    encoder = FakeEncoder(gated=True)
+    batcher = MicroBatcher(encoder, 32, 50.0, name="test", batching=False)
+    await batcher.start()
+    try:
+        first = asyncio.create_task(batcher.encode(["first"], "text"))
+        await wait_entered(encoder)
+        tasks = [asyncio.create_task(batcher.encode([f"q{i}", f"r{i}"], "text")) for i in range(4)]
+        await asyncio.sleep(0.01)
+        encoder.gate.set()
+        await asyncio.gather(first, *tasks)
+    finally:
+        await batcher.stop()
+    assert [len(batch) for _, batch in encoder.calls] == [1, 2, 2, 2, 2]
+
+
+async def test_cancelled_callers_are_not_encoded() -> None:
+    encoder = FakeEncoder(gated=True)
+    batcher = await started(encoder)
+    try:
+        first = asyncio.create_task(batcher.encode(["first"], "text"))
+        await wait_entered(encoder)
+        gone = asyncio.create_task(batcher.encode(["gone"], "text"))
+        kept = asyncio.create_task(batcher.encode(["kept"], "text"))
+        await asyncio.sleep(0.01)
+        gone.cancel()
+        encoder.gate.set()
+        await asyncio.gather(first, kept)
+    finally:
+        await batcher.stop()
+    assert encoder.calls[1] == ("text", ["kept"])
+
+
+async def test_stop_drains_pending_calls() -> None:
+    encoder = FakeEncoder(gated=True)
+    batcher = await started(encoder)
+    first = asyncio.create_task(batcher.encode(["first"], "text"))
+    await wait_entered(encoder)
+    pending = [asyncio.create_task(batcher.encode([f"q{i}"], "text")) for i in range(3)]
+    await asyncio.sleep(0.01)
+    stopping = asyncio.create_task(batcher.stop())
+    await asyncio.sleep(0.01)
+    with pytest.raises(NotReady):
+        await batcher.encode(["late"], "text")  # stopping: no new work
+    encoder.gate.set()
+    await stopping
+    results = await asyncio.gather(first, *pending)
+    assert all(r.shape == (1, DIM) for r in results)
+    assert not batcher.running
+
+
+async def test_stop_without_drain_fails_pending_calls() -> None:
+    encoder = FakeEncoder(gated=True)
+    batcher = await started(encoder)
+    first = asyncio.create_task(batcher.encode(["first"], "text"))
+    await wait_entered(encoder)
+    pending = [asyncio.create_task(batcher.encode([f"q{i}"], "text")) for i in range(3)]
+    await asyncio.sleep(0.01)
+    stopping = asyncio.create_task(batcher.stop(drain=False))
+    await asyncio.sleep(0.01)
+    encoder.gate.set()  # let the worker thread finish so the executor can join
+    await stopping
+    results = await asyncio.gather(first, *pending, return_exceptions=True)
+    assert all(isinstance(r, NotReady) for r in results)
+    assert batcher.queue_depth == 0
+
+
+async def test_encode_before_start_is_not_ready() -> None:
+    batcher = MicroBatcher(FakeEncoder(), 4, 1.0, name="test")
+    with pytest.raises(NotReady):
+        await batcher.encode(["a"], "text")
+    await batcher.stop()  # stopping a batcher that never started is a no-op
+
+
+async def test_batch_size_queue_wait_and_depth_are_recorded() -> None:
+    def sample(name: str, labels: dict[str, str]) -> float:
+        return metrics.REGISTRY.get_sample_value(name, labels) or 0.0
+
+    sizes_before = sample("nobackfill_encoder_batch_size_sum", {"encoder": "metrics-test"})
+    waits_before = sample("nobackfill_stage_duration_seconds_count", {"stage": "queue_wait"})
+    batcher = MicroBatcher(FakeEncoder(), 32, 1.0, name="metrics-test")
+    await batcher.start()
+    try:
+        await asyncio.gather(batcher.encode(["a", "b"], "text"), batcher.encode(["c"], "text"))
+    finally:
+        await batcher.stop()
+    assert sample("nobackfill_encoder_batch_size_sum", {"encoder": "metrics-test"}) - sizes_before == 3
+    assert sample("nobackfill_stage_duration_seconds_count", {"stage": "queue_wait"}) - waits_before == 2
+    assert sample("nobackfill_encoder_queue_depth", {"encoder": "metrics-test"}) == 0
+    assert sample("nobackfill_encoder_batch_duration_seconds_count", {"encoder": "metrics-test"}) >= 1
