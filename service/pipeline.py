@@ -370,14 +370,20 @@ class Pipeline:
         with _stage(timings, "transform"):
             for modality in sorted({q.modality for q in queries}):
                 rows = [i for i, q in enumerate(queries) if q.modality == modality]
-                out = transform(profile, head_mode, old[rows], new[rows], modality, alpha)
+                out = transform(
+                    profile,
+                    head_mode,
+                    None if head_mode in OLD_FREE_MODES else old[rows],
+                    None if head_mode in NEW_FREE_MODES else new[rows],
+                    modality,
+                    alpha,
+                )
                 batch[rows] = out.queries
                 for j, i in enumerate(rows):
-                    theta = float(out.theta[j])
-                    thetas[i] = theta if math.isfinite(theta) else None
-                    alphas[i] = out.alpha
-                    if thetas[i] is not None:
-                        metrics.RESIDUAL_ANGLE.observe(theta)
+                    alphas[i] = float(out.row_alpha[j])
+                    if head_mode not in OLD_FREE_MODES | NEW_FREE_MODES:  # theta needs both endpoints
+                        thetas[i] = float(out.theta[j])
+                        metrics.RESIDUAL_ANGLE.observe(thetas[i])
         if compare:
             batch = np.concatenate([batch, _unit_rows(old)])
         with _stage(timings, "search"):

@@ -161,7 +161,10 @@ async def test_image_query_is_served(service: Service) -> None:
     buffer = io.BytesIO()
     Image.new("RGB", (8, 8), (200, 10, 10)).save(buffer, format="PNG")
     payload = base64.b64encode(buffer.getvalue()).decode()
-    response = await service.search(queries=[{"image_b64": payload}], k=3)
+    # The session's profile was fitted on text queries only: image queries need an explicit alpha.
+    refused = await service.search(queries=[{"image_b64": payload}], k=3)
+    assert refused.status_code == 400 and "image" in refused.json()["error"]["message"]
+    response = await service.search(queries=[{"image_b64": payload}], k=3, alpha=0.5)
     assert response.status_code == 200, response.text
     assert len(response.json()["results"][0]["ids"]) == 3
 

@@ -33,9 +33,7 @@ class World:
     view_noise: float
 
 
-def make_world(
-    d_old: int = 32, d_new: int = 48, dz: int = 24, seed: int = 0, view_noise: float = 0.35
-) -> World:
+def make_world(d_old: int = 32, d_new: int = 48, dz: int = 24, seed: int = 0, view_noise: float = 0.35) -> World:
     """Draw the old linear encoder, the new MLP encoder and the latent cluster centres."""
     rng = np.random.default_rng(seed)
     hidden = 2 * dz

@@ -114,17 +114,13 @@ def _refuse_existing(out: Path, force: bool) -> None:
 
 
 def fit(
-    support_dir: Path = typer.Argument(
-        ..., help="Folder with old_query.npy, new_query.npy, old_target.npy, ..."
-    ),
+    support_dir: Path = typer.Argument(..., help="Folder with old_query.npy, new_query.npy, old_target.npy, ..."),
     out: Path = typer.Option(..., "--out", help="Profile folder to write."),
     head: Head = typer.Option(Head.slerp, help="Default head the profile serves."),
     fit_on: FitOn = typer.Option(FitOn.both, help="Paired rows R is fitted on."),
     folds: int = typer.Option(5, help="Cross-fitting folds for choosing alpha."),
     query_modality: Modality = typer.Option(Modality.text, help="Query modality the weight is chosen for."),
-    same_set: bool = typer.Option(
-        False, help="Paper's rule: fit R and choose alpha on the same support set."
-    ),
+    same_set: bool = typer.Option(False, help="Paper's rule: fit R and choose alpha on the same support set."),
     old_model_id: str = typer.Option("synthetic-old", help="Old model id recorded in the profile."),
     new_model_id: str = typer.Option("synthetic-new", help="New model id recorded in the profile."),
     eval_queries: int = typer.Option(5000, min=1, help="Held-out queries scored per fold (a seeded sample)."),
@@ -132,14 +128,17 @@ def fit(
     force: bool = typer.Option(False, help="Replace a non-empty --out."),
 ) -> None:
     """Fit the Procrustes map, choose the blend weights on the support set, write a compat profile."""
+    from service.compat.io import load_split
+
+    # Cheap checks first: bad arguments or files are refused before torch is even imported.
+    _refuse_existing(out, force)
+    split = load_split(support_dir, require_new_target=fit_on is FitOn.target)
+
     from rich.console import Console
 
     from service.compat import selection
-    from service.compat.io import load_split
     from service.compat.profile import CompatProfile, save_profile
 
-    _refuse_existing(out, force)
-    split = load_split(support_dir, require_new_target=fit_on is FitOn.target)
     result = selection.fit(
         split,
         fit_on=fit_on.value,
@@ -149,11 +148,7 @@ def fit(
         seed=seed,
     )
     modality = query_modality.value
-    head_alpha = (
-        1.0
-        if head is Head.aligned
-        else result.params[head.value].get("alpha", result.params["adaptive"]["a"])
-    )
+    head_alpha = 1.0 if head is Head.aligned else result.params[head.value].get("alpha", result.params["adaptive"]["a"])
     profile = CompatProfile(
         head=head.value,
         old_model_id=old_model_id,
@@ -171,7 +166,7 @@ def fit(
     png = _plot_png(result.report, title)
     saved = save_profile(profile, out, overwrite=force, extra_files={PLOT_NAME: png})
 
-    console = Console()
+    console = Console(soft_wrap=True)
     console.print(_recall_table(result.report, f"support recall ({result.report['selection']}, * = chosen)"))
     ad = result.params["adaptive"]
     console.print(
@@ -192,8 +187,6 @@ def evaluate(
     as_json: bool = typer.Option(False, "--json", help="Print only a JSON list of rows."),
 ) -> None:
     """Compare old, new, aligned, midpoint, slerp, nlerp, adaptive and the test-set oracle on a test split."""
-    from service.compat.evaluation import COLUMNS
-    from service.compat.evaluation import evaluate as run_eval
     from service.compat.io import load_split
     from service.compat.profile import load_profile
     from service.errors import InputError
@@ -203,11 +196,13 @@ def evaluate(
     if modality is None:
         fitted = sorted(profile.params)
         if len(fitted) != 1:
-            raise InputError(
-                f"profile fits modalities {', '.join(fitted) or 'none'}; pick one with --query-modality"
-            )
+            raise InputError(f"profile fits modalities {', '.join(fitted) or 'none'}; pick one with --query-modality")
         modality = fitted[0]
     split = load_split(test_dir, old_dim=profile.old_dim, new_dim=profile.new_dim)
+
+    from service.compat.evaluation import COLUMNS
+    from service.compat.evaluation import evaluate as run_eval
+
     rows = run_eval(profile, split, modality)
     if as_json:
         typer.echo(json.dumps([{c: r[c] for c in COLUMNS} for r in rows]))
@@ -221,7 +216,7 @@ def evaluate(
         "oracle = best alpha on this test set, an upper bound, not deployable",
     )
     for c in COLUMNS:
-        table.add_column(c, justify="left" if c == "method" else "right")
+        table.add_column(c.replace("recall", "R"), justify="left" if c == "method" else "right")
     for r in rows:
         table.add_row(*[_fmt(r[c]) for c in COLUMNS])
     Console().print(table)
@@ -231,17 +226,14 @@ def _show_text(profile: CompatProfile, directory: Path) -> None:
     """Human-readable dump of a profile and its fit report."""
     from rich.console import Console
 
-    console = Console()
+    console = Console(soft_wrap=True)
     rep = profile.fit_report
     console.print(f"profile {profile.profile_id}  ({directory})")
     console.print(f"  head {profile.head}; modes {', '.join(profile.modes())}")
     console.print(f"  old model {profile.old_model_id} (dim {profile.old_dim})")
+    console.print(f"  new model {profile.new_model_id} (dim {profile.new_dim}); R is {profile.dim}x{profile.dim}")
     console.print(
-        f"  new model {profile.new_model_id} (dim {profile.new_dim}); R is {profile.dim}x{profile.dim}"
-    )
-    console.print(
-        f"  fit on {profile.fit_on} ({rep.get('fit_rows')} rows), "
-        f"{rep.get('selection')}, folds {profile.folds}"
+        f"  fit on {profile.fit_on} ({rep.get('fit_rows')} rows), {rep.get('selection')}, folds {profile.folds}"
     )
     console.print(
         f"  support {rep.get('support_queries')} queries / {rep.get('support_targets')} targets; "
@@ -251,6 +243,9 @@ def _show_text(profile: CompatProfile, directory: Path) -> None:
     for modality, params in profile.params.items():
         for mode, p in params.items():
             console.print(f"  {modality}/{mode}: " + ", ".join(f"{k}={v:.4g}" for k, v in p.items()))
+    for mode, best in rep.get("chosen", {}).items():
+        recalls = ", ".join(f"R@{k} {best[f'recall@{k}']:.4f}" for k in (1, 5, 10) if f"recall@{k}" in best)
+        console.print(f"  chosen {mode}: support {recalls}")
     for key in ("residual_angle_deg", "residual_angle_deg_out_of_fold"):
         if key in rep:
             stats = ", ".join(f"{k} {v:.2f}" for k, v in rep[key].items())

@@ -106,8 +106,15 @@ def autocast_dtype(precision: str, device: torch.device) -> torch.dtype | None:
         return None
     if precision == "bf16":
         return torch.bfloat16
-    native = device.type == "cuda" or bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
-    return torch.bfloat16 if native else None
+    return torch.bfloat16 if device.type == "cuda" or _cpu_has_native_bf16() else None
+
+
+def _cpu_has_native_bf16() -> bool:
+    """Whether oneDNN runs bf16 matmuls natively on this CPU (AVX512-BF16 / AMX); False if unknown."""
+    try:
+        return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
+    except (AttributeError, RuntimeError):  # a private probe: absent in some builds
+        return False
 
 
 class AdapterMLP(nn.Module):
@@ -148,12 +155,15 @@ def focal_weights(errors: Tensor, gamma: float) -> Tensor:
     """Detached weights (e / mean e) ** gamma renormalised to mean 1; all ones when every error is 0."""
     assert errors.ndim == 1 and errors.numel() > 0, f"expected a non-empty vector, got {tuple(errors.shape)}"
     e = errors.detach().clamp_min(0.0)
-    mean = e.mean()
-    if gamma == 0.0 or float(mean) <= 0.0:
+    if gamma == 0.0:
         return torch.ones_like(e)
-    w = (e / mean).pow(gamma)
+    tiny = torch.finfo(e.dtype).tiny
+    mean = e.mean()
+    w = (e / mean.clamp_min(tiny)).pow(gamma)
     # For gamma = 1 the mean is already 1; other exponents drift, and a mean of 1 keeps lambda's scale.
-    return w / w.mean().clamp_min(torch.finfo(w.dtype).tiny)
+    w = w / w.mean().clamp_min(tiny)
+    # torch.where instead of an `if`: no host sync per call when training on a GPU.
+    return torch.where(mean > 0, w, torch.ones_like(w))
 
 
 def focal_mean(errors: Tensor, gamma: float) -> Tensor:
@@ -324,7 +334,7 @@ def _erf(x: npt.NDArray[np.float32]) -> npt.NDArray[np.float32]:
     return out
 
 
-@dataclass
+@dataclass(eq=False)
 class TrainedAdapter:
     """A fitted adapter h (new -> old) in eval mode on the CPU, with its config and training report."""
 

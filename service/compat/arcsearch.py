@@ -25,10 +25,10 @@ import numpy as np
 import numpy.typing as npt
 import torch
 
-from service.compat.metrics import Relevance, _sibling_pairs
+from service.compat.metrics import Relevance, sibling_pairs
 from service.compat.procrustes import aligned_old_coords, normalize_rows
 
-_CHUNK_ELEMENTS = 1 << 22
+_CHUNK_ELEMENTS = 1 << 24  # ~800 queries x 20k targets: big enough for an efficient matmul
 
 
 @dataclass(frozen=True)
@@ -103,7 +103,7 @@ def summarise_path(
         # Only targets above the relevant one at an endpoint can ever outrank it: keep those, sparsely.
         cand = (s_u > ref_u[:, None]) | (s_v > ref_v[:, None])
         if not rel.single:
-            li, ti = _sibling_pairs(rel, p0, p1)
+            li, ti = sibling_pairs(rel, p0, p1)
             cand[torch.from_numpy(li), torch.from_numpy(ti)] = False
         rows, cols = cand.nonzero(as_tuple=True)
         du = s_u[rows, cols] - ref_u[rows]

@@ -24,6 +24,7 @@ from service.compat.profile import CompatProfile
 from service.compat.selection import ALPHA_GRID, slerp_lambda
 from service.errors import InputError
 
+_CHUNK = 16384
 COLUMNS = ("method", "alpha", "recall@1", "recall@5", "recall@10", "compatible", "pfr", "nfr")
 
 
@@ -49,8 +50,15 @@ def evaluate(profile: CompatProfile, split: Split, modality: str) -> list[dict[s
     rel = relevance(split.query_ids, split.target_ids)
 
     def run(mode: str, alpha: float | None = None) -> tuple[float, npt.NDArray[np.int64]]:
-        out = transform(profile, mode, split.old_query, split.new_query, modality, alpha)
-        return out.alpha, ranks(out.queries, targets, rel)
+        # Chunks bound the float64 temporaries of the blends on large test sets.
+        parts = [
+            transform(profile, mode, split.old_query[s : s + _CHUNK], split.new_query[s : s + _CHUNK], modality, alpha)
+            for s in range(0, len(split.old_query), _CHUNK)
+        ]
+        queries = np.concatenate([p.queries for p in parts])
+        weights = np.concatenate([p.row_alpha for p in parts]).astype(np.float64)
+        used = float(weights.mean()) if mode == "adaptive" else parts[0].alpha
+        return used, ranks(queries, targets, rel)
 
     _, old_rank = run("old")
     old_ok = old_rank < 1

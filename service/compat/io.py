@@ -8,6 +8,7 @@ Layout (rows may be unnormalised; they are L2-normalised by whoever uses them):
     query_ids.npy   [n] int64    optional; default 0..n-1
     target_ids.npy  [m] int64    optional; default 0..m-1 (so row i is relevant to row i)
 Every problem raises InputError with one line naming the file.  Files load with allow_pickle=False.
+Only numpy is imported here, so bad input is refused before torch loads.
 """
 
 from __future__ import annotations
@@ -18,7 +19,6 @@ from pathlib import Path
 import numpy as np
 import numpy.typing as npt
 
-from service.compat.metrics import default_ids
 from service.errors import InputError
 
 Array = npt.NDArray[np.float32]
@@ -55,6 +55,11 @@ class Split:
     def new_dim(self) -> int:
         """Dimension of the new model."""
         return int(self.new_query.shape[1])
+
+
+def default_ids(n: int) -> IdArray:
+    """Row numbers as ids: row i of the queries is relevant to row i of the targets."""
+    return np.arange(n, dtype=np.int64)
 
 
 def _load(path: Path) -> npt.NDArray[np.generic]:

@@ -16,7 +16,10 @@ import numpy as np
 import numpy.typing as npt
 import torch
 
+from service.compat.io import default_ids
 from service.compat.procrustes import normalize_rows
+
+__all__ = ["KS", "Relevance", "default_ids", "flip_rates", "is_compatible", "ranks", "recall_at_k", "relevance"]
 
 KS: tuple[int, ...] = (1, 5, 10)
 _CHUNK_ELEMENTS = 1 << 24
@@ -35,11 +38,6 @@ class Relevance:
     def single(self) -> bool:
         """True when no query has more than one relevant target."""
         return bool(np.all(np.bincount(self.query_index, minlength=self.n_queries) <= 1))
-
-
-def default_ids(n: int) -> npt.NDArray[np.int64]:
-    """Row numbers as ids: row i of the queries is relevant to row i of the targets."""
-    return np.arange(n, dtype=np.int64)
 
 
 def relevance(query_ids: npt.NDArray[np.integer], target_ids: npt.NDArray[np.integer]) -> Relevance:
@@ -89,7 +87,7 @@ def ranks(
         # Other relevant targets of the same query must not count against it.
         rows[torch.arange(len(tj)), tj] = -torch.inf
         if not rel.single:
-            qi, ti = _sibling_pairs(rel, p0, p1)
+            qi, ti = sibling_pairs(rel, p0, p1)
             rows[torch.from_numpy(qi), torch.from_numpy(ti)] = -torch.inf
         pair_rank = (rows > ref[:, None]).sum(dim=1).numpy()
         # A query's rank is that of its best relevant target, i.e. the minimum over its pairs.
@@ -97,8 +95,8 @@ def ranks(
     return out
 
 
-def _sibling_pairs(rel: Relevance, p0: int, p1: int) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64]]:
-    """For pairs p0..p1, (local pair index, target index) of every relevant target of the same query."""
+def sibling_pairs(rel: Relevance, p0: int, p1: int) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64]]:
+    """For pairs p0..p1: (pair index - p0, target index) for every relevant target of the pair's query."""
     q = rel.query_index[p0:p1]
     starts = _pair_starts(rel)
     counts = starts[q + 1] - starts[q]

@@ -38,7 +38,12 @@ _ORTHO_TOL = 1e-3
 
 @dataclass(frozen=True, eq=False)
 class CompatProfile:
-    """A loaded (or freshly fitted) compatibility profile; arrays are float32."""
+    """A loaded (or freshly fitted) compatibility profile; arrays are float32.
+
+    alphas: the default head's weight per query modality (adaptive: its base a; aligned: 1.0).
+    params: modality -> mode -> fitted parameters ({"alpha"} for slerp / nlerp, {"a", "b", "c_ref"}
+    for adaptive).  fit_report: the whole report of selection.fit, JSON-able.
+    """
 
     head: str
     old_model_id: str

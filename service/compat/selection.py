@@ -13,17 +13,21 @@ Either way the final R is refitted on all support rows.  At most `max_eval_queri
 (a seeded random subset) are scored against the whole held-out gallery to bound the cost; every query
 still feeds the residual-angle statistics and the adaptive reference cosine c_ref (median u . v of
 out-of-fold pairs).  Ties go to the better Recall@5, then Recall@10, then the smaller weight / slope.
+
+Each fold costs two matmuls whatever the grid (see arcsearch.py), so one pass scores SLERP and NLERP
+at every alpha in ALPHA_GRID and adaptive NLERP at every (a, b) in ALPHA_GRID x SLOPE_GRID.
+`fit_on="both"` stacks the query pairs with the target pairs where new_target.npy exists (query
+pairs only otherwise; the report's `fit_blocks` says which were used).
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
 import numpy as np
 import numpy.typing as npt
-import torch
 
 from service.compat.arcsearch import PathSummary, summarise_blends
 from service.compat.io import Split
@@ -109,12 +113,21 @@ def _fit_blocks(split: Split, fit_on: FitOn) -> list[_Block]:
 
 
 def _assign_folds(split: Split, folds: int, rng: np.random.Generator) -> tuple[I64, I64]:
-    """Fold of every query row and every target row, drawn per id so relevant pairs share a fold."""
-    ids = np.unique(np.concatenate([split.query_ids, split.target_ids]))
+    """Fold of every query row and every target row, drawn per id so relevant pairs share a fold.
+
+    Query ids are dealt round-robin over a random permutation first, so every fold gets queries;
+    ids that only targets carry (distractors) are dealt the same way afterwards.
+    """
+    q_ids = np.unique(split.query_ids)
+    t_only = np.setdiff1d(np.unique(split.target_ids), q_ids)
+    ids = np.concatenate([q_ids, t_only])
     fold_of = np.empty(len(ids), dtype=np.int64)
-    fold_of[rng.permutation(len(ids))] = np.arange(len(ids)) % folds
-    q = fold_of[np.searchsorted(ids, split.query_ids)]
-    t = fold_of[np.searchsorted(ids, split.target_ids)]
+    fold_of[: len(q_ids)][rng.permutation(len(q_ids))] = np.arange(len(q_ids)) % folds
+    fold_of[len(q_ids) :][rng.permutation(len(t_only))] = np.arange(len(t_only)) % folds
+    order = np.argsort(ids)
+    sorted_ids = ids[order]
+    q = fold_of[order[np.searchsorted(sorted_ids, split.query_ids)]]
+    t = fold_of[order[np.searchsorted(sorted_ids, split.target_ids)]]
     return q, t
 
 
@@ -148,10 +161,25 @@ def _score_fold(split: Split, r: F32, q_rows: I64, t_rows: I64) -> _Held:
     return _Held(summary, theta, cos)
 
 
-def _recalls(held: Sequence[_Held], lam_of: Any) -> dict[int, float]:
+def _recalls(held: Sequence[_Held], lam_of: Callable[[_Held], npt.NDArray[np.floating]]) -> dict[int, float]:
     """Recall@K averaged over folds for the weights lam_of(held) -> per-query lam."""
     per_fold = [recall_at_k(h.summary.ranks(lam_of(h)), KS) for h in held]
     return {k: float(np.mean([f[k] for f in per_fold])) for k in KS}
+
+
+def _slerp_weights(alpha: float) -> Callable[[_Held], F64]:
+    """Per-query weight on v of SLERP(alpha) in the linear form the path summary reads."""
+    return lambda h: slerp_lambda(alpha, h.theta)
+
+
+def _nlerp_weights(alpha: float) -> Callable[[_Held], F64]:
+    """NLERP's weight on v is alpha itself."""
+    return lambda h: np.full(len(h.theta), alpha)
+
+
+def _adaptive_weights(a: float, b: float, c_ref: float) -> Callable[[_Held], F64]:
+    """Adaptive NLERP's per-query weight clip(a + b (cos - c_ref), 0, 1)."""
+    return lambda h: np.clip(a + b * (h.cos - c_ref), 0.0, 1.0)
 
 
 def _row(alpha: float, rec: dict[int, float]) -> dict[str, float]:
@@ -159,7 +187,7 @@ def _row(alpha: float, rec: dict[int, float]) -> dict[str, float]:
     return {"alpha": alpha, **{f"recall@{k}": rec[k] for k in KS}}
 
 
-def _best(rows: list[dict[str, float]], tiebreak: Any) -> dict[str, float]:
+def _best(rows: list[dict[str, float]], tiebreak: Callable[[dict[str, float]], Any]) -> dict[str, float]:
     """Highest Recall@1, then @5, then @10, then the tiebreak key (larger is preferred)."""
     return max(rows, key=lambda r: (r["recall@1"], r["recall@5"], r["recall@10"], tiebreak(r)))
 
@@ -180,7 +208,6 @@ def fit(
         raise InputError(f"--folds must be at least 2 for cross-fitting, got {folds}")
     if not same_set and len(np.unique(split.query_ids)) < folds:
         raise InputError(f"{split.path / 'old_query.npy'}: fewer distinct query ids than --folds {folds}")
-    torch.manual_seed(seed)
     rng = np.random.default_rng(seed)
     blocks = _fit_blocks(split, fit_on)
     held: list[_Held] = []
@@ -216,12 +243,12 @@ def fit(
     # Only the [d_new, d_old] block of R is ever read; the completion makes the stored R square.
     r_final = complete_rotation(r_thin)
 
-    slerp_rows = [_row(a, _recalls(held, lambda h, a=a: slerp_lambda(a, h.theta))) for a in ALPHA_GRID]
-    nlerp_rows = [_row(a, _recalls(held, lambda h, a=a: np.full(len(h.theta), a))) for a in ALPHA_GRID]
+    slerp_rows = [_row(a, _recalls(held, _slerp_weights(a))) for a in ALPHA_GRID]
+    nlerp_rows = [_row(a, _recalls(held, _nlerp_weights(a))) for a in ALPHA_GRID]
     adaptive_rows = []
     for b in SLOPE_GRID:
         for a in ALPHA_GRID:
-            rec = _recalls(held, lambda h, a=a, b=b: np.clip(a + b * (h.cos - c_ref), 0.0, 1.0))
+            rec = _recalls(held, _adaptive_weights(a, b, c_ref))
             adaptive_rows.append({"a": a, "b": b, **{f"recall@{k}": rec[k] for k in KS}})
     best_slerp = _best(slerp_rows, lambda r: -r["alpha"])
     best_nlerp = _best(nlerp_rows, lambda r: -r["alpha"])

@@ -45,6 +45,9 @@ _STREAM_CLUSTER: Final = 0x434C5553
 _STREAM_VIEW: Final = 0x56494557
 _STREAM_MODEL: Final = 0x4D4F44454C
 _SLOTS: Final = 5
+_H_M2: Final = 0.5
+"""Second moment of a hidden unit relu(w.x + b) with w.x ~ N(0, 1), b ~ N(0, 1/4): roughly 1/2."""
+_W2_STD: Final = 0.06
 _SLOT_BITS: Final = 12
 
 
@@ -56,8 +59,8 @@ class WorldParams:
     latent_dim: int = 64
     n_clusters: int = 4096
     cluster_spread: float = 0.8
-    caption_noise: float = 0.45
-    image_noise: float = 0.30
+    caption_noise: float = 0.7
+    image_noise: float = 0.4
     hidden: int = 128
 
 
@@ -72,8 +75,8 @@ class ModelParams:
     weight_seed: int
 
 
-OLD_MODEL: Final = ModelParams("synthetic-old", 512, model_noise=0.55, nonlinearity=0.6, weight_seed=1)
-NEW_MODEL: Final = ModelParams("synthetic-new", 768, model_noise=0.20, nonlinearity=0.6, weight_seed=2)
+OLD_MODEL: Final = ModelParams("synthetic-old", 512, model_noise=0.6, nonlinearity=0.85, weight_seed=1)
+NEW_MODEL: Final = ModelParams("synthetic-new", 768, model_noise=0.25, nonlinearity=0.85, weight_seed=2)
 DEFAULT_WORLD: Final = WorldParams()
 
 
@@ -212,14 +215,14 @@ class SyntheticEncoder:
     # (<= 2^21 units) so the squared norm (< 2^52) is exact in float64.
     _X_BITS, _X_LIMIT = 5, 8.0
     _W_BITS, _W_LIMIT = 8, 0.5
-    _Y_SHIFT = 11 - (_X_BITS + _W_BITS)
+    _Y_BITS = 11
 
     def __init__(
         self,
         model: ModelParams,
         device: str = "cpu",
         world: WorldParams = DEFAULT_WORLD,
-        chunk_size: int = 8192,
+        chunk_size: int = 4096,
     ) -> None:
         self.model = model
         self.world = world_for(world)
@@ -239,14 +242,19 @@ class SyntheticEncoder:
         dz, hidden = p.latent_dim, p.hidden
         w1 = rng.standard_normal((dz, hidden)) / np.sqrt(dz)
         b1 = rng.standard_normal(hidden) * 0.5
-        # Hidden units have second moment ~0.5: scale so the ReLU part and the skip part mix as asked.
-        w_relu = rng.standard_normal((hidden, m.dim)) * (m.nonlinearity / np.sqrt(0.5 * hidden))
-        w_skip = rng.standard_normal((dz, m.dim)) * ((1.0 - m.nonlinearity) / np.sqrt(dz))
+        # W2 has orthonormal rows, so the embedding is an isometric copy of the features
+        # [nl * h / |h|_rms, (1 - nl) * x / |x|_rms]: the skip part is an exact rotation between models
+        # and only the ReLU part (different random features per model) resists Procrustes.
+        basis, _ = np.linalg.qr(rng.standard_normal((m.dim, hidden + dz)))
+        weights = np.concatenate([np.full(hidden, m.nonlinearity / np.sqrt(_H_M2 * hidden)),
+                                  np.full(dz, (1.0 - m.nonlinearity) / np.sqrt(dz))])
+        w2 = (basis * weights).T
+        # Only directions matter after normalisation: scale the entries to sit well on the weight grid.
+        w2 *= _W2_STD / w2.std()
 
         def q(a: npt.NDArray[np.float64], bits: int, limit: float) -> torch.Tensor:
             return _quantize(torch.from_numpy(a), bits, limit).to(self._torch_device)
 
-        w2 = np.concatenate([w_relu, w_skip], axis=0)
         return (
             q(w1, self._W_BITS, self._W_LIMIT),
             q(b1, self._X_BITS + self._W_BITS, self._X_LIMIT),
@@ -273,7 +281,7 @@ class SyntheticEncoder:
         x.mul_(2.0**self._X_BITS).round_().div_(2.0**self._X_BITS).clamp_(-self._X_LIMIT, self._X_LIMIT)
         torch.addmm(b1, x, w1, out=h).relu_()
         h.mul_(2.0**self._X_BITS).round_().div_(2.0**self._X_BITS).clamp_(max=self._X_LIMIT)
-        y = (hx @ w2).mul_(2.0**self._Y_SHIFT).round_()
+        y = (hx @ w2).mul_(2.0**self._Y_BITS).round_()
         y64 = y.to(torch.float64)
         norm = torch.einsum("ij,ij->i", y64, y64).sqrt_().to(torch.float32).clamp_(min=1.0)
         # (A zero row would need every coordinate to round to 0; the clamp only keeps it finite.)

@@ -1,0 +1,286 @@
+"""In-process benchmark of the query path, every figure a ratio measured side by side in one run.
+
+    python loadtest/bench_pipeline.py --sizes 100000 1000000 --queries 400 [--gallery-1e7 DIR]
+
+For each gallery size it builds (once, under artifacts/bench/) the OLD-model gallery and a
+re-indexed baseline gallery of NEW-model embeddings with the same index parameters, fits a
+profile, then times single queries (batch 1) through `Pipeline.search`:
+
+- baseline: new encoder + search of the re-indexed gallery (what a full backfill would serve);
+- slerp, warm cache: old embedding from the in-process cache, new encoder, transform, search;
+- slerp, cold cache, encoders concurrent, and the same with encoders sequential;
+- micro-batching on vs off with 32 concurrent clients (throughput);
+- float16 vs float32 cache: latency and hit@10 of the served answers.
+
+The synthetic encoders are tiny; each is given a simulated per-batch cost (`--encoder-ms`,
+`--encoder-item-ms`) so the figures have the shape of real models on an accelerator. That cost
+is simulated and said so in the output.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from service.encoders.base import Encoder
+from service.encoders.batcher import MicroBatcher
+from service.encoders.registry import create_encoder
+from service.encoders.synthetic import SyntheticNewEncoder
+from service.index.gallery import Gallery
+from service.pipeline import Pipeline, Query
+from service.settings import CacheSettings, CompatSettings, EncoderSettings, IndexSettings, Settings
+
+ROOT = Path("artifacts/bench")
+CHUNK = 200_000
+
+
+def cli(*args: str | Path) -> None:
+    """Run a `nobackfill` subcommand, failing loudly."""
+    subprocess.run([sys.executable, "-m", "service.cli", *map(str, args)], check=True)
+
+
+def write_new_embeddings(size: int, path: Path) -> None:
+    """NEW-model image embeddings of items 0..size-1, written chunk by chunk into a .npy."""
+    encoder = SyntheticNewEncoder()
+    out = np.lib.format.open_memmap(path, mode="w+", dtype=np.float32, shape=(size, encoder.dim))
+    for start in range(0, size, CHUNK):
+        stop = min(start + CHUNK, size)
+        out[start:stop] = encoder.encode_items(np.arange(start, stop))
+    out.flush()
+    del out
+
+
+def prepare(size: int, old_gallery: Path | None) -> dict[str, Path]:
+    """Old gallery, re-indexed baseline gallery and profile for one size (built once, then reused)."""
+    base = ROOT / f"n{size}"
+    paths = {
+        "old": old_gallery or base / "old-gallery",
+        "new": base / "new-gallery",
+        "support": ROOT / "support",
+        "profile": ROOT / "profile",
+    }
+    if not (paths["old"] / "gallery.json").exists():
+        cli("gallery", "build", "--size", str(size), "--out", paths["old"], "--force")
+    nlist = str(Gallery.load(paths["old"]).nlist)
+    if not (paths["new"] / "gallery.json").exists():
+        npy = base / "new-embeddings.npy"
+        base.mkdir(parents=True, exist_ok=True)
+        write_new_embeddings(size, npy)
+        cli("gallery", "build", "--from-npy", npy, "--out", paths["new"], "--nlist", nlist, "--force")
+        npy.unlink()
+    if not (paths["profile"] / "profile.json").exists():
+        if not (paths["support"] / "old_query.npy").exists():
+            cli("synth", "support", "--n", "20000", "--out", paths["support"])
+        cli("fit", paths["support"], "--out", paths["profile"], "--force")
+    return paths
+
+
+def encoder_settings(backend: str, args: argparse.Namespace, batching: bool = True) -> EncoderSettings:
+    """An encoder with the simulated cost of a real model."""
+    return EncoderSettings(
+        backend=backend,
+        simulated_cost_ms=args.encoder_ms,
+        simulated_cost_per_item_ms=args.encoder_item_ms,
+        batching=batching,
+        max_wait_ms=args.max_wait_ms,
+    )
+
+
+def settings_for(paths: dict[str, Path], args: argparse.Namespace, **overrides: Any) -> Settings:
+    """Service settings on the bench artifacts."""
+    batching = overrides.pop("batching", True)
+    values: dict[str, Any] = {
+        "old": encoder_settings("synthetic-old", args, batching),
+        "new": encoder_settings("synthetic-new", args, batching),
+        "index": IndexSettings(gallery_dir=paths["old"], nprobe=args.nprobe),
+        "compat": CompatSettings(profile_dir=paths["profile"]),
+        **overrides,
+    }
+    return Settings(**values)
+
+
+def caption(item: int, variant: int) -> str:
+    """A caption query naming an item."""
+    return f"item-{item:010d} caption-{variant}"
+
+
+def percentiles(samples: Sequence[float]) -> dict[str, float]:
+    """p50 / p99 in milliseconds."""
+    ordered = sorted(samples)
+    return {
+        "p50_ms": 1000 * statistics.median(ordered),
+        "p99_ms": 1000 * ordered[min(len(ordered) - 1, int(0.99 * len(ordered)))],
+    }
+
+
+class Baseline:
+    """A re-indexed system: the new encoder behind the same batcher, searching a new-model gallery."""
+
+    def __init__(self, encoder: Encoder, gallery: Gallery, args: argparse.Namespace) -> None:
+        self.batcher = MicroBatcher(encoder, 32, args.max_wait_ms, name="new")
+        self.gallery = gallery
+        self.nprobe = args.nprobe
+
+    async def search(self, text: str) -> None:
+        """Encode and search, as the pipeline does (search on a worker thread)."""
+        rows = await self.batcher.encode([text], "text")
+        await asyncio.to_thread(self.gallery.search, rows, 10, self.nprobe)
+
+
+async def time_one(call: Any) -> float:
+    """Seconds one awaited call takes."""
+    start = time.perf_counter()
+    await call
+    return time.perf_counter() - start
+
+
+async def latency_rows(paths: dict[str, Path], args: argparse.Namespace, size: int) -> list[dict[str, Any]]:
+    """Baseline vs slerp (warm, cold concurrent, cold sequential), interleaved query by query."""
+    rng = np.random.default_rng(size)
+    items = rng.integers(0, size, args.queries)
+    warm = await Pipeline.build(settings_for(paths, args, cache=CacheSettings(lru_size=1_000_000)))
+    cold = await Pipeline.build(settings_for(paths, args, cache=CacheSettings(lru_size=0)))
+    sequential = await Pipeline.build(
+        settings_for(
+            paths,
+            args,
+            cache=CacheSettings(lru_size=0),
+            compat=CompatSettings(profile_dir=paths["profile"], concurrent_encoders=False),
+        )
+    )
+    new_encoder = create_encoder(encoder_settings("synthetic-new", args), "new")
+    baseline = Baseline(new_encoder, Gallery.load(paths["new"]), args)
+    await baseline.batcher.start()
+    samples: dict[str, list[float]] = {"baseline": [], "warm": [], "cold": [], "sequential": []}
+    try:
+        for item in items[: args.queries // 10]:  # warm-up: first touches of the index pages
+            await baseline.search(caption(int(item), 0))
+            await warm.search([Query("text", caption(int(item), 0))])
+        for item in items:
+            await warm.search([Query("text", caption(int(item), 1))])
+        await warm.drain()
+        for n, item in enumerate(items):
+            text = caption(int(item), 1)
+            fresh = caption(int(item), 2 + n)
+            # Interleaved, so machine noise hits every variant alike.
+            samples["baseline"].append(await time_one(baseline.search(text)))
+            samples["warm"].append(await time_one(warm.search([Query("text", text)])))
+            samples["cold"].append(await time_one(cold.search([Query("text", fresh)])))
+            samples["sequential"].append(await time_one(sequential.search([Query("text", fresh)])))
+    finally:
+        await baseline.batcher.stop()
+        for pipeline in (warm, cold, sequential):
+            await pipeline.aclose()
+    base = percentiles(samples["baseline"])
+    rows = []
+    for name, label in (
+        ("baseline", "re-indexed baseline (new encoder, new gallery)"),
+        ("warm", "slerp, warm cache"),
+        ("cold", "slerp, cold cache, encoders concurrent"),
+        ("sequential", "slerp, cold cache, encoders sequential"),
+    ):
+        stats = percentiles(samples[name])
+        rows.append(
+            {
+                "size": size,
+                "variant": label,
+                **stats,
+                "p50_ratio": stats["p50_ms"] / base["p50_ms"],
+                "p99_ratio": stats["p99_ms"] / base["p99_ms"],
+            }
+        )
+    return rows
+
+
+async def throughput(paths: dict[str, Path], args: argparse.Namespace, batching: bool, size: int) -> float:
+    """Queries per second with 32 concurrent clients on a cold cache."""
+    pipeline = await Pipeline.build(settings_for(paths, args, cache=CacheSettings(lru_size=0), batching=batching))
+    per_client = max(args.queries // 32, 4)
+
+    async def client(c: int) -> None:
+        for j in range(per_client):
+            await pipeline.search([Query("text", caption((c * 7919 + j * 104729) % size, 3 + j))])
+
+    try:
+        start = time.perf_counter()
+        await asyncio.gather(*(client(c) for c in range(32)))
+        elapsed = time.perf_counter() - start
+    finally:
+        await pipeline.aclose()
+    return 32 * per_client / elapsed
+
+
+async def dtype_rows(paths: dict[str, Path], args: argparse.Namespace, size: int) -> list[dict[str, Any]]:
+    """float16 vs float32 cached old embeddings: latency and hit@10 of warm-cache answers."""
+    items = np.random.default_rng(size + 1).integers(0, size, args.queries)
+    rows = []
+    for dtype in ("float16", "float32"):
+        pipeline = await Pipeline.build(
+            settings_for(paths, args, cache=CacheSettings(lru_size=1_000_000, dtype=dtype))
+        )
+        try:
+            for item in items:
+                await pipeline.search([Query("text", caption(int(item), 1))])
+            await pipeline.drain()
+            hits, times = 0, []
+            for item in items:
+                start = time.perf_counter()
+                outcome = await pipeline.search([Query("text", caption(int(item), 1))])
+                times.append(time.perf_counter() - start)
+                assert outcome.results[0].cache == "hit"
+                hits += int(item) in outcome.results[0].ids
+        finally:
+            await pipeline.aclose()
+        rows.append({"size": size, "cache dtype": dtype, **percentiles(times), "hit@10": hits / len(items)})
+    return rows
+
+
+def table(rows: list[dict[str, Any]]) -> str:
+    """A markdown table of dict rows."""
+    keys = list(rows[0])
+    lines = ["| " + " | ".join(keys) + " |", "|" + "---|" * len(keys)]
+    for row in rows:
+        lines.append("| " + " | ".join(f"{v:.3f}" if isinstance(v, float) else str(v) for v in row.values()) + " |")
+    return "\n".join(lines)
+
+
+async def main() -> None:
+    """Run every comparison for every size and print markdown tables (and JSON with --json)."""
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--sizes", type=int, nargs="+", default=[100_000])
+    parser.add_argument("--queries", type=int, default=400)
+    parser.add_argument("--nprobe", type=int, default=16)
+    parser.add_argument("--encoder-ms", type=float, default=8.0, help="simulated cost per encoder batch")
+    parser.add_argument("--encoder-item-ms", type=float, default=0.25, help="simulated cost per item")
+    parser.add_argument("--max-wait-ms", type=float, default=1.0)
+    parser.add_argument("--old-gallery", type=Path, help="reuse an existing old gallery (largest size only)")
+    parser.add_argument("--json", type=Path, help="also write all rows here")
+    args = parser.parse_args()
+    print(f"simulated encoder cost: {args.encoder_ms} ms per batch + {args.encoder_item_ms} ms per item")
+    latency, batching, dtypes = [], [], []
+    for size in args.sizes:
+        reuse = args.old_gallery if size == max(args.sizes) else None
+        paths = prepare(size, reuse)
+        latency += await latency_rows(paths, args, size)
+        on = await throughput(paths, args, True, size)
+        off = await throughput(paths, args, False, size)
+        batching.append({"size": size, "batching on q/s": on, "batching off q/s": off, "ratio": on / off})
+        dtypes += await dtype_rows(paths, args, size)
+    for title, rows in (("latency, batch 1", latency), ("micro-batching, 32 clients", batching), ("cache dtype", dtypes)):
+        print(f"\n### {title}\n\n{table(rows)}")
+    if args.json:
+        args.json.write_text(json.dumps({"latency": latency, "batching": batching, "dtype": dtypes}, indent=2))
+
+
+if __name__ == "__main__":
+    asyncio.run(main())

@@ -1,0 +1,7 @@
+"""`nobackfill synth support|test` — placeholder until helper-2 writes it."""
+
+from __future__ import annotations
+
+import typer
+
+app = typer.Typer(no_args_is_help=True)

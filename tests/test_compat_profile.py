@@ -1,0 +1,218 @@
+"""Profile artifact (round trip, checksum, dims, atomic writes), heads.transform, support-set io and selection."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+from safetensors.numpy import save_file
+from upgrade_standin import make_world, write_split
+
+from service.compat import selection
+from service.compat.heads import transform
+from service.compat.interpolation import nlerp, slerp
+from service.compat.io import Split, load_split
+from service.compat.procrustes import align, normalize_rows, pad
+from service.compat.profile import TENSORS, CompatProfile, load_profile, save_profile
+from service.errors import ArtifactError, InputError, UnsupportedMode
+
+
+@pytest.fixture(scope="module")
+def support(tmp_path_factory: pytest.TempPathFactory) -> Split:
+    return load_split(write_split(tmp_path_factory.mktemp("support"), 600, make_world(8, 12, 6), seed=1))
+
+
+@pytest.fixture(scope="module")
+def fitted(support: Split) -> selection.FitResult:
+    return selection.fit(support, folds=3)
+
+
+def _profile(support: Split, fitted: selection.FitResult, head: str = "slerp") -> CompatProfile:
+    return CompatProfile(
+        head=head,
+        old_model_id="old-m",
+        new_model_id="new-m",
+        old_dim=support.old_dim,
+        new_dim=support.new_dim,
+        alphas={"text": fitted.params["slerp"]["alpha"]},
+        params={"text": fitted.params},
+        fit_on="both",
+        folds=3,
+        fit_report=fitted.report,
+        tensors={"R": fitted.rotation},
+    )
+
+
+def test_fit_report_contents(fitted: selection.FitResult, support: Split) -> None:
+    rep = fitted.report
+    assert rep["selection"] == "cross-fit" and rep["fit_blocks"] == ["query", "target"]
+    assert [r["alpha"] for r in rep["support_recall"]["slerp"]] == list(selection.ALPHA_GRID)
+    assert rep["eval_queries"] == len(support.old_query)
+    assert set(rep["residual_angle_deg"]) == {"mean", "median", "p5", "p95"}
+    assert (
+        0 < rep["residual_angle_deg"]["p5"] <= rep["residual_angle_deg"]["median"] <= rep["residual_angle_deg"]["p95"]
+    )
+    best = max(r["recall@1"] for r in rep["support_recall"]["slerp"])
+    assert rep["chosen"]["slerp"]["recall@1"] == best
+    assert fitted.rotation.shape == (12, 12)
+
+
+def test_same_set_and_fit_on_options(support: Split) -> None:
+    same = selection.fit(support, same_set=True, fit_on="query")
+    assert same.report["selection"] == "same-set" and same.report["fit_blocks"] == ["query"]
+    assert "residual_angle_deg_out_of_fold" not in same.report
+    with pytest.raises(InputError, match="folds"):
+        selection.fit(support, folds=1)
+
+
+def test_profile_round_trip(tmp_path: Path, support: Split, fitted: selection.FitResult) -> None:
+    saved = save_profile(_profile(support, fitted), tmp_path / "p", extra_files={"note.txt": b"hi"})
+    loaded = load_profile(tmp_path / "p")
+    assert loaded.profile_id == saved.profile_id and len(loaded.profile_id) == 12
+    assert loaded.metadata() == saved.metadata()
+    np.testing.assert_array_equal(loaded.rotation, fitted.rotation)
+    assert loaded.modes() == ["old", "aligned", "slerp", "nlerp", "adaptive"]
+    assert (tmp_path / "p" / "note.txt").read_bytes() == b"hi"
+    meta = json.loads((tmp_path / "p" / "profile.json").read_text())
+    assert meta["format_version"] == 1 and meta["tensors_sha256"] == saved.tensors_sha256
+    assert not list(tmp_path.glob(".p.*")), "no temporary folder left behind"
+
+
+def test_checksum_mismatch_refused(tmp_path: Path, support: Split, fitted: selection.FitResult) -> None:
+    save_profile(_profile(support, fitted), tmp_path / "p")
+    save_file({"R": np.eye(12, dtype=np.float32)}, str(tmp_path / "p" / TENSORS))
+    with pytest.raises(ArtifactError, match="sha256"):
+        load_profile(tmp_path / "p")
+
+
+def test_dims_and_shape_checks(tmp_path: Path, support: Split, fitted: selection.FitResult) -> None:
+    save_profile(_profile(support, fitted), tmp_path / "p")
+    load_profile(tmp_path / "p", old_dim=8, new_dim=12)
+    with pytest.raises(ArtifactError, match="old_dim 8"):
+        load_profile(tmp_path / "p", old_dim=16)
+    with pytest.raises(ArtifactError, match="new_dim 12"):
+        load_profile(tmp_path / "p", new_dim=10)
+    bad = _profile(support, fitted)
+    bad.tensors["R"] = np.eye(10, dtype=np.float32)
+    with pytest.raises(ArtifactError, match="shape"):
+        save_profile(bad, tmp_path / "q")
+    assert not (tmp_path / "q").exists()
+    with pytest.raises(InputError, match="old_query.npy: dimension 8"):
+        load_split(support.path, old_dim=9)
+
+
+def test_missing_and_bad_format(tmp_path: Path, support: Split, fitted: selection.FitResult) -> None:
+    with pytest.raises(ArtifactError, match="does not exist"):
+        load_profile(tmp_path / "nope")
+    save_profile(_profile(support, fitted), tmp_path / "p")
+    meta = json.loads((tmp_path / "p" / "profile.json").read_text())
+    meta["format_version"] = 99
+    (tmp_path / "p" / "profile.json").write_text(json.dumps(meta))
+    with pytest.raises(ArtifactError, match="format_version"):
+        load_profile(tmp_path / "p")
+
+
+def test_atomic_save_never_half_writes(tmp_path: Path, support: Split, fitted: selection.FitResult) -> None:
+    first = save_profile(_profile(support, fitted), tmp_path / "p")
+    with pytest.raises(ArtifactError, match="not empty"):
+        save_profile(_profile(support, fitted, head="nlerp"), tmp_path / "p")
+    with pytest.raises(OSError):
+        save_profile(_profile(support, fitted, head="nlerp"), tmp_path / "p", overwrite=True, extra_files={"a/b": b""})
+    assert load_profile(tmp_path / "p").profile_id == first.profile_id  # the old profile is intact
+    assert sorted(x.name for x in tmp_path.iterdir()) == ["p"]
+    second = save_profile(_profile(support, fitted, head="nlerp"), tmp_path / "p", overwrite=True)
+    assert load_profile(tmp_path / "p").head == "nlerp" and second.profile_id != first.profile_id
+
+
+# -- heads.transform -----------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def profile(support: Split, fitted: selection.FitResult) -> CompatProfile:
+    return _profile(support, fitted)
+
+
+def test_transform_modes(profile: CompatProfile, support: Split) -> None:
+    old, new = support.old_query[:20], support.new_query[:20]
+    u = pad(normalize_rows(old), profile.dim)
+    v = align(new, profile.rotation, profile.old_dim)
+    a = profile.params["text"]["slerp"]["alpha"]
+    cases = {
+        "old": (u, 0.0),
+        "aligned": (v, 1.0),
+        "slerp": (slerp(u, v, a), a),
+        "nlerp": (nlerp(u, v, profile.params["text"]["nlerp"]["alpha"]), profile.params["text"]["nlerp"]["alpha"]),
+    }
+    for mode, (expected, alpha) in cases.items():
+        out = transform(profile, mode, old, new, "text")
+        assert out.queries.shape == (20, 8) and out.queries.dtype == np.float32
+        np.testing.assert_allclose(out.queries, normalize_rows(expected[:, :8]), atol=1e-5)
+        assert out.alpha == pytest.approx(alpha)
+        np.testing.assert_allclose(np.linalg.norm(out.queries, axis=1), 1.0, atol=1e-5)
+    theta = transform(profile, "slerp", old, new, "text").theta
+    np.testing.assert_allclose(theta, np.arccos(np.clip(np.sum(u * v, axis=1), -1, 1)), atol=1e-3)
+    adaptive = transform(profile, "adaptive", old, new, "text")
+    assert adaptive.row_alpha.shape == (20,) and np.all((adaptive.row_alpha >= 0) & (adaptive.row_alpha <= 1))
+    explicit = transform(profile, "slerp", old, new, "image", alpha=0.25)  # explicit alpha needs no fit
+    np.testing.assert_allclose(explicit.queries, normalize_rows(slerp(u, v, 0.25)[:, :8]), atol=1e-5)
+    assert transform(profile, "aligned", None, new, "text").queries.shape == (20, 8)
+
+
+@pytest.mark.parametrize("swap", [False, True])
+def test_padded_scores_equal_old_coordinate_scores(swap: bool) -> None:
+    # Both padding directions: d_new > d_old and d_new < d_old.
+    rng = np.random.default_rng(11)
+    d_old, d_new = (12, 8) if swap else (8, 12)
+    old, new = rng.standard_normal((30, d_old)), rng.standard_normal((30, d_new))
+    r = np.linalg.qr(rng.standard_normal((12, 12)))[0].astype(np.float32)
+    prof = CompatProfile(
+        "slerp", "o", "n", d_old, d_new, {"text": 0.5}, {"text": {"slerp": {"alpha": 0.5}}}, "both", 2, {}, {"R": r}
+    )
+    gallery = normalize_rows(rng.standard_normal((40, d_old)))
+    out = transform(prof, "slerp", old, new, "text")
+    q_pad = slerp(pad(normalize_rows(old), 12), align(new, r, d_old), 0.5)
+    padded = q_pad @ pad(gallery, 12).T
+    np.testing.assert_allclose(
+        out.queries @ gallery.T * np.linalg.norm(q_pad[:, :d_old], axis=1, keepdims=True), padded, atol=1e-5
+    )
+    np.testing.assert_array_equal(
+        np.argsort(-(out.queries @ gallery.T), axis=1)[:, :5], np.argsort(-padded, axis=1)[:, :5]
+    )
+
+
+def test_transform_errors(profile: CompatProfile, support: Split) -> None:
+    old, new = support.old_query[:3], support.new_query[:3]
+    with pytest.raises(UnsupportedMode, match="unknown mode"):
+        transform(profile, "psp", old, new, "text")
+    with pytest.raises(UnsupportedMode, match="image"):
+        transform(profile, "slerp", old, new, "image")
+    with pytest.raises(InputError, match="alpha"):
+        transform(profile, "old", old, new, "text", alpha=0.3)
+    with pytest.raises(InputError, match="alpha"):
+        transform(profile, "slerp", old, new, "text", alpha=1.5)
+    with pytest.raises(InputError, match="needs the old"):
+        transform(profile, "slerp", None, new, "text")
+    with pytest.raises(InputError, match="shape"):
+        transform(profile, "slerp", new, new, "text")
+    bad = old.copy()
+    bad[1] = 0
+    with pytest.raises(InputError, match="all-zero"):
+        transform(profile, "slerp", bad, new, "text")
+
+
+def test_cross_fit_with_ids_and_distractors(tmp_path: Path) -> None:
+    folder = write_split(tmp_path / "s", 200, make_world(8, 12, 6), seed=4)
+    rng = np.random.default_rng(0)
+    # Two captions per item: queries 2i and 2i+1 both belong to item i; targets 100.. are distractors.
+    np.save(folder / "query_ids.npy", np.arange(200) // 2)
+    np.save(folder / "target_ids.npy", np.concatenate([np.arange(100), 1000 + rng.permutation(100)]))
+    split = load_split(folder)
+    result = selection.fit(split, folds=4)
+    assert result.report["eval_queries"] == 200
+    assert all(0 <= r["recall@1"] <= 1 for r in result.report["support_recall"]["slerp"])
+    q_fold, t_fold = selection._assign_folds(split, 4, np.random.default_rng(1))
+    assert set(q_fold) == {0, 1, 2, 3}
+    for item in range(100):
+        assert q_fold[2 * item] == q_fold[2 * item + 1] == t_fold[item]
