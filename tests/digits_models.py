@@ -91,7 +91,7 @@ def train_classifier(
                 _, logits = model(xt[rows])
                 loss = nn.functional.cross_entropy(logits, yt[rows])
                 opt.zero_grad()
-                loss.backward()
+                torch.autograd.backward(loss)
                 opt.step()
     return model.eval()
 
