@@ -200,15 +200,27 @@ class Pipeline:
             raise UnsupportedMode(
                 f"mode {mode!r} is not served by this profile; it serves {', '.join(served)}"
             )
+        if mode == COMPARE and "old" not in served:
+            raise UnsupportedMode(
+                f"mode 'compare' needs a profile that serves 'old'; this one serves {', '.join(served)}"
+            )
         for i, query in enumerate(queries):
-            self._validate_query(i, query)
+            self._validate_query(i, query, mode)
 
-    def _validate_query(self, i: int, query: Query) -> None:
-        """Check one query's text length or embedding dims and values."""
+    def _validate_query(self, i: int, query: Query, mode: str) -> None:
+        """Check one query's text length or embedding dims and values, and that its mode has what it reads."""
         if query.content is not None and len(query.content) > self.settings.api.max_text_chars:
             raise InputError(
                 f"queries[{i}] is {len(query.content)} characters; the limit is {self.settings.api.max_text_chars}"
             )
+        if query.content is None:
+            if query.old_embedding is None and mode not in OLD_FREE_MODES:
+                raise InputError(
+                    f"queries[{i}] has no old_embedding, which mode {mode!r} needs "
+                    f"(modes that take new_embedding alone: {', '.join(sorted(OLD_FREE_MODES))})"
+                )
+            if query.new_embedding is None and mode not in NEW_FREE_MODES:
+                raise InputError(f"queries[{i}] has no new_embedding, which mode {mode!r} needs")
         for name, row, dim in (
             ("old_embedding", query.old_embedding, self.profile.old_dim),
             ("new_embedding", query.new_embedding, self.profile.new_dim),
@@ -234,7 +246,7 @@ class Pipeline:
     ) -> SearchOutcome:
         """Answer a batch of queries; raises InputError subclasses for bad input, Overloaded when full."""
         mode = mode or self.settings.compat.default_mode
-        nprobe = nprobe or min(self.settings.index.nprobe, self.gallery.nlist)
+        nprobe = min(self.settings.index.nprobe, self.gallery.nlist) if nprobe is None else nprobe
         self.validate(queries, k, mode, alpha, nprobe)
         if self.in_flight + len(queries) > self.settings.api.max_in_flight:
             raise Overloaded(
@@ -274,10 +286,11 @@ class Pipeline:
         by_modality: dict[Modality, list[int]] = {}
         for i, query in enumerate(queries):
             if query.content is None:
+                # As given: every head normalises what it reads, and PSP's softmax needs the logits' scale.
                 if query.old_embedding is not None:
-                    old[i] = _unit_rows(query.old_embedding[None])[0]
+                    old[i] = query.old_embedding
                 if query.new_embedding is not None:
-                    new[i] = _unit_rows(query.new_embedding[None])[0]
+                    new[i] = query.new_embedding
             else:
                 by_modality.setdefault(query.modality, []).append(i)
         await asyncio.gather(
@@ -382,8 +395,9 @@ class Pipeline:
                 for j, i in enumerate(rows):
                     alphas[i] = float(out.row_alpha[j])
                     if head_mode not in OLD_FREE_MODES | NEW_FREE_MODES:  # theta needs both endpoints
-                        thetas[i] = float(out.theta[j])
-                        metrics.RESIDUAL_ANGLE.observe(thetas[i])
+                        theta = float(out.theta[j])
+                        thetas[i] = theta
+                        metrics.RESIDUAL_ANGLE.observe(theta)
         if compare:
             batch = np.concatenate([batch, _unit_rows(old)])
         with _stage(timings, "search"):

@@ -26,6 +26,9 @@ class EncoderSettings(BaseModel):
 
     backend: str = "synthetic-old"
     path: str | None = None
+    # Backend `external` (clients send precomputed embeddings / logits): its width and model id.
+    dim: int | None = Field(None, ge=1)
+    model_id: str | None = None
     device: str = "auto"
     max_batch_size: int = Field(32, ge=1)
     max_wait_ms: float = Field(2.0, ge=0)

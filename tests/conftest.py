@@ -38,9 +38,15 @@ class World:
 
 @pytest.fixture(scope="session")
 def world(tmp_path_factory: pytest.TempPathFactory) -> World:
-    """Build a 20k-item gallery and a profile fitted on a disjoint 4k support set, once."""
-    root = tmp_path_factory.mktemp("world")
+    """Build a 20k-item gallery and a profile fitted on a disjoint 4k support set, once.
+
+    NOBACKFILL_TEST_WORLD=DIR reuses a world built earlier into DIR (a developer's shortcut).
+    """
+    prebuilt = os.environ.get("NOBACKFILL_TEST_WORLD")
+    root = Path(prebuilt) if prebuilt else tmp_path_factory.mktemp("world")
     world = World(root / "gallery", root / "support", root / "profile")
+    if prebuilt and (world.profile_dir / "profile.json").exists():
+        return world
     run_cli("gallery", "build", "--size", WORLD_GALLERY_SIZE, "--out", world.gallery_dir, "--nlist", 64)
     run_cli("synth", "support", "--n", WORLD_SUPPORT_SIZE, "--out", world.support_dir)
     run_cli("fit", world.support_dir, "--out", world.profile_dir, "--folds", 3)

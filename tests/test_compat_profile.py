@@ -15,7 +15,7 @@ from service.compat.heads import transform
 from service.compat.interpolation import nlerp, slerp
 from service.compat.io import Split, load_split
 from service.compat.procrustes import align, normalize_rows, pad
-from service.compat.profile import TENSORS, CompatProfile, load_profile, save_profile
+from service.compat.profile import FORMAT_VERSION, TENSORS, CompatProfile, load_profile, save_profile
 from service.errors import ArtifactError, InputError, UnsupportedMode
 
 
@@ -76,7 +76,7 @@ def test_profile_round_trip(tmp_path: Path, support: Split, fitted: selection.Fi
     assert loaded.modes() == ["old", "aligned", "slerp", "nlerp", "adaptive"]
     assert (tmp_path / "p" / "note.txt").read_bytes() == b"hi"
     meta = json.loads((tmp_path / "p" / "profile.json").read_text())
-    assert meta["format_version"] == 1 and meta["tensors_sha256"] == saved.tensors_sha256
+    assert meta["format_version"] == FORMAT_VERSION and meta["tensors_sha256"] == saved.tensors_sha256
     assert not list(tmp_path.glob(".p.*")), "no temporary folder left behind"
 
 

@@ -11,9 +11,9 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 
 from fastapi import FastAPI, Request, Response
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import ORJSONResponse
 
 from service import __version__, metrics
+from service.api.responses import OrjsonResponse
 from service.api.routes import router
 from service.errors import NobackfillError, Overloaded
 from service.pipeline import Pipeline
@@ -22,9 +22,9 @@ from service.settings import Settings
 log = logging.getLogger("nobackfill")
 
 
-def _error(status: int, code: str, message: str, headers: dict[str, str] | None = None) -> ORJSONResponse:
+def _error(status: int, code: str, message: str, headers: dict[str, str] | None = None) -> OrjsonResponse:
     """The one error shape."""
-    return ORJSONResponse({"error": {"code": code, "message": message}}, status_code=status, headers=headers)
+    return OrjsonResponse({"error": {"code": code, "message": message}}, status_code=status, headers=headers)
 
 
 async def _on_service_error(_: Request, exc: Exception) -> Response:
@@ -81,7 +81,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         title="nobackfill",
         version=__version__,
         description="Serve a new embedding model against a gallery frozen in the old model's space.",
-        default_response_class=ORJSONResponse,
+        default_response_class=OrjsonResponse,
         lifespan=lifespan,
     )
     app.state.settings = settings
@@ -90,9 +90,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.add_exception_handler(RequestValidationError, _on_validation_error)
 
     @app.middleware("http")
-    async def count_requests(
-        request: Request, call_next: Callable[[Request], Awaitable[Response]]
-    ) -> Response:
+    async def count_requests(request: Request, call_next: Callable[[Request], Awaitable[Response]]) -> Response:
         """Request count and latency by route template, mode and status."""
         start = time.perf_counter()
         status = 500

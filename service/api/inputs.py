@@ -10,6 +10,7 @@ import numpy as np
 from PIL import Image, UnidentifiedImageError
 
 from service.api.schemas import QueryIn
+from service.encoders.base import Embeddings
 from service.errors import InputError
 from service.pipeline import Query
 
@@ -29,6 +30,11 @@ def check_image(i: int, payload: str, max_bytes: int) -> None:
         raise InputError(f"queries[{i}].image_b64 is not a readable image") from exc
 
 
+def _vector(values: list[float] | None) -> Embeddings | None:
+    """A float32 row, or None when the caller left that embedding out."""
+    return None if values is None else np.asarray(values, dtype=np.float32)
+
+
 def to_queries(items: list[QueryIn], max_image_bytes: int) -> list[Query]:
     """Pipeline queries in request order; images are checked here, everything else in the pipeline."""
     queries = []
@@ -43,8 +49,8 @@ def to_queries(items: list[QueryIn], max_image_bytes: int) -> list[Query]:
             queries.append(
                 Query(
                     modality=item.modality or "text",
-                    old_embedding=np.asarray(item.old_embedding, dtype=np.float32),
-                    new_embedding=np.asarray(item.new_embedding, dtype=np.float32),
+                    old_embedding=_vector(item.old_embedding),
+                    new_embedding=_vector(item.new_embedding),
                 )
             )
     return queries

@@ -10,7 +10,12 @@ QueryModality = Literal["text", "image"]
 
 
 class QueryIn(BaseModel):
-    """One query: text, a base64 image, or both embeddings precomputed by the caller."""
+    """One query: text, a base64 image, or embeddings precomputed by the caller.
+
+    Precomputed: both embeddings, or only the one the mode reads (new_embedding alone for aligned,
+    adapter, psp and lsp; old_embedding alone for old).  The pipeline refuses a query that lacks the
+    embedding its mode needs.  For psp / lsp, new_embedding holds the new model's raw logits.
+    """
 
     model_config = ConfigDict(extra="forbid")
 
@@ -24,14 +29,11 @@ class QueryIn(BaseModel):
 
     @model_validator(mode="after")
     def _exactly_one_kind(self) -> QueryIn:
-        """A query is text, or an image, or a pair of embeddings, never a mix."""
-        kinds = [self.text is not None, self.image_b64 is not None, self.old_embedding is not None]
-        if self.new_embedding is not None and self.old_embedding is None:
-            raise ValueError("new_embedding needs old_embedding beside it")
-        if self.old_embedding is not None and self.new_embedding is None:
-            raise ValueError("old_embedding needs new_embedding beside it")
+        """A query is text, or an image, or precomputed embeddings, never a mix."""
+        embedded = self.old_embedding is not None or self.new_embedding is not None
+        kinds = [self.text is not None, self.image_b64 is not None, embedded]
         if sum(kinds) != 1:
-            raise ValueError("give exactly one of text, image_b64, or old_embedding + new_embedding")
+            raise ValueError("give exactly one of text, image_b64, or old_embedding and/or new_embedding")
         return self
 
 

@@ -1,4 +1,4 @@
-"""`nobackfill gallery build|info|eval` — being written by helper-5 (see service/index/__init__.py)."""
+"""`nobackfill gallery build|info|eval` — placeholder. helper-2 writes this; see service/index/LEAD_NOTE.md."""
 
 from __future__ import annotations
 

@@ -1,11 +1,19 @@
 """`nobackfill eval` without the CLI: every method's Recall@K, compatibility and flips on a test split.
 
-Rows: old (old->old, the reference), new (new->new, only when new_target.npy exists: a re-indexed
-gallery, so neither compatibility nor a weight applies), aligned (Procrustes only), midpoint (NLERP at
-0.5), slerp / nlerp / adaptive (the profile's weights), oracle (the best SLERP weight on the grid chosen
-on this very test set: an upper bound, never deployable).  Every upgraded row goes through
-heads.transform, exactly as the service does.  `compatible` is Recall@1 strictly above old->old;
-pfr / nfr are flips against old->old at Recall@1.
+Rows of a Procrustes profile: old (old->old, the reference), new (new->new, only when new_target.npy
+exists: a re-indexed gallery, so neither compatibility nor a weight applies), aligned (Procrustes
+only), midpoint (NLERP at 0.5), slerp / nlerp / adaptive (the profile's weights), oracle (the best
+SLERP weight on the grid chosen on this very test set: an upper bound, never deployable).
+Adapter profiles: old, new, adapter, and adapter+slerp when the profile has it.
+psp / lsp profiles (the split holds logits): the gallery is the old model's PSP / LSP features of
+old_target (psp.gallery_features, as `gallery build` must write it); rows old (old-model features of
+the queries), new (new->new features, when new_target.npy exists), psp / lsp (new-model logits through
+the head), and the raw-logit baseline the heads replace: old-logits (normalised old logits against a
+gallery of normalised old logits, its reference) and new-logits (the new model's logits of the old
+classes, through class_map, against that same raw gallery; its compatible / pfr / nfr are against
+old-logits, not against old).
+Every upgraded row goes through heads.transform, exactly as the service does.  `compatible` is
+Recall@1 strictly above the reference; pfr / nfr are flips against the reference at Recall@1.
 """
 
 from __future__ import annotations
@@ -15,12 +23,13 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
+from service.compat import psp
 from service.compat.arcsearch import summarise_blends
 from service.compat.heads import transform
 from service.compat.io import Split
 from service.compat.metrics import KS, flip_rates, is_compatible, ranks, recall_at_k, relevance
 from service.compat.procrustes import normalize_rows
-from service.compat.profile import CompatProfile
+from service.compat.profile import ADAPTER_HEADS, CLASS_HEADS, CompatProfile
 from service.compat.selection import ALPHA_GRID, slerp_lambda
 from service.errors import InputError
 
@@ -39,13 +48,35 @@ def _oracle_alpha(profile: CompatProfile, split: Split, targets: npt.NDArray[np.
     return -max(scored)[3]
 
 
+def _row(
+    method: str,
+    alpha: float | None,
+    rank: npt.NDArray[np.int64],
+    against: npt.NDArray[np.int64],
+    reference: bool = False,
+) -> dict[str, Any]:
+    """One table row, flips counted against the ranks `against`; a reference row has no `compatible`."""
+    rec = recall_at_k(rank, KS)
+    pfr, nfr = flip_rates(against < 1, rank < 1)
+    return {
+        "method": method,
+        "alpha": alpha,
+        **{f"recall@{k}": rec[k] for k in KS},
+        "compatible": None if reference else is_compatible(rec[1], recall_at_k(against, KS)[1]),
+        "pfr": pfr,
+        "nfr": nfr,
+    }
+
+
 def evaluate(profile: CompatProfile, split: Split, modality: str) -> list[dict[str, Any]]:
-    """Score every method on the test split; returns rows keyed by COLUMNS."""
+    """Score every method of the profile's head family on the test split; returns rows keyed by COLUMNS."""
     if split.old_dim != profile.old_dim or split.new_dim != profile.new_dim:
         raise InputError(
             f"{split.path}: dims old {split.old_dim} / new {split.new_dim} do not match the profile's "
             f"{profile.old_dim} / {profile.new_dim}"
         )
+    if profile.head in CLASS_HEADS:
+        return _evaluate_classes(profile, split)
     targets = normalize_rows(split.old_target)
     rel = relevance(split.query_ids, split.target_ids)
 
@@ -61,25 +92,16 @@ def evaluate(profile: CompatProfile, split: Split, modality: str) -> list[dict[s
         return used, ranks(queries, targets, rel)
 
     _, old_rank = run("old")
-    old_ok = old_rank < 1
-    old_r1 = recall_at_k(old_rank, KS)[1]
-
-    def row(method: str, alpha: float | None, rank: npt.NDArray[np.int64], reference: bool) -> dict[str, Any]:
-        rec = recall_at_k(rank, KS)
-        pfr, nfr = flip_rates(old_ok, rank < 1)
-        return {
-            "method": method,
-            "alpha": alpha,
-            **{f"recall@{k}": rec[k] for k in KS},
-            "compatible": None if reference else is_compatible(rec[1], old_r1),
-            "pfr": pfr,
-            "nfr": nfr,
-        }
-
-    rows = [row("old", 0.0, old_rank, reference=True)]
+    rows = [_row("old", 0.0, old_rank, old_rank, reference=True)]
     if split.new_target is not None:
         new_rank = ranks(normalize_rows(split.new_query), normalize_rows(split.new_target), rel)
-        rows.append(row("new", None, new_rank, reference=True))
+        rows.append(_row("new", None, new_rank, old_rank, reference=True))
+    if profile.head in ADAPTER_HEADS:
+        for mode in profile.modes():
+            if mode != "old":
+                used, rank = run(mode)
+                rows.append(_row(mode, used, rank, old_rank))
+        return rows
     for method, mode, alpha in (
         ("aligned", "aligned", None),
         ("midpoint", "nlerp", 0.5),
@@ -88,8 +110,36 @@ def evaluate(profile: CompatProfile, split: Split, modality: str) -> list[dict[s
         ("adaptive", "adaptive", None),
     ):
         used, rank = run(mode, alpha)
-        rows.append(row(method, used, rank, reference=False))
+        rows.append(_row(method, used, rank, old_rank))
     oracle = _oracle_alpha(profile, split, targets)
     used, rank = run("slerp", oracle)
-    rows.append(row("oracle", used, rank, reference=False))
+    rows.append(_row("oracle", used, rank, old_rank))
+    return rows
+
+
+def _evaluate_classes(profile: CompatProfile, split: Split) -> list[dict[str, Any]]:
+    """Rows of a psp / lsp profile: its head and the raw-logit baseline, each against its own gallery."""
+    head: psp.Mode = "psp" if profile.head == "psp" else "lsp"
+    rel = relevance(split.query_ids, split.target_ids)
+    top_k = profile.top_k
+    gallery = psp.gallery_features(split.old_target, head, top_k)
+    old_rank = ranks(psp.gallery_features(split.old_query, head, top_k), gallery, rel)
+    rows = [_row("old", 0.0, old_rank, old_rank, reference=True)]
+    if split.new_target is not None:
+        new_gallery = psp.gallery_features(split.new_target, head, top_k)
+        new_rank = ranks(psp.gallery_features(split.new_query, head, top_k), new_gallery, rel)
+        rows.append(_row("new", None, new_rank, old_rank, reference=True))
+    queries = np.concatenate(
+        [
+            transform(profile, head, None, split.new_query[s : s + _CHUNK], "text").queries
+            for s in range(0, len(split.new_query), _CHUNK)
+        ]
+    )
+    rows.append(_row(head, 1.0, ranks(queries, gallery, rel), old_rank))
+    raw_gallery = normalize_rows(split.old_target)
+    raw_old = ranks(normalize_rows(split.old_query), raw_gallery, rel)
+    rows.append(_row("old-logits", None, raw_old, raw_old, reference=True))
+    cols = np.arange(profile.old_classes) if profile.class_map is None else np.asarray(profile.class_map)
+    raw_new = ranks(normalize_rows(split.new_query[:, cols]), raw_gallery, rel)
+    rows.append(_row("new-logits", None, raw_new, raw_old))
     return rows

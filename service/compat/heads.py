@@ -8,6 +8,14 @@ inner-product ranking on the old gallery is exactly the padded ranking.
 Modes: `old` (u), `aligned` (v), `slerp`, `nlerp` (the profile's alpha for the query modality, or an
 explicit alpha), `adaptive` (per-query alpha = clip(a + b (cos - c_ref), 0, 1); an explicit alpha
 replaces the base a).  An explicit alpha is refused for `old` and `aligned`, whose weight is fixed.
+
+Heads without R (see profile.py for which profile serves what):
+- `adapter`: v = h(new), the MKP adapter's unit output in the old space; needs only the new query.
+- `adapter+slerp`: SLERP(u, h(new); alpha) in the old space itself (no padding: h already outputs
+  d_old coordinates), alpha cross-fitted per modality like the slerp head, or explicit.
+- `psp` / `lsp`: the new query is the new model's LOGITS [n, C_t]; psp.query_features turns them
+  into unit rows [n, C_k] comparable with the old model's PSP / LSP gallery features.  Logits are
+  read as given: PSP's softmax depends on their scale, so they must not be normalised beforehand.
 """
 
 from __future__ import annotations
@@ -18,9 +26,10 @@ from dataclasses import dataclass
 import numpy as np
 import numpy.typing as npt
 
+from service.compat import psp
 from service.compat.interpolation import adaptive_alpha, geometry, nlerp, slerp
 from service.compat.procrustes import align, normalize_rows, pad
-from service.compat.profile import BLEND_MODES, CompatProfile
+from service.compat.profile import ADAPTER_HEADS, ALPHA_MODES, CLASS_HEADS, CompatProfile
 from service.errors import InputError, UnsupportedMode
 
 Array = npt.NDArray[np.float32]
@@ -77,14 +86,20 @@ def transform(
         served = ", ".join(profile.modes())
         raise UnsupportedMode(f"unknown mode {mode!r}; profile {profile.profile_id} serves {served}")
     if alpha is not None:
-        if mode not in BLEND_MODES:
-            raise InputError(f"an explicit alpha applies to {', '.join(BLEND_MODES)}, not to mode {mode!r}")
+        if mode not in ALPHA_MODES:
+            raise InputError(f"an explicit alpha applies to {', '.join(ALPHA_MODES)}, not to mode {mode!r}")
         if not (math.isfinite(alpha) and 0.0 <= alpha <= 1.0):
             raise InputError(f"alpha must be within [0, 1], got {alpha}")
-    u_raw = _check_rows(old, profile.old_dim, "old", needed=mode != "aligned", mode=mode)
+    old_free = mode in ("aligned", "adapter", *CLASS_HEADS)
+    u_raw = _check_rows(old, profile.old_dim, "old", needed=not old_free, mode=mode)
     v_raw = _check_rows(new, profile.new_dim, "new", needed=mode != "old", mode=mode)
     if u_raw is not None and v_raw is not None and len(u_raw) != len(v_raw):
         raise InputError(f"{len(u_raw)} old rows but {len(v_raw)} new rows")
+    if profile.head in CLASS_HEADS:
+        assert v_raw is not None
+        return _class_head(profile, mode, v_raw)
+    if profile.head in ADAPTER_HEADS:
+        return _adapter_head(profile, mode, u_raw, v_raw, modality, alpha)
     d_old, d = profile.old_dim, profile.dim
     u = pad(normalize_rows(u_raw), d) if u_raw is not None else None
     v = align(v_raw, profile.rotation, d_old) if v_raw is not None else None
@@ -116,3 +131,35 @@ def transform(
         q = slerp(u, v, used) if mode == "slerp" else nlerp(u, v, used)
     queries = normalize_rows(q[:, :d_old])
     return Transformed(queries=queries, theta=theta, alpha=used, row_alpha=row_alpha)
+
+
+def _class_head(profile: CompatProfile, mode: str, logits: Array) -> Transformed:
+    """psp / lsp: new-model logits [n, C_t] -> unit old-class features [n, C_k] (zero rows stay zero)."""
+    head: psp.Mode = "psp" if mode == "psp" else "lsp"
+    try:
+        q = psp.query_features(logits, profile.old_classes, head, profile.top_k, profile.class_map)
+    except ValueError as exc:  # class counts were checked at load; this is a caller's problem
+        raise InputError(f"mode {mode!r}: {exc}") from exc
+    n = len(q)
+    return Transformed(queries=q, theta=np.zeros(n, np.float32), alpha=1.0, row_alpha=np.ones(n, np.float32))
+
+
+def _adapter_head(
+    profile: CompatProfile, mode: str, u_raw: Array | None, v_raw: Array | None, modality: str, alpha: float | None
+) -> Transformed:
+    """old, adapter and adapter+slerp of an adapter profile, all in the old space (no padding)."""
+    n = len(u_raw) if u_raw is not None else len(v_raw) if v_raw is not None else 0
+    zeros = np.zeros(n, np.float32)
+    if mode == "old":
+        assert u_raw is not None
+        return Transformed(queries=normalize_rows(u_raw), theta=zeros, alpha=0.0, row_alpha=zeros)
+    assert v_raw is not None
+    v = profile.adapter_model.apply(v_raw)
+    if mode == "adapter":
+        return Transformed(queries=v, theta=zeros, alpha=1.0, row_alpha=np.ones(n, np.float32))
+    assert u_raw is not None
+    u = normalize_rows(u_raw)
+    used = float(alpha) if alpha is not None else _mode_params(profile, mode, modality)["alpha"]
+    q = slerp(u, v, used)
+    theta = geometry(u, v).theta.astype(np.float32)
+    return Transformed(queries=normalize_rows(q), theta=theta, alpha=used, row_alpha=np.full(n, used, np.float32))

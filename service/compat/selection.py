@@ -18,18 +18,24 @@ Each fold costs two matmuls whatever the grid (see arcsearch.py), so one pass sc
 at every alpha in ALPHA_GRID and adaptive NLERP at every (a, b) in ALPHA_GRID x SLOPE_GRID.
 `fit_on="both"` stacks the query pairs with the target pairs where new_target.npy exists (query
 pairs only otherwise; the report's `fit_blocks` says which were used).
+
+`fit_mapped_slerp` does the same for a learnt map in place of R (the adapter+slerp head): the map is
+trained once per fold on the other folds' rows (k trainings, then one on everything), and SLERP
+between u and the map's output is scored on the held-out fold exactly as above.  A trained map has
+no cheap "subtract the fold" trick, so its cost is (folds + 1) trainings.
 """
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, Generic, Literal, Protocol, TypeVar
 
 import numpy as np
 import numpy.typing as npt
 
-from service.compat.arcsearch import PathSummary, summarise_blends
+from service.compat.arcsearch import PathSummary, summarise_blends, summarise_path
 from service.compat.io import Split
 from service.compat.metrics import KS, recall_at_k, relevance
 from service.compat.procrustes import (
@@ -48,6 +54,17 @@ I64 = npt.NDArray[np.int64]
 ALPHA_GRID: tuple[float, ...] = tuple(round(0.1 * i, 1) for i in range(11))
 SLOPE_GRID: tuple[float, ...] = (-8.0, -4.0, -2.0, -1.0, 0.0, 1.0, 2.0, 4.0, 8.0)
 MAX_EVAL_QUERIES = 5000
+
+
+class RowMap(Protocol):
+    """A fitted map from new embeddings to unit rows in the old space (e.g. a TrainedAdapter)."""
+
+    def apply(self, new: npt.NDArray[np.floating]) -> F32:
+        """Map rows [n, d_new] to unit rows [n, d_old]."""
+        ...
+
+
+M = TypeVar("M", bound=RowMap)
 
 
 @dataclass(frozen=True)
@@ -110,6 +127,13 @@ def _fit_blocks(split: Split, fit_on: FitOn) -> list[_Block]:
     if fit_on == "target" and split.new_target is None:
         raise InputError(f"{split.path / 'new_target.npy'}: missing (needed by --fit-on target)")
     return blocks
+
+
+def support_pairs(split: Split, fit_on: FitOn) -> tuple[F32, F32, list[str]]:
+    """All (new, old) pairs a map is fitted on for `fit_on`, and the names of the blocks used."""
+    blocks = _fit_blocks(split, fit_on)
+    new, old = _stack(blocks)
+    return new, old, [b.name for b in blocks]
 
 
 def _assign_folds(split: Split, folds: int, rng: np.random.Generator) -> tuple[I64, I64]:
@@ -278,3 +302,112 @@ def fit(
     if not same_set:
         report["residual_angle_deg_out_of_fold"] = angle_stats(np.arccos(oof_cos))
     return FitResult(rotation=r_final, params=params, report=report)
+
+
+@dataclass(frozen=True)
+class MappedFit(Generic[M]):
+    """The map fitted on all support rows, the chosen SLERP weight and the JSON-able fit report."""
+
+    mapper: M
+    alpha: float
+    report: dict[str, Any]
+
+
+def _stack(blocks: Sequence[_Block], masks: Sequence[npt.NDArray[np.bool_]] | None = None) -> tuple[F32, F32]:
+    """The (new, old) training pairs of the blocks, optionally restricted to rows where masks hold."""
+    if masks is None:
+        return np.concatenate([b.new for b in blocks]), np.concatenate([b.old for b in blocks])
+    new = np.concatenate([b.new[m] for b, m in zip(blocks, masks, strict=True)])
+    old = np.concatenate([b.old[m] for b, m in zip(blocks, masks, strict=True)])
+    return new, old
+
+
+def _mapped_cos(split: Split, mapper: RowMap, rows: I64) -> tuple[F32, F32, F64]:
+    """u, v = map(new) and u . v for the given query rows (both unit, old space)."""
+    u = normalize_rows(split.old_query[rows])
+    v = normalize_rows(mapper.apply(split.new_query[rows]))
+    cos = np.clip(np.einsum("ij,ij->i", u, v, dtype=np.float64), -1.0, 1.0)
+    return u, v, cos
+
+
+def _score_mapped(split: Split, mapper: RowMap, q_rows: I64, t_rows: I64) -> _Held:
+    """Path summary of u -> map(new) for the query rows against the given old-target rows."""
+    rel = relevance(split.query_ids[q_rows], split.target_ids[t_rows])
+    targets = normalize_rows(split.old_target[t_rows])
+    u, v, cos = _mapped_cos(split, mapper, q_rows)
+    theta = np.arctan2(np.sqrt(np.maximum(0.0, 1.0 - cos * cos)), cos)
+    return _Held(summarise_path(u, v, targets, rel, k=max(KS)), theta, cos)
+
+
+def fit_mapped_slerp(
+    split: Split,
+    fit_map: Callable[[F32, F32], M],
+    *,
+    mode: str = "adapter+slerp",
+    fit_on: FitOn = "both",
+    folds: int = 5,
+    same_set: bool = False,
+    max_eval_queries: int = MAX_EVAL_QUERIES,
+    seed: int = 0,
+) -> MappedFit[M]:
+    """Choose SLERP's weight between u and a learnt map's output, cross-fitting the map like R above.
+
+    fit_map(new [n, d_new], old [n, d_old]) trains a map on paired rows; it is called once per fold on
+    the other folds' rows and once more on every row (the map that is kept).
+    """
+    if fit_on not in ("query", "target", "both"):
+        raise InputError(f"--fit-on must be query, target or both, not {fit_on!r}")
+    if not same_set and folds < 2:
+        raise InputError(f"--folds must be at least 2 for cross-fitting, got {folds}")
+    if not same_set and len(np.unique(split.query_ids)) < folds:
+        raise InputError(f"{split.path / 'old_query.npy'}: fewer distinct query ids than --folds {folds}")
+    rng = np.random.default_rng(seed)
+    blocks = _fit_blocks(split, fit_on)
+    held: list[_Held] = []
+    fold_seconds: list[float] = []
+    oof_cos = np.empty(0)
+    if not same_set:
+        q_fold, t_fold = _assign_folds(split, folds, rng)
+        fold_of = {"query": q_fold, "target": t_fold}
+        cos_parts = []
+        for f in range(folds):
+            started = time.perf_counter()
+            # The fold-f map never sees fold f's rows, neither its queries nor its targets.
+            mapper_f = fit_map(*_stack(blocks, [fold_of[b.name] != f for b in blocks]))
+            fold_seconds.append(round(time.perf_counter() - started, 3))
+            q_all = np.flatnonzero(q_fold == f)
+            cos_parts.append(_mapped_cos(split, mapper_f, q_all)[2])
+            q_rows = q_all
+            if len(q_rows) > max_eval_queries:
+                q_rows = np.sort(rng.choice(q_rows, max_eval_queries, replace=False))
+            held.append(_score_mapped(split, mapper_f, q_rows, np.flatnonzero(t_fold == f)))
+        oof_cos = np.concatenate(cos_parts)
+    mapper = fit_map(*_stack(blocks))
+    if same_set:
+        q_rows = np.arange(len(split.old_query))
+        if len(q_rows) > max_eval_queries:
+            q_rows = np.sort(rng.choice(q_rows, max_eval_queries, replace=False))
+        held.append(_score_mapped(split, mapper, q_rows, np.arange(len(split.old_target))))
+    final_cos = _mapped_cos(split, mapper, np.arange(len(split.old_query)))[2]
+
+    rows = [_row(a, _recalls(held, _slerp_weights(a))) for a in ALPHA_GRID]
+    best = _best(rows, lambda r: -r["alpha"])
+    report: dict[str, Any] = {
+        "selection": "same-set" if same_set else "cross-fit",
+        "folds": 1 if same_set else folds,
+        "fit_on": fit_on,
+        "fit_blocks": [b.name for b in blocks],
+        "fit_rows": int(sum(len(b.new) for b in blocks)),
+        "support_queries": len(split.old_query),
+        "support_targets": len(split.old_target),
+        "eval_queries": int(sum(h.summary.n_queries for h in held)),
+        "eval_gallery": "all support targets" if same_set else "old targets of the held-out fold",
+        "alpha_grid": list(ALPHA_GRID),
+        "support_recall": {mode: rows},
+        "chosen": {mode: best},
+        "residual_angle_deg": angle_stats(np.arccos(final_cos)),
+    }
+    if not same_set:
+        report["residual_angle_deg_out_of_fold"] = angle_stats(np.arccos(oof_cos))
+        report["fold_fit_seconds"] = fold_seconds
+    return MappedFit(mapper=mapper, alpha=float(best["alpha"]), report=report)

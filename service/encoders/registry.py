@@ -1,6 +1,7 @@
 """Encoder backends by name: `create_encoder(settings, role)` builds the configured one on its device.
 
-Built in: `synthetic-old` and `synthetic-new`, the simulated models of the synthetic upgrade world.
+Built in: `synthetic-old` and `synthetic-new`, the simulated models of the synthetic upgrade world, and
+`external` (no model: `dim` and `model_id` come from the settings, queries must carry embeddings).
 A real backend is one factory `(settings, device) -> Encoder` added with `register_backend`; e.g. a
 sentence-transformers model from a local folder would read `settings.path`, load
 `SentenceTransformer(path, device=device)` inside the factory (so the import stays optional) and
@@ -45,8 +46,16 @@ def _synthetic(model: Role) -> BackendFactory:
     return build
 
 
+def _external(settings: EncoderSettings, device: str) -> Encoder:
+    """Backend `external`: no model, the clients send embeddings (see encoders/external.py)."""
+    from service.encoders.external import external_encoder
+
+    return external_encoder(settings, device)
+
+
 register_backend("synthetic-old", _synthetic("old"))
 register_backend("synthetic-new", _synthetic("new"))
+register_backend("external", _external)
 
 
 def create_encoder(settings: EncoderSettings, role: Role) -> Encoder:

@@ -1,0 +1,127 @@
+"""`Gallery`: a built gallery folder, memory-mapped read-only, fingerprint-checked, searchable from many threads.
+
+Loading verifies `index.faiss` against `gallery.json` before faiss reads a byte of it:
+- `verify="sha256"` (default): size, then the full sha256 (8 MiB blocks, a progress bar on a terminal
+  for big files; ~1-2 s per GB, and it warms the page cache the memory-mapped search reads anyway);
+- `verify="size"`: size and the faiss header only.  Catches truncation and a swapped index of another
+  shape, not a same-sized corruption; for fast restarts of a file that was verified before.
+The index is opened with IO_FLAG_MMAP | IO_FLAG_READ_ONLY: inverted lists stay in the page cache
+(shared between processes), nothing is ever written.  nprobe travels with each call
+(SearchParametersIVF), so concurrent searches with different nprobe never race.
+"""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+from typing import Any, Literal
+
+import faiss
+import numpy as np
+import numpy.typing as npt
+
+from service.errors import ArtifactError, InputError
+from service.index.artifact import INDEX_NAME, read_meta, sha256_file
+
+Verify = Literal["sha256", "size"]
+
+
+class Gallery:
+    """A loaded, read-only IVF-PQ gallery."""
+
+    def __init__(self, folder: Path, meta: dict[str, Any], index: Any, nlist: int, on_gpu: bool) -> None:
+        self.folder = folder
+        self.meta = meta
+        self._index = index
+        self.dim: int = int(index.d)
+        self.ntotal: int = int(index.ntotal)
+        self.nlist: int = nlist
+        self.fingerprint: str = str(meta["sha256"])
+        self.on_gpu = on_gpu
+        # GPU indexes take nprobe as state, not as a per-call parameter: serialise those calls.
+        self._gpu_lock = threading.Lock()
+
+    @classmethod
+    def load(
+        cls, folder: Path | str, verify: Verify = "sha256", gpu: bool | None = None, progress: bool | None = None
+    ) -> Gallery:
+        """Open a gallery folder read-only; ArtifactError when it is missing, truncated or not what gallery.json says."""
+        folder = Path(folder)
+        meta = read_meta(folder)
+        path = folder / str(meta.get("index_file", INDEX_NAME))
+        if not path.is_file():
+            raise ArtifactError(f"gallery {folder}: {path.name} is missing")
+        size = path.stat().st_size
+        if size != meta["index_bytes"]:
+            raise ArtifactError(
+                f"gallery {folder}: {path.name} is {size:,} bytes, gallery.json says {meta['index_bytes']:,} "
+                "(truncated or replaced)"
+            )
+        if verify == "sha256":
+            digest = sha256_file(path, progress)
+            if digest != meta["sha256"]:
+                raise ArtifactError(
+                    f"gallery {folder}: fingerprint mismatch: {path.name} has sha256 {digest[:16]}..., "
+                    f"gallery.json says {str(meta['sha256'])[:16]}... (corrupt or modified)"
+                )
+        elif verify != "size":
+            raise InputError(f"verify must be 'sha256' or 'size', got {verify!r}")
+        try:
+            index = faiss.read_index(str(path), faiss.IO_FLAG_MMAP | faiss.IO_FLAG_READ_ONLY)
+        except RuntimeError as exc:
+            raise ArtifactError(f"gallery {folder}: faiss cannot read {path.name} ({str(exc).splitlines()[0]})") from exc
+        nlist = _check_shape(folder, meta, index)
+        use_gpu = _gpu_count() > 0 if gpu is None else gpu
+        if use_gpu:
+            index = _to_gpu(index)
+        return cls(folder, meta, index, nlist, use_gpu)
+
+    def search(
+        self, queries: npt.ArrayLike, k: int, nprobe: int
+    ) -> tuple[npt.NDArray[np.float32], npt.NDArray[np.int64]]:
+        """Top-k inner products of queries [b, d]: (scores [b, k] float32, ids [b, k] int64; -1 pads a short list)."""
+        q = np.ascontiguousarray(queries, dtype=np.float32)
+        if q.ndim != 2 or q.shape[1] != self.dim:
+            raise InputError(f"queries must have shape [b, {self.dim}], got {list(q.shape)}")
+        if k < 1:
+            raise InputError(f"k must be >= 1, got {k}")
+        if not 1 <= nprobe <= self.nlist:
+            raise InputError(f"nprobe must be in 1..{self.nlist}, got {nprobe}")
+        if q.shape[0] == 0:
+            return np.zeros((0, k), dtype=np.float32), np.zeros((0, k), dtype=np.int64)
+        if self.on_gpu:
+            with self._gpu_lock:
+                faiss.GpuParameterSpace().set_index_parameter(self._index, "nprobe", nprobe)
+                scores, ids = self._index.search(q, k)
+        else:
+            scores, ids = self._index.search(q, k, params=faiss.SearchParametersIVF(nprobe=nprobe))
+        return np.asarray(scores, dtype=np.float32), np.asarray(ids, dtype=np.int64)
+
+    @property
+    def faiss_index(self) -> Any:
+        """The underlying faiss index, for read-only use (evaluation copies a subset out of it)."""
+        return self._index
+
+
+def _check_shape(folder: Path, meta: dict[str, Any], index: Any) -> int:
+    """The index must be what gallery.json describes; returns its nlist."""
+    ivf = faiss.extract_index_ivf(index)
+    found = {"d": int(index.d), "ntotal": int(index.ntotal), "nlist": int(ivf.nlist)}
+    wrong = [f"{key} {found[key]} != {meta[key]}" for key in found if found[key] != meta[key]]
+    if wrong:
+        raise ArtifactError(f"gallery {folder}: index does not match gallery.json: {', '.join(wrong)}")
+    return found["nlist"]
+
+
+def _gpu_count() -> int:
+    """GPUs faiss can use (0 with faiss-cpu)."""
+    get = getattr(faiss, "get_num_gpus", None)
+    return int(get()) if get is not None else 0
+
+
+def _to_gpu(index: Any) -> Any:
+    """Clone the index onto GPU 0 (codes are copied into GPU memory)."""
+    resources = faiss.StandardGpuResources()
+    gpu_index = faiss.index_cpu_to_gpu(resources, 0, index)
+    gpu_index.referenced_objects = [resources]  # keep the resources alive with the index
+    return gpu_index
