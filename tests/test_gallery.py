@@ -1,25 +1,32 @@
 """`nobackfill gallery build/info/eval` and `Gallery` end to end: real FAISS, real synthetic encoder, real files.
 
-One small synthetic gallery is built once per module through the CLI and copied for the tests that
-damage it; the `.npy` tests use tiny 64-d galleries so they build in a second or two.
+One small synthetic gallery is built once per module by a `nobackfill` subprocess and copied for the
+tests that damage it.  The other commands run in-process through `service.cli.main` (the same
+argument parsing, error rendering and exit codes, without paying a Python + torch start per call);
+the `.npy` tests use tiny 64-d galleries so they build in a second or two.
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
+import io
 import json
 import os
 import shutil
 import subprocess
 import sys
 import threading
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import numpy.typing as npt
 import pytest
+from conftest import run_cli
 
+from service import cli as cli_module
 from service.errors import ArtifactError, InputError
 from service.index.gallery import Gallery
 
@@ -31,20 +38,40 @@ NPY_ROWS = 3_000
 NPY_DIM = 64
 
 
-def cli(*args: str | int | Path) -> subprocess.CompletedProcess[str]:
-    """Run `nobackfill ARGS` as a user would, without failing on a non-zero exit."""
-    return subprocess.run([*NOBACKFILL, *map(str, args)], capture_output=True, text=True, timeout=300, check=False)
+@dataclass(frozen=True)
+class Done:
+    """Exit code and output of one in-process `nobackfill` run."""
+
+    returncode: int
+    stdout: str
+    stderr: str
 
 
-def ok(*args: str | int | Path) -> subprocess.CompletedProcess[str]:
-    """Run `nobackfill ARGS` and fail the test with its stderr unless it exits 0."""
+def cli(*args: str | int | Path) -> Done:
+    """Run `nobackfill ARGS` in this process through service.cli.main (exit code 2 on our errors)."""
+    out, err = io.StringIO(), io.StringIO()
+    code: int | str | None = 0
+    argv = sys.argv
+    sys.argv = ["nobackfill", *map(str, args)]
+    try:
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            cli_module.main()
+    except SystemExit as exc:
+        code = exc.code
+    finally:
+        sys.argv = argv
+    return Done(code if isinstance(code, int) else 1, out.getvalue(), err.getvalue())
+
+
+def ok(*args: str | int | Path) -> Done:
+    """Run `nobackfill ARGS` in-process and fail the test with its stderr unless it exits 0."""
     done = cli(*args)
     if done.returncode != 0:
         pytest.fail(f"nobackfill {' '.join(map(str, args))} exited {done.returncode}:\n{done.stderr}")
     return done
 
 
-def assert_refused(done: subprocess.CompletedProcess[str], *words: str) -> str:
+def assert_refused(done: Done | subprocess.CompletedProcess[str], *words: str) -> str:
     """Exit 2 with one `error: ...` line (the last on stderr, after any progress output) naming `words`."""
     assert done.returncode == 2, (done.returncode, done.stdout, done.stderr)
     assert "Traceback" not in done.stderr, done.stderr
@@ -96,7 +123,7 @@ def unit(x: npt.NDArray[Any]) -> npt.NDArray[np.float32]:
 def built(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """An 8,000-item synthetic gallery (nlist 32, PQ16x8) built through the CLI."""
     out = tmp_path_factory.mktemp("synthetic") / "gallery"
-    ok("gallery", "build", "--size", SIZE, "--out", out, "--nlist", NLIST, "--pq-m", PQ_M, "--train-size", 4096)
+    run_cli("gallery", "build", "--size", SIZE, "--out", out, "--nlist", NLIST, "--pq-m", PQ_M, "--train-size", 4096)
     return out
 
 

@@ -1,7 +1,75 @@
-"""`nobackfill synth support|test` — placeholder until helper-2 writes it."""
+"""`nobackfill synth support|test`: support / test folders from the synthetic upgrade world.
+
+Item ranges (so no support item is ever a gallery or test item):
+- galleries built with `gallery build --size N` hold items 0..N-1 (image view, old model);
+- `synth test` queries captions of items drawn from 0..G-1 (G = --gallery-size, default N);
+- `synth support` uses items from SUPPORT_FIRST_ITEM = 10^12 upward.
+"""
 
 from __future__ import annotations
 
+from pathlib import Path
+
+import numpy as np
 import typer
 
 app = typer.Typer(no_args_is_help=True)
+
+SUPPORT_FIRST_ITEM = 10**12
+SUPPORT_CAPTION = 0
+TEST_CAPTION = 1
+
+
+def _write(out: Path, query_items: np.ndarray, target_items: np.ndarray, caption: int, force: bool) -> None:
+    """Encode captions (queries) and image views (targets) with both simulated models; write the folder."""
+    from service.encoders.synthetic import IMAGE_VIEW, SyntheticNewEncoder, SyntheticOldEncoder
+    from service.errors import InputError
+
+    if out.exists() and any(out.iterdir()) and not force:
+        raise InputError(f"{out} exists and is not empty (use --force to overwrite)")
+    old, new = SyntheticOldEncoder(), SyntheticNewEncoder()
+    arrays = {
+        "old_query.npy": old.encode_items(query_items, caption),
+        "new_query.npy": new.encode_items(query_items, caption),
+        "old_target.npy": old.encode_items(target_items, IMAGE_VIEW),
+        "new_target.npy": new.encode_items(target_items, IMAGE_VIEW),
+        "query_ids.npy": query_items.astype(np.int64),
+        "target_ids.npy": target_items.astype(np.int64),
+    }
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise InputError(f"{out}: cannot create ({exc.strerror})") from exc
+    for name, array in arrays.items():
+        np.save(out / name, array)
+    typer.echo(f"wrote {len(query_items):,} queries and {len(target_items):,} targets to {out}")
+
+
+@app.command("support")
+def support(
+    n: int = typer.Option(20_000, "--n", min=1, help="Support pairs (caption query + image target per item)."),
+    out: Path = typer.Option(..., "--out", help="Folder to write."),
+    force: bool = typer.Option(False, "--force", help="Overwrite a non-empty folder."),
+) -> None:
+    """A support set for `nobackfill fit`, from items disjoint from every gallery."""
+    items = np.arange(SUPPORT_FIRST_ITEM, SUPPORT_FIRST_ITEM + n, dtype=np.int64)
+    _write(out, items, items, SUPPORT_CAPTION, force)
+
+
+@app.command("test")
+def test(
+    n: int = typer.Option(..., "--n", min=1, help="Test queries (captions of gallery items)."),
+    out: Path = typer.Option(..., "--out", help="Folder to write."),
+    gallery_size: int | None = typer.Option(None, "--gallery-size", min=1, help="Targets: items 0..G-1 (default N)."),
+    seed: int = typer.Option(0, "--seed", help="Which gallery items are queried."),
+    force: bool = typer.Option(False, "--force", help="Overwrite a non-empty folder."),
+) -> None:
+    """A test set for `nobackfill eval`: captions of gallery items against the gallery's image views."""
+    from service.errors import InputError
+
+    size = gallery_size or n
+    if n > size:
+        raise InputError(f"--n {n} is more than the {size} gallery items to query")
+    targets = np.arange(size, dtype=np.int64)
+    queries = np.sort(np.random.default_rng(seed).choice(size, n, replace=False)).astype(np.int64)
+    _write(out, queries, targets, TEST_CAPTION, force)

@@ -132,6 +132,7 @@ class NpySource:
         """Provenance: the absolute paths and row counts of the shards, and the ids file."""
         return {
             "kind": "npy",
+            "path": str(self.path.resolve()),
             "files": [{"path": str(s.path.resolve()), "rows": int(s.array.shape[0])} for s in self.shards],
             "ids": str(self.ids_path.resolve()) if self.ids_path is not None else None,
         }
