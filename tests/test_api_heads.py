@@ -135,7 +135,11 @@ async def test_adapter_profile_refuses_modes_it_lacks(adapter_service: Running) 
     old = await adapter_service.search(queries=[{"text": CAPTION.format(1)}], mode="old")
     assert explicit.json()["results"][0]["ids"] == old.json()["results"][0]["ids"]
     info = (await adapter_service.client.get("/v1/info")).json()
-    assert info["profile"]["head"] == "adapter+slerp" and info["profile"]["modes"] == ["old", "adapter", "adapter+slerp"]
+    assert info["profile"]["head"] == "adapter+slerp" and info["profile"]["modes"] == [
+        "old",
+        "adapter",
+        "adapter+slerp",
+    ]
 
 
 # -- psp over a digits gallery with the external backend ------------------------------------------
@@ -212,7 +216,6 @@ async def test_psp_answers_from_new_logits_like_the_offline_path(
     _, ids = pipeline.gallery.search(offline, 10, 4)
     for row, result in enumerate(results):
         assert result["mode"] == "psp" and result["ids"] == ids[row].tolist()
-    # The logits were used as sent: PSP of normalised logits (a hotter softmax) ranks differently.
     assert pipeline.profile.modes() == ["psp"]
 
 
