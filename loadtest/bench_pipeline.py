@@ -86,9 +86,10 @@ def prepare(size: int, old_gallery: Path | None) -> dict[str, Path]:
 
 
 def encoder_settings(backend: str, args: argparse.Namespace, batching: bool = True) -> EncoderSettings:
-    """An encoder with the simulated cost of a real model."""
+    """An encoder with the simulated cost of a real model, on the device asked for."""
     return EncoderSettings(
         backend=backend,
+        device=args.old_device if backend.endswith("old") else args.new_device,
         simulated_cost_ms=args.encoder_ms,
         simulated_cost_per_item_ms=args.encoder_item_ms,
         batching=batching,
@@ -263,6 +264,8 @@ async def main() -> None:
     parser.add_argument("--encoder-ms", type=float, default=8.0, help="simulated cost per encoder batch")
     parser.add_argument("--encoder-item-ms", type=float, default=0.25, help="simulated cost per item")
     parser.add_argument("--max-wait-ms", type=float, default=1.0)
+    parser.add_argument("--old-device", default="auto", help="cpu, cuda:0, ... (auto: see resolve_device)")
+    parser.add_argument("--new-device", default="auto")
     parser.add_argument("--old-gallery", type=Path, help="reuse an existing old gallery (largest size only)")
     parser.add_argument("--json", type=Path, help="also write all rows here")
     args = parser.parse_args()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -12,6 +13,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+import httpx
 import pytest
 
 NOBACKFILL = [sys.executable, "-m", "service.cli"]
@@ -112,3 +114,44 @@ def private_redis() -> Iterator[PrivateRedis]:
 def redis_url() -> str:
     """The shared test Redis that `make test` guarantees."""
     return os.environ.get("NOBACKFILL_TEST_REDIS_URL", "redis://127.0.0.1:6379/15")
+
+
+@pytest.fixture
+def served(world: World) -> Iterator[str]:
+    """Start `nobackfill serve` on a free port; yield its base URL; stop it with SIGTERM."""
+    port = free_port()
+    env = {
+        **os.environ,
+        "NOBACKFILL_INDEX__GALLERY_DIR": str(world.gallery_dir),
+        "NOBACKFILL_COMPAT__PROFILE_DIR": str(world.profile_dir),
+        "NOBACKFILL_API__PORT": str(port),
+    }
+    env.pop("NOBACKFILL_CACHE__REDIS_URL", None)
+    process = subprocess.Popen(
+        [sys.executable, "-m", "service.cli", "serve"],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+    )
+    base = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            pytest.fail(
+                f"serve exited {process.returncode}: {process.stdout.read().decode() if process.stdout else ''}"
+            )
+        try:
+            if httpx.get(f"{base}/readyz", timeout=1).status_code == 200:
+                break
+        except httpx.TransportError:
+            pass
+        time.sleep(0.2)
+    else:
+        process.kill()
+        pytest.fail("the service did not become ready in 60 s")
+    yield base
+    process.send_signal(signal.SIGTERM)
+    output, _ = process.communicate(timeout=30)
+    # uvicorn shuts down gracefully, then re-raises SIGTERM so the exit status still tells why.
+    assert process.returncode in (0, -signal.SIGTERM)
+    assert b"Application shutdown complete" in output

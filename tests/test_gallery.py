@@ -524,3 +524,12 @@ def test_eval_reports_recall_and_latency_per_nprobe(built: Path) -> None:
     assert "recall" in text and "p50" in text, done.stdout
     for nprobe in ("1", "8"):
         assert nprobe in done.stdout
+
+
+def test_eval_works_on_an_npy_gallery(npy_gallery: Path) -> None:
+    done = ok("gallery", "eval", npy_gallery, "--queries", 30, "--nprobe", "2,8", "--sample", 1000)
+    assert "recall" in done.stdout.lower(), done.stdout
+
+
+def test_eval_refuses_bad_nprobe_lists(built: Path) -> None:
+    assert_refused(cli("gallery", "eval", built, "--queries", 10, "--nprobe", "four"), "nprobe")

@@ -20,7 +20,7 @@ import torch
 
 from service.compat.interpolation import slerp
 from service.compat.procrustes import align, fit_rotation, pad
-from service.encoders.base import Encoder
+from service.encoders.base import Encoder, resolve_device
 from service.encoders.registry import create_encoder
 from service.encoders.synthetic import (
     HASHED_ITEM_BASE,
@@ -71,9 +71,7 @@ def test_encoders_implement_the_protocol(old: SyntheticOldEncoder, new: Syntheti
 
 
 def test_parse_inputs_reads_item_and_view() -> None:
-    items, views = parse_inputs(
-        ["item-0000001234 caption-3", "  item-42 image ", "item-7", "item-7", "hello"], "text"
-    )
+    items, views = parse_inputs(["item-0000001234 caption-3", "  item-42 image ", "item-7", "item-7", "hello"], "text")
     assert items[:4].tolist() == [1234, 42, 7, 7]
     assert views[:4].tolist() == [3, IMAGE_VIEW, 0, 0]
     assert items[4] >= HASHED_ITEM_BASE and views[4] == 0
@@ -192,7 +190,9 @@ def fit_alpha(support: Split, grid: npt.NDArray[np.float64]) -> float:
     return float(grid[int(np.argmax(score))])
 
 
-def regime(old: SyntheticOldEncoder, new: SyntheticNewEncoder, items: int, queries: int, support: int) -> dict[str, float]:
+def regime(
+    old: SyntheticOldEncoder, new: SyntheticNewEncoder, items: int, queries: int, support: int
+) -> dict[str, float]:
     """Caption->image Recall@1 of old->old, new->new, aligned and fitted SLERP on `items` items."""
     test = split(old, new, np.arange(items, dtype=np.int64), queries)
     sup = split(old, new, np.arange(SUPPORT_BASE, SUPPORT_BASE + support, dtype=np.int64), support)
@@ -217,14 +217,14 @@ def check_regime(r: dict[str, float]) -> None:
 
 
 def test_regime_on_ten_thousand_items(old: SyntheticOldEncoder, new: SyntheticNewEncoder) -> None:
-    r = regime(old, new, items=10_000, queries=2_000, support=4_000)
+    r = regime(old, new, items=10_000, queries=2_000, support=3_000)
     check_regime(r)
     assert 30 <= r["old"] <= 75, r  # 10^4 items are easier than the 10^5 the 20-60% band is set for
 
 
 @pytest.mark.slow
 def test_regime_on_a_hundred_thousand_items(old: SyntheticOldEncoder, new: SyntheticNewEncoder) -> None:
-    r = regime(old, new, items=100_000, queries=4_000, support=20_000)
+    r = regime(old, new, items=100_000, queries=2_000, support=10_000)
     check_regime(r)
     assert 20 <= r["old"] <= 60, r
 
@@ -235,7 +235,7 @@ def test_regime_on_a_hundred_thousand_items(old: SyntheticOldEncoder, new: Synth
 def test_registry_builds_synthetic_encoders_on_cpu() -> None:
     enc = create_encoder(EncoderSettings(backend="synthetic-new", device="auto"), "new")
     assert (enc.model_id, enc.dim) == ("synthetic-new", 768)
-    assert enc.device == ("cpu" if not torch.cuda.is_available() else enc.device)
+    assert enc.device == resolve_device("auto", "new")
     slow = create_encoder(EncoderSettings(backend="synthetic-old", device="cpu", simulated_cost_ms=1.0), "old")
     assert slow.model_id == "synthetic-old" and type(slow).__name__ == "SimulatedCostEncoder"
     assert slow.encode(["item-1 image"], "image").shape == (1, 512)
@@ -251,7 +251,9 @@ def test_registry_refuses_unknown_backend() -> None:
 
 def synth(*args: str | int | Path) -> subprocess.CompletedProcess[str]:
     """Run `nobackfill synth ARGS`."""
-    return subprocess.run([*NOBACKFILL, "synth", *map(str, args)], capture_output=True, text=True, timeout=300, check=False)
+    return subprocess.run(
+        [*NOBACKFILL, "synth", *map(str, args)], capture_output=True, text=True, timeout=300, check=False
+    )
 
 
 def test_synth_support_and_test_write_fit_eval_folders(tmp_path: Path, old: SyntheticOldEncoder) -> None:
@@ -281,7 +283,10 @@ def test_synth_refuses_bad_input(tmp_path: Path) -> None:
     full = tmp_path / "full"
     full.mkdir()
     (full / "keep.txt").write_text("x")
-    for args in (["support", "--n", 10, "--out", full], ["test", "--n", 50, "--gallery-size", 10, "--out", tmp_path / "t"]):
+    for args in (
+        ["support", "--n", 10, "--out", full],
+        ["test", "--n", 50, "--gallery-size", 10, "--out", tmp_path / "t"],
+    ):
         done = synth(*args)
         assert done.returncode == 2, done.stderr
         assert done.stderr.strip().splitlines()[-1].startswith("error: "), done.stderr

@@ -6,9 +6,11 @@ import json
 import os
 from pathlib import Path
 
+import numpy as np
 import typer
 
 app = typer.Typer(no_args_is_help=True)
+FEATURE_CHUNK = 65536
 
 
 @app.command("build")
@@ -18,6 +20,10 @@ def build(
     from_npy: Path | None = typer.Option(None, "--from-npy", help="Your old-model embeddings (.npy or dir of shards)."),
     ids_npy: Path | None = typer.Option(None, "--ids", help="int64 ids per row of --from-npy (default: row number)."),
     model_id: str = typer.Option("unknown", "--model-id", help="Old model id recorded for --from-npy galleries."),
+    features: str = typer.Option(
+        "raw", "--features", help="raw embeddings, or psp / lsp features of old-model LOGITS (classifiers)."
+    ),
+    top_k: int | None = typer.Option(None, "--top-k", help="psp/lsp: keep the k largest entries per row."),
     nlist: int | None = typer.Option(None, "--nlist", help="IVF lists (default about 4 sqrt(N))."),
     pq_m: int = typer.Option(64, "--pq-m", help="PQ sub-quantizers (must divide the dimension)."),
     nbits: int = typer.Option(8, "--nbits", help="Bits per PQ code."),
@@ -37,10 +43,16 @@ def build(
 
     if (size is None) == (from_npy is None):
         raise InputError("give exactly one of --size (synthetic world) or --from-npy FILE_OR_DIR")
+    if features not in ("raw", "psp", "lsp"):
+        raise InputError(f"--features must be raw, psp or lsp, got {features!r}")
+    if features != "raw" and from_npy is None:
+        raise InputError("--features psp/lsp needs --from-npy with the old model's logits")
     source: Source
     if from_npy is not None:
         if not from_npy.exists():
             raise InputError(f"{from_npy}: no such file or directory")
+        if features != "raw":
+            from_npy = _logit_features(from_npy, out, features, top_k)
         source = NpySource(from_npy, ids_npy, model_id)
     else:
         assert size is not None
@@ -58,10 +70,33 @@ def build(
         chunk_size=chunk_size,
     )
     meta = build_gallery(source, out, params, force=force, log=lambda line: typer.echo(line, err=True))
+    size_mib = meta["index_bytes"] / 2**20
     typer.echo(
-        f"built {out}: {meta['ntotal']:,} vectors, d={meta['d']}, {meta['factory']}, "
-        f"{meta['index_bytes'] / 2**20:,.1f} MiB in {meta['build']['total_s']:.0f} s, sha256 {str(meta['sha256'])[:16]}..."
+        f"built {out}: {meta['ntotal']:,} vectors, d={meta['d']}, {meta['factory']}, {size_mib:,.1f} MiB "
+        f"in {meta['build']['total_s']:.0f} s, sha256 {str(meta['sha256'])[:16]}..."
     )
+
+
+def _logit_features(logits_path: Path, out: Path, mode: str, top_k: int | None) -> Path:
+    """Write PSP/LSP features of a logits .npy chunk by chunk beside `out`; returns the new file."""
+    from service.compat.psp import gallery_features
+    from service.errors import InputError
+
+    if logits_path.is_dir():
+        raise InputError(f"{logits_path}: --features psp/lsp takes one logits .npy, not a folder")
+    logits = np.load(logits_path, mmap_mode="r")
+    if logits.ndim != 2 or logits.dtype.kind != "f":
+        raise InputError(f"{logits_path}: expected float logits [n, classes], got {logits.dtype} {logits.shape}")
+    target = out.parent / f".{out.name}.{mode}-features.npy"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    rows = np.lib.format.open_memmap(target, mode="w+", dtype=np.float32, shape=logits.shape)
+    for start in range(0, logits.shape[0], FEATURE_CHUNK):
+        block = np.asarray(logits[start : start + FEATURE_CHUNK], dtype=np.float32)
+        if not np.isfinite(block).all():
+            raise InputError(f"{logits_path}: NaN or inf in rows {start}..{start + len(block) - 1}")
+        rows[start : start + len(block)] = gallery_features(block, mode, top_k)  # type: ignore[arg-type]
+    rows.flush()
+    return target
 
 
 @app.command("info")

@@ -9,8 +9,10 @@ Item ranges (so no support item is ever a gallery or test item):
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import numpy as np
+import numpy.typing as npt
 import typer
 
 app = typer.Typer(no_args_is_help=True)
@@ -28,7 +30,7 @@ def _write(out: Path, query_items: np.ndarray, target_items: np.ndarray, caption
     if out.exists() and any(out.iterdir()) and not force:
         raise InputError(f"{out} exists and is not empty (use --force to overwrite)")
     old, new = SyntheticOldEncoder(), SyntheticNewEncoder()
-    arrays = {
+    arrays: dict[str, npt.NDArray[Any]] = {
         "old_query.npy": old.encode_items(query_items, caption),
         "new_query.npy": new.encode_items(query_items, caption),
         "old_target.npy": old.encode_items(target_items, IMAGE_VIEW),

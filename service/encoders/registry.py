@@ -63,8 +63,7 @@ def create_encoder(settings: EncoderSettings, role: Role) -> Encoder:
     factory = _BACKENDS.get(settings.backend)
     if factory is None:
         raise InputError(
-            f"unknown encoder backend {settings.backend!r} for the {role} encoder "
-            f"(known: {', '.join(backends())})"
+            f"unknown encoder backend {settings.backend!r} for the {role} encoder (known: {', '.join(backends())})"
         )
     encoder = factory(settings, resolve_device(settings.device, role))
     if settings.simulated_cost_ms > 0 or settings.simulated_cost_per_item_ms > 0:

@@ -125,7 +125,7 @@ class SyntheticWorld:
     def gaussian(self, keys: npt.NDArray[np.uint64]) -> npt.NDArray[np.float32]:
         """A standard-normal-like vector [n, dz] per uint64 key (deterministic, exact float32 sums)."""
         mask = np.uint64((1 << _SLOT_BITS) - 1)
-        out = self.tables[0][(keys & mask).astype(np.intp)]
+        out: npt.NDArray[np.float32] = self.tables[0][(keys & mask).astype(np.intp)]
         for slot in range(1, _SLOTS):
             idx = ((keys >> np.uint64(slot * _SLOT_BITS)) & mask).astype(np.intp)
             out += self.tables[slot][idx]
@@ -246,8 +246,12 @@ class SyntheticEncoder:
         # [nl * h / |h|_rms, (1 - nl) * x / |x|_rms]: the skip part is an exact rotation between models
         # and only the ReLU part (different random features per model) resists Procrustes.
         basis, _ = np.linalg.qr(rng.standard_normal((m.dim, hidden + dz)))
-        weights = np.concatenate([np.full(hidden, m.nonlinearity / np.sqrt(_H_M2 * hidden)),
-                                  np.full(dz, (1.0 - m.nonlinearity) / np.sqrt(dz))])
+        weights = np.concatenate(
+            [
+                np.full(hidden, m.nonlinearity / np.sqrt(_H_M2 * hidden)),
+                np.full(dz, (1.0 - m.nonlinearity) / np.sqrt(dz)),
+            ]
+        )
         w2 = (basis * weights).T
         # Only directions matter after normalisation: scale the entries to sit well on the weight grid.
         w2 *= _W2_STD / w2.std()

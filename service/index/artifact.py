@@ -13,7 +13,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from tqdm import tqdm
+from tqdm import tqdm  # type: ignore[import-untyped]
 
 from service.errors import ArtifactError
 

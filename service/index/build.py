@@ -20,7 +20,7 @@ from typing import Any
 import faiss
 import numpy as np
 import numpy.typing as npt
-from tqdm import tqdm
+from tqdm import tqdm  # type: ignore[import-untyped]
 
 import service
 from service.errors import InputError
@@ -91,7 +91,7 @@ class _Trained:
 
 def _train(sample: Rows, d: int, params: BuildParams, log: Log) -> _Trained:
     """Create the index and train the OPQ rotation, the coarse centroids and the PQ codebooks."""
-    index = faiss.index_factory(d, params.factory(d), faiss.METRIC_INNER_PRODUCT)
+    index = faiss.index_factory(d, params.factory(), faiss.METRIC_INNER_PRODUCT)
     ivf = faiss.extract_index_ivf(index)
     ivf.cp.spherical = True  # centroids of unit vectors under inner product: keep them unit too
     ivf.cp.seed = params.seed
@@ -99,7 +99,9 @@ def _train(sample: Rows, d: int, params: BuildParams, log: Log) -> _Trained:
     transforms = []
     if params.opq:
         log(f"training OPQ{params.pq_m} rotation on {sample.shape[0]:,} vectors")
-        chain = faiss.downcast_index(index).chain
+        pretransform = faiss.downcast_index(index)
+        assert isinstance(pretransform, faiss.IndexPreTransform), type(pretransform)
+        chain: Any = pretransform.chain  # a SWIG std::vector at runtime (the stubs say list)
         for i in range(chain.size()):
             vt = faiss.downcast_VectorTransform(chain.at(i))
             vt.train(xt)
@@ -196,7 +198,7 @@ def _meta(
         "opq": params.opq,
         "ntotal": source.ntotal,
         "metric": "inner_product",
-        "factory": params.factory(source.dim),
+        "factory": params.factory(),
         "old_model_id": source.model_id,
         "source": source.describe(),
         "build": {

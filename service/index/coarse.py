@@ -62,7 +62,7 @@ def train_two_level(x: Rows, nlist: int, seed: int) -> TwoLevel:
 def _shares(sizes: npt.NDArray[np.int64], nlist: int) -> npt.NDArray[np.int64]:
     """Split nlist centroids over groups in proportion to their sizes (largest remainder), <= size each."""
     ideal = sizes / sizes.sum() * nlist
-    share = np.minimum(np.floor(ideal).astype(np.int64), sizes)
+    share: npt.NDArray[np.int64] = np.minimum(np.floor(ideal).astype(np.int64), sizes)
     while share.sum() < nlist:
         gap = np.where(share < sizes, ideal - share, -np.inf)
         share[int(np.argmax(gap))] += 1
@@ -72,7 +72,8 @@ def _shares(sizes: npt.NDArray[np.int64], nlist: int) -> npt.NDArray[np.int64]:
 def _top_groups(x: Rows, groups: Rows, probe: int) -> npt.NDArray[np.int64]:
     """Indices [n, probe] of the best-scoring groups for each row."""
     scores = torch.from_numpy(x) @ torch.from_numpy(groups).T
-    return torch.topk(scores, min(probe, groups.shape[0]), dim=1).indices.numpy().astype(np.int64)
+    top: npt.NDArray[np.int64] = torch.topk(scores, min(probe, groups.shape[0]), dim=1).indices.numpy()
+    return top.astype(np.int64)
 
 
 def assign_two_level(x: Rows, tl: TwoLevel, probe: int) -> npt.NDArray[np.int64]:

@@ -91,11 +91,11 @@ def _sub_index(gallery: Gallery, step: int) -> Any:
     ivf = faiss.extract_index_ivf(twin)
     lists = faiss.ArrayInvertedLists(ivf.nlist, ivf.code_size)
     ivf.replace_invlists(lists, True)
-    lists.this.disown()  # owned by the index now
+    lists.this.disown()  # type: ignore[attr-defined]  # owned by the index now: no double free
     ivf.ntotal = 0
     # Keep the parent index referenced: the IVF view of a collected parent is a dangling pointer.
     parent = faiss.read_index(str(path), faiss.IO_FLAG_MMAP | faiss.IO_FLAG_READ_ONLY)
-    faiss.extract_index_ivf(parent).copy_subset_to(ivf, faiss.InvertedLists.SUBSET_TYPE_ID_MOD, step, 0)
+    faiss.extract_index_ivf(parent).copy_subset_to(ivf, faiss.InvertedLists.SUBSET_TYPE_ID_MOD, step, 0)  # type: ignore[attr-defined]
     del parent
     twin.ntotal = ivf.ntotal
     return twin
@@ -115,7 +115,9 @@ def _recalls(found: Ids, exact: Ids) -> tuple[float, float, float]:
     """(exact NN is ANN top-1, exact NN in ANN top-10, mean overlap of the two top-10 sets)."""
     top1 = float(np.mean(found[:, 0] == exact[:, 0]))
     in10 = float(np.mean((found[:, :10] == exact[:, :1]).any(axis=1)))
-    overlap = float(np.mean([np.intersect1d(a[:10], b[:10]).size / b[:10].size for a, b in zip(found, exact, strict=True)]))
+    overlap = float(
+        np.mean([np.intersect1d(a[:10], b[:10]).size / b[:10].size for a, b in zip(found, exact, strict=True)])
+    )
     return top1, in10, overlap
 
 
@@ -177,7 +179,9 @@ def evaluate_gallery(
     exact_ids = sub_ids[exact_pos]
     probes = []
     for nprobe in sorted({p for p in nprobes if 1 <= p <= gallery.nlist}):
-        _, found = twin.search(q, 10, params=faiss.SearchParametersIVF(nprobe=nprobe))
+        params = faiss.SearchParametersIVF()
+        params.nprobe = nprobe
+        _, found = twin.search(q, 10, params=params)
         r1, r10, overlap = _recalls(found, exact_ids)
         p50, p95, batch_ms = _latency(gallery, q, nprobe, batch)
         probes.append(ProbeResult(nprobe, r1, r10, overlap, p50, p95, batch_ms, batch_ms / batch))

@@ -29,7 +29,7 @@ Verify = Literal["sha256", "size"]
 class Gallery:
     """A loaded, read-only IVF-PQ gallery."""
 
-    def __init__(self, folder: Path, meta: dict[str, Any], index: Any, nlist: int, on_gpu: bool) -> None:
+    def __init__(self, folder: Path, meta: dict[str, Any], index: Any, nlist: int, gpu_resources: Any = None) -> None:
         self.folder = folder
         self.meta = meta
         self._index = index
@@ -37,7 +37,8 @@ class Gallery:
         self.ntotal: int = int(index.ntotal)
         self.nlist: int = nlist
         self.fingerprint: str = str(meta["sha256"])
-        self.on_gpu = on_gpu
+        self.on_gpu = gpu_resources is not None
+        self._gpu_resources = gpu_resources  # must outlive the GPU index
         # GPU indexes take nprobe as state, not as a per-call parameter: serialise those calls.
         self._gpu_lock = threading.Lock()
 
@@ -45,7 +46,7 @@ class Gallery:
     def load(
         cls, folder: Path | str, verify: Verify = "sha256", gpu: bool | None = None, progress: bool | None = None
     ) -> Gallery:
-        """Open a gallery folder read-only; ArtifactError when it is missing, truncated or not what gallery.json says."""
+        """Open a gallery folder read-only; ArtifactError if it is missing, truncated or not as gallery.json says."""
         folder = Path(folder)
         meta = read_meta(folder)
         path = folder / str(meta.get("index_file", INDEX_NAME))
@@ -69,12 +70,15 @@ class Gallery:
         try:
             index = faiss.read_index(str(path), faiss.IO_FLAG_MMAP | faiss.IO_FLAG_READ_ONLY)
         except RuntimeError as exc:
-            raise ArtifactError(f"gallery {folder}: faiss cannot read {path.name} ({str(exc).splitlines()[0]})") from exc
+            raise ArtifactError(
+                f"gallery {folder}: faiss cannot read {path.name} ({str(exc).splitlines()[0]})"
+            ) from exc
         nlist = _check_shape(folder, meta, index)
         use_gpu = _gpu_count() > 0 if gpu is None else gpu
+        resources = None
         if use_gpu:
-            index = _to_gpu(index)
-        return cls(folder, meta, index, nlist, use_gpu)
+            index, resources = _to_gpu(index)
+        return cls(folder, meta, index, nlist, resources)
 
     def search(
         self, queries: npt.ArrayLike, k: int, nprobe: int
@@ -94,7 +98,9 @@ class Gallery:
                 faiss.GpuParameterSpace().set_index_parameter(self._index, "nprobe", nprobe)
                 scores, ids = self._index.search(q, k)
         else:
-            scores, ids = self._index.search(q, k, params=faiss.SearchParametersIVF(nprobe=nprobe))
+            params = faiss.SearchParametersIVF()
+            params.nprobe = nprobe
+            scores, ids = self._index.search(q, k, params=params)
         return np.asarray(scores, dtype=np.float32), np.asarray(ids, dtype=np.int64)
 
     @property
@@ -119,9 +125,7 @@ def _gpu_count() -> int:
     return int(get()) if get is not None else 0
 
 
-def _to_gpu(index: Any) -> Any:
-    """Clone the index onto GPU 0 (codes are copied into GPU memory)."""
+def _to_gpu(index: Any) -> tuple[Any, Any]:
+    """Clone the index onto GPU 0 (codes are copied into GPU memory); returns (GPU index, its resources)."""
     resources = faiss.StandardGpuResources()
-    gpu_index = faiss.index_cpu_to_gpu(resources, 0, index)
-    gpu_index.referenced_objects = [resources]  # keep the resources alive with the index
-    return gpu_index
+    return faiss.index_cpu_to_gpu(resources, 0, index), resources

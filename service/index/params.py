@@ -37,7 +37,7 @@ class BuildParams:
     chunk_size: int
     seed: int
 
-    def factory(self, d: int) -> str:
+    def factory(self) -> str:
         """The faiss index_factory string of this index."""
         prefix = f"OPQ{self.pq_m}," if self.opq else ""
         # `np`: no polysemous training, which index_factory turns on by default for IVF-PQ and which
