@@ -226,9 +226,7 @@ async def dtype_rows(paths: dict[str, Path], args: argparse.Namespace, size: int
     items = np.random.default_rng(size + 1).integers(0, size, args.queries)
     rows = []
     for dtype in ("float16", "float32"):
-        pipeline = await Pipeline.build(
-            settings_for(paths, args, cache=CacheSettings(lru_size=1_000_000, dtype=dtype))
-        )
+        pipeline = await Pipeline.build(settings_for(paths, args, cache=CacheSettings(lru_size=1_000_000, dtype=dtype)))
         try:
             for item in items:
                 await pipeline.search([Query("text", caption(int(item), 1))])
@@ -279,7 +277,11 @@ async def main() -> None:
         off = await throughput(paths, args, False, size)
         batching.append({"size": size, "batching on q/s": on, "batching off q/s": off, "ratio": on / off})
         dtypes += await dtype_rows(paths, args, size)
-    for title, rows in (("latency, batch 1", latency), ("micro-batching, 32 clients", batching), ("cache dtype", dtypes)):
+    for title, rows in (
+        ("latency, batch 1", latency),
+        ("micro-batching, 32 clients", batching),
+        ("cache dtype", dtypes),
+    ):
         print(f"\n### {title}\n\n{table(rows)}")
     if args.json:
         args.json.write_text(json.dumps({"latency": latency, "batching": batching, "dtype": dtypes}, indent=2))

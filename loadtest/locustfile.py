@@ -16,7 +16,7 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
-from locust import between, events, task
+from locust import events, task
 from locust.contrib.fasthttp import FastHttpUser
 
 K = 10
@@ -26,21 +26,15 @@ CAPTION_VARIANTS = 1_000_000  # fresh queries pick a caption index from here, so
 @events.init_command_line_parser.add_listener
 def _add_arguments(parser: Any) -> None:
     """Knobs of the query mix; every one has a default."""
-    parser.add_argument(
-        "--repeat-ratio", type=float, default=0.8, help="share of queries repeating a hot one"
-    )
+    parser.add_argument("--repeat-ratio", type=float, default=0.8, help="share of queries repeating a hot one")
     parser.add_argument("--hot-set", type=int, default=2000, help="distinct queries that repeat")
     parser.add_argument("--batch-mix", default="1:0.9,8:0.1", help="batch size:weight, comma separated")
     parser.add_argument(
         "--mode-mix", default="slerp:0.7,aligned:0.1,old:0.1,compare:0.1", help="mode:weight, comma separated"
     )
     parser.add_argument("--gallery-size", type=int, default=0, help="items in the gallery (0: ask /v1/info)")
-    parser.add_argument(
-        "--hit-report", default="loadtest/results/hit_at_10.json", help="where to write hit@10"
-    )
-    parser.add_argument(
-        "--think-time", type=float, default=0.0, help="max seconds a user waits between requests"
-    )
+    parser.add_argument("--hit-report", default="loadtest/results/hit_at_10.json", help="where to write hit@10")
+    parser.add_argument("--think-time", type=float, default=0.0, help="max seconds a user waits between requests")
 
 
 def parse_mix(text: str) -> tuple[list[str], list[float]]:
@@ -106,8 +100,6 @@ def _write_hit_report(environment: Any, **_: Any) -> None:
 class SearchUser(FastHttpUser):
     """One client sending caption queries in the configured mix."""
 
-    wait_time = between(0, 0)
-
     def on_start(self) -> None:
         """Read the mix once per user."""
         options = self.environment.parsed_options
@@ -115,9 +107,12 @@ class SearchUser(FastHttpUser):
         self.hot_set = options.hot_set if options else 2000
         self.batch_sizes, self.batch_weights = parse_mix(options.batch_mix if options else "1:1")
         self.modes, self.mode_weights = parse_mix(options.mode_mix if options else "slerp:1")
-        think = options.think_time if options else 0.0
-        self.wait_time = between(0, think) if think else between(0, 0)  # type: ignore[method-assign]
+        self.think_time = options.think_time if options else 0.0
         self.rng = random.Random()
+
+    def wait_time(self) -> float:
+        """Seconds to pause between requests: uniform in [0, --think-time] (0: closed loop)."""
+        return self.rng.uniform(0, self.think_time) if self.think_time else 0.0
 
     def next_query(self) -> tuple[int, str]:
         """(item id, caption): a hot repeat with probability repeat_ratio, else a fresh caption."""
