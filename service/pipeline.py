@@ -115,6 +115,17 @@ def check_compatible(profile: CompatProfile, old: Encoder, new: Encoder, gallery
         raise ArtifactError("profile does not match the service: " + "; ".join(problems))
 
 
+def default_mode(settings: Settings, profile: CompatProfile) -> str:
+    """The configured default mode, else the profile's head; ArtifactError if the profile lacks it."""
+    mode = settings.compat.default_mode or profile.head
+    if mode not in {*profile.modes(), COMPARE}:
+        raise ArtifactError(
+            f"default mode {mode!r} is not served by profile {profile.profile_id} "
+            f"(it serves {', '.join(profile.modes())})"
+        )
+    return mode
+
+
 class Pipeline:
     """Owns the encoders' batchers, the cache, the gallery and the current profile."""
 
@@ -150,17 +161,21 @@ class Pipeline:
             asyncio.to_thread(new_encoder.warmup),
         )
         check_compatible(profile, old_encoder, new_encoder, gallery)
-        if settings.compat.default_mode not in {*profile.modes(), COMPARE}:
-            raise ArtifactError(
-                f"default mode {settings.compat.default_mode!r} is not served by the profile "
-                f"(it has {', '.join(profile.modes())})"
-            )
+        default_mode(settings, profile)  # refuses a configured default the profile cannot serve
         cache = create_cache(settings.cache, old_encoder.model_id, old_encoder.dim)
         old = MicroBatcher(
-            old_encoder, settings.old.max_batch_size, settings.old.max_wait_ms, name="old", batching=settings.old.batching
+            old_encoder,
+            settings.old.max_batch_size,
+            settings.old.max_wait_ms,
+            name="old",
+            batching=settings.old.batching,
         )
         new = MicroBatcher(
-            new_encoder, settings.new.max_batch_size, settings.new.max_wait_ms, name="new", batching=settings.new.batching
+            new_encoder,
+            settings.new.max_batch_size,
+            settings.new.max_wait_ms,
+            name="new",
+            batching=settings.new.batching,
         )
         await old.start()
         await new.start()
@@ -197,9 +212,7 @@ class Pipeline:
             raise InputError(f"alpha must be in [0, 1], got {alpha}")
         served = self.profile.modes()
         if mode != COMPARE and mode not in served:
-            raise UnsupportedMode(
-                f"mode {mode!r} is not served by this profile; it serves {', '.join(served)}"
-            )
+            raise UnsupportedMode(f"mode {mode!r} is not served by this profile; it serves {', '.join(served)}")
         if mode == COMPARE and "old" not in served:
             raise UnsupportedMode(
                 f"mode 'compare' needs a profile that serves 'old'; this one serves {', '.join(served)}"
@@ -245,13 +258,11 @@ class Pipeline:
         nprobe: int | None = None,
     ) -> SearchOutcome:
         """Answer a batch of queries; raises InputError subclasses for bad input, Overloaded when full."""
-        mode = mode or self.settings.compat.default_mode
+        mode = mode or default_mode(self.settings, self.profile)
         nprobe = min(self.settings.index.nprobe, self.gallery.nlist) if nprobe is None else nprobe
         self.validate(queries, k, mode, alpha, nprobe)
         if self.in_flight + len(queries) > self.settings.api.max_in_flight:
-            raise Overloaded(
-                f"{self.in_flight} queries in flight; the limit is {self.settings.api.max_in_flight}"
-            )
+            raise Overloaded(f"{self.in_flight} queries in flight; the limit is {self.settings.api.max_in_flight}")
         self.in_flight += len(queries)
         metrics.IN_FLIGHT.inc()
         profile = self.profile  # one profile for the whole request, even if a reload lands meanwhile
@@ -295,9 +306,7 @@ class Pipeline:
                 by_modality.setdefault(query.modality, []).append(i)
         await asyncio.gather(
             *(
-                self._encode_group(
-                    modality, rows, queries, old, new, cache_status, need_old, need_new, timings
-                )
+                self._encode_group(modality, rows, queries, old, new, cache_status, need_old, need_new, timings)
                 for modality, rows in by_modality.items()
             )
         )
@@ -428,6 +437,7 @@ class Pipeline:
         path = profile_dir or self.settings.compat.profile_dir
         candidate = await asyncio.to_thread(load_profile, path)
         check_compatible(candidate, self.old.encoder, self.new.encoder, self.gallery)
+        default_mode(self.settings, candidate)
         self.profile = candidate
         metrics.PROFILE_INFO.info({"profile_id": candidate.profile_id, "head": candidate.head})
         return candidate
@@ -460,5 +470,5 @@ class Pipeline:
                 "nprobe_default": min(self.settings.index.nprobe, self.gallery.nlist),
             },
             "cache": {"kind": self.cache.kind, "state": self.cache.state()},
-            "default_mode": self.settings.compat.default_mode,
+            "default_mode": default_mode(self.settings, profile),
         }

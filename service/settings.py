@@ -64,7 +64,8 @@ class CompatSettings(BaseModel):
     """The compatibility profile and the default head."""
 
     profile_dir: Path = ARTIFACTS / "profile"
-    default_mode: str = "slerp"
+    # Mode for requests that name none; unset means the profile's own head (slerp, adapter, psp, ...).
+    default_mode: str | None = None
     # Off only for benchmarks: the old encoder then finishes before the new one starts.
     concurrent_encoders: bool = True
 

@@ -1,14 +1,15 @@
 """Gallery internals the end-to-end tests do not reach: two-level coarse training / assignment (the
 path large galleries take), OPQ, default parameters, and the sub-gallery evaluation.
 
-Everything here runs on small 32-64-d data, in-process, in a few seconds.
+Everything here runs on small 32-64-d data, in-process, in a few seconds.  faiss and torch are only
+imported through `service` (whose __init__ sets OMP_WAIT_POLICY=PASSIVE before they load): spinning
+OpenMP threads made these tests 5-10x slower on a shared 2-core machine.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
 
-import faiss
 import numpy as np
 import numpy.typing as npt
 import pytest
@@ -104,6 +105,8 @@ def test_two_level_build_searches_like_a_flat_one(npy: Path, tmp_path: Path, opq
 
 
 def test_coarse_lists_hold_every_vector_once(npy: Path, tmp_path: Path) -> None:
+    import faiss  # after service (imported above): its OpenMP runtime starts with OMP_WAIT_POLICY set
+
     source = NpySource(npy)
     params = resolve(source.ntotal, source.dim, nlist=40, pq_m=16, two_level=True, chunk_size=999)
     build_gallery(source, tmp_path / "g", params, progress=False, log=lambda _: None)

@@ -1,5 +1,7 @@
 """The synthetic upgrade world: deterministic encoders, the regime it is tuned to, the registry, `synth`.
 
+torch is imported inside the tests, after `service` (which sets OMP_WAIT_POLICY=PASSIVE first).
+
 Regime (docs/synthetic-world.md): caption -> image retrieval; old->old is mediocre, new->new clearly
 better, Procrustes alone no better than SLERP, and SLERP with alpha chosen on a disjoint support set
 beats both old->old and Procrustes alone.  Checked on 10^4 items here; the 10^5 figures are `slow`.
@@ -16,7 +18,6 @@ from pathlib import Path
 import numpy as np
 import numpy.typing as npt
 import pytest
-import torch
 
 from service.compat.interpolation import slerp
 from service.compat.procrustes import align, fit_rotation, pad
@@ -102,6 +103,8 @@ def test_bit_identical_across_batch_sizes_and_apis(old: SyntheticOldEncoder, new
 
 
 def test_bit_identical_across_threads_and_matmul_precision(old: SyntheticOldEncoder) -> None:
+    import torch
+
     ids = np.arange(500, dtype=np.int64)
     reference = old.encode_items(ids, 2)
     threads, precision = torch.get_num_threads(), torch.get_float32_matmul_precision()
@@ -118,7 +121,7 @@ def test_bit_identical_across_threads_and_matmul_precision(old: SyntheticOldEnco
 
 def test_bit_identical_across_processes(old: SyntheticOldEncoder, new: SyntheticNewEncoder) -> None:
     code = (
-        "import hashlib, numpy as np, torch; torch.set_num_threads(1)\n"
+        "import service, hashlib, numpy as np, torch; torch.set_num_threads(1)\n"
         "from service.encoders.synthetic import SyntheticOldEncoder, SyntheticNewEncoder\n"
         "ids = np.arange(10**9, 10**9 + 300)\n"
         "for enc in (SyntheticOldEncoder(), SyntheticNewEncoder()):\n"
@@ -144,6 +147,8 @@ def test_views_and_models_differ(old: SyntheticOldEncoder, new: SyntheticNewEnco
 
 def recall_at(queries: Rows, targets: Rows, qids: npt.NDArray[np.int64], tids: npt.NDArray[np.int64], k: int) -> float:
     """Share of queries whose relevant target (same id) is in the exact top-k, in percent."""
+    import torch
+
     t = torch.from_numpy(targets)
     hits = 0
     for s in range(0, queries.shape[0], 2048):

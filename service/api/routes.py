@@ -14,7 +14,7 @@ from service.api.inputs import to_queries
 from service.api.responses import OrjsonResponse
 from service.api.schemas import ReloadRequest, SearchRequest, SearchResponse
 from service.errors import NotReady
-from service.pipeline import KNOWN_MODES, Pipeline
+from service.pipeline import KNOWN_MODES, Pipeline, default_mode
 
 router = APIRouter()
 
@@ -33,7 +33,7 @@ PipelineDep = Annotated[Pipeline, Depends(get_pipeline)]
 @router.post("/v1/search", response_model=SearchResponse)
 async def search(body: SearchRequest, request: Request, pipeline: PipelineDep, _: ApiKey) -> OrjsonResponse:
     """Search the frozen gallery with each query, through the chosen compatibility mode."""
-    mode = body.mode or pipeline.settings.compat.default_mode
+    mode = body.mode or default_mode(pipeline.settings, pipeline.profile)
     request.state.mode = mode if mode in KNOWN_MODES else "unknown"  # keeps the metric label bounded
     queries = to_queries(body.queries, pipeline.settings.api.max_image_bytes)
     outcome = await pipeline.search(queries, k=body.k, mode=body.mode, alpha=body.alpha, nprobe=body.nprobe)

@@ -18,9 +18,7 @@ from collections.abc import Callable
 class CircuitBreaker:
     """Refuse calls for `cooldown_s` after `threshold` consecutive failures, then try one."""
 
-    def __init__(
-        self, threshold: int, cooldown_s: float, clock: Callable[[], float] = time.monotonic
-    ) -> None:
+    def __init__(self, threshold: int, cooldown_s: float, clock: Callable[[], float] = time.monotonic) -> None:
         if threshold < 1:
             raise ValueError("threshold must be >= 1")
         self._threshold = threshold

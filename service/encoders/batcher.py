@@ -121,9 +121,7 @@ class MicroBatcher:
             return np.empty((0, self.encoder.dim), dtype=np.float32)
         loop = asyncio.get_running_loop()
         step = self.max_batch_size
-        entries = [
-            _Entry(items[i : i + step], modality, loop.create_future()) for i in range(0, len(items), step)
-        ]
+        entries = [_Entry(items[i : i + step], modality, loop.create_future()) for i in range(0, len(items), step)]
         queue = self._pending.setdefault(modality, deque())
         queue.extend(entries)
         self._set_depth(self._depth + len(items))
@@ -203,9 +201,7 @@ class MicroBatcher:
             rows = await loop.run_in_executor(self._executor, self.encoder.encode, items, modality)
             rows = np.asarray(rows, dtype=np.float32)
             if rows.ndim != 2 or rows.shape[0] != len(items):
-                raise RuntimeError(
-                    f"encoder {self.name!r} returned shape {rows.shape} for a batch of {len(items)}"
-                )
+                raise RuntimeError(f"encoder {self.name!r} returned shape {rows.shape} for a batch of {len(items)}")
         except asyncio.CancelledError:
             # stop(drain=False) cancelled us mid-batch; the thread finishes on its own.
             self._fail(batch, NotReady(f"encoder {self.name!r} stopped"))

@@ -95,6 +95,10 @@ def _train(sample: Rows, d: int, params: BuildParams, log: Log) -> _Trained:
     ivf = faiss.extract_index_ivf(index)
     ivf.cp.spherical = True  # centroids of unit vectors under inner product: keep them unit too
     ivf.cp.seed = params.seed
+    if hasattr(ivf, "pq"):
+        # One warning per sub-quantizer (64 lines) for a small sample says nothing `resolve` has not
+        # checked already (>= 2^nbits training points); the sample size is logged above.
+        ivf.pq.cp.min_points_per_centroid = 1
     xt = sample
     transforms = []
     if params.opq:
