@@ -15,8 +15,10 @@ from pathlib import Path
 
 import httpx
 import pytest
+import redis
 
 NOBACKFILL = [sys.executable, "-m", "service.cli"]
+REDIS_SERVER = shutil.which("redis-server")
 WORLD_GALLERY_SIZE = 20_000
 WORLD_SUPPORT_SIZE = 4_000
 
@@ -62,58 +64,65 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
-def wait_for_port(port: int, timeout_s: float = 30.0) -> None:
-    """Block until something accepts connections on 127.0.0.1:port."""
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        with socket.socket() as sock:
-            if sock.connect_ex(("127.0.0.1", port)) == 0:
-                return
-        time.sleep(0.05)
-    raise TimeoutError(f"nothing listens on 127.0.0.1:{port} after {timeout_s} s")
-
-
-@dataclass
 class PrivateRedis:
-    """A redis-server of our own, so a test may stop it."""
+    """A redis-server on a fixed port that the test may stop, restart, pause and resume."""
 
-    port: int
-    process: subprocess.Popen[bytes]
+    def __init__(self, workdir: Path, *extra: str) -> None:
+        assert REDIS_SERVER is not None
+        self.port = free_port()
+        self.workdir = workdir
+        self.extra = extra
+        self.process: subprocess.Popen[bytes] | None = None
 
     @property
     def url(self) -> str:
-        """Its URL."""
+        """redis://127.0.0.1:PORT/0"""
         return f"redis://127.0.0.1:{self.port}/0"
 
+    def start(self) -> None:
+        """Start (again) on the same port, with nothing persisted, and wait until it answers."""
+        assert REDIS_SERVER is not None
+        args = [REDIS_SERVER, "--port", str(self.port), "--bind", "127.0.0.1", "--save", ""]
+        args += ["--appendonly", "no", "--dir", str(self.workdir), *self.extra]
+        self.process = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            try:
+                with redis.Redis(port=self.port, socket_timeout=0.5) as client:
+                    client.ping()
+                return
+            except redis.ConnectionError:
+                time.sleep(0.02)
+        raise TimeoutError(f"redis-server did not start on port {self.port}")
+
     def stop(self) -> None:
-        """Kill it (as an outage would)."""
-        self.process.kill()
-        self.process.wait(timeout=10)
+        """Kill it, as an outage would."""
+        if self.process is not None and self.process.poll() is None:
+            self.process.send_signal(signal.SIGCONT)  # a paused server cannot die otherwise
+            self.process.kill()
+            self.process.wait(timeout=10)
+        self.process = None
+
+    def pause(self) -> None:
+        """Freeze it: connections still open, nothing answers (a hung server)."""
+        assert self.process is not None
+        self.process.send_signal(signal.SIGSTOP)
+
+    def resume(self) -> None:
+        """Unfreeze it."""
+        assert self.process is not None
+        self.process.send_signal(signal.SIGCONT)
 
 
 @pytest.fixture
-def private_redis() -> Iterator[PrivateRedis]:
-    """Start a throwaway redis-server on a free port."""
-    binary = shutil.which("redis-server")
-    if binary is None:
-        pytest.fail("redis-server is not installed; `make test` needs it (apt-get install redis-server)")
-    port = free_port()
-    process = subprocess.Popen(
-        [binary, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    server = PrivateRedis(port, process)
-    wait_for_port(port)
+def private_redis(tmp_path: Path) -> Iterator[PrivateRedis]:
+    """A started throwaway redis-server on a free port, killed afterwards."""
+    if REDIS_SERVER is None:
+        pytest.fail("redis-server is not installed; `make test` installs it (apt-get install redis-server)")
+    server = PrivateRedis(tmp_path)
+    server.start()
     yield server
-    if process.poll() is None:
-        server.stop()
-
-
-@pytest.fixture
-def redis_url() -> str:
-    """The shared test Redis that `make test` guarantees."""
-    return os.environ.get("NOBACKFILL_TEST_REDIS_URL", "redis://127.0.0.1:6379/15")
+    server.stop()
 
 
 @pytest.fixture

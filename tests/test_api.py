@@ -81,9 +81,7 @@ def count_calls(service: Service, role: str) -> list[int]:
 
 @pytest.mark.parametrize("mode", ["old", "aligned", "slerp", "nlerp", "adaptive"])
 async def test_each_mode_returns_k_results(service: Service, mode: str) -> None:
-    response = await service.search(
-        queries=[{"text": CAPTION.format(7)}, {"text": CAPTION.format(8)}], k=7, mode=mode
-    )
+    response = await service.search(queries=[{"text": CAPTION.format(7)}, {"text": CAPTION.format(8)}], k=7, mode=mode)
     assert response.status_code == 200, response.text
     results = response.json()["results"]
     assert len(results) == 2
@@ -143,10 +141,7 @@ async def test_results_equal_the_offline_path(service: Service) -> None:
     by_text = (await service.search(queries=[{"text": t} for t in texts], k=10, nprobe=16)).json()["results"]
     by_vectors = (
         await service.search(
-            queries=[
-                {"old_embedding": o.tolist(), "new_embedding": n.tolist()}
-                for o, n in zip(old, new, strict=True)
-            ],
+            queries=[{"old_embedding": o.tolist(), "new_embedding": n.tolist()} for o, n in zip(old, new, strict=True)],
             k=10,
             nprobe=16,
         )
@@ -209,15 +204,9 @@ async def test_bad_input_gets_a_clear_4xx_and_the_service_is_unharmed(
 
 async def test_nan_embedding_is_refused(service: Service) -> None:
     body = (
-        b'{"queries": [{"old_embedding": [NaN'
-        + b", 0.1" * 511
-        + b'], "new_embedding": ['
-        + b"0.1, " * 767
-        + b"0.1]}]}"
+        b'{"queries": [{"old_embedding": [NaN' + b", 0.1" * 511 + b'], "new_embedding": [' + b"0.1, " * 767 + b"0.1]}]}"
     )
-    response = await service.client.post(
-        "/v1/search", content=body, headers={"content-type": "application/json"}
-    )
+    response = await service.client.post("/v1/search", content=body, headers={"content-type": "application/json"})
     assert 400 <= response.status_code < 500
     assert "error" in response.json()
 
@@ -252,14 +241,10 @@ async def test_api_key_guards_search_and_admin(world: World) -> None:
 
 async def test_reload_keeps_the_old_profile_on_failure(service: Service, tmp_path: Any, world: World) -> None:
     before = service.pipeline.profile.profile_id
-    refused = await service.client.post(
-        "/v1/admin/reload-profile", json={"profile_dir": str(tmp_path / "none")}
-    )
+    refused = await service.client.post("/v1/admin/reload-profile", json={"profile_dir": str(tmp_path / "none")})
     assert refused.status_code == 400 and refused.json()["error"]["code"] == "bad_artifact"
     assert service.pipeline.profile.profile_id == before
-    reloaded = await service.client.post(
-        "/v1/admin/reload-profile", json={"profile_dir": str(world.profile_dir)}
-    )
+    reloaded = await service.client.post("/v1/admin/reload-profile", json={"profile_dir": str(world.profile_dir)})
     assert reloaded.status_code == 200 and reloaded.json()["profile_id"] == before
 
 

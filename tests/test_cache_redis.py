@@ -9,10 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import os
-import shutil
-import signal
-import socket
-import subprocess
 import time
 import uuid
 from collections.abc import AsyncIterator, Iterator
@@ -27,12 +23,12 @@ from service import metrics
 from service.cache import cache_key, create_cache
 from service.cache.redis_cache import RedisCache, split_cluster_url
 from service.settings import CacheSettings
+from tests.conftest import REDIS_SERVER, PrivateRedis, free_port
 
 pytestmark = pytest.mark.redis
 
 DIM = 64
 MODEL = "old-model-v1"
-REDIS_SERVER = shutil.which("redis-server")
 
 
 def unit_rows(n: int, dim: int = DIM, seed: int = 0) -> np.ndarray:
@@ -90,77 +86,6 @@ def settings_for(url: str, namespace: str, **overrides: object) -> CacheSettings
     values: dict[str, object] = {"redis_url": url, "namespace": namespace, "socket_timeout_s": 0.25}
     values.update(overrides)
     return CacheSettings.model_validate(values)
-
-
-# ---- a private redis-server a test may break ----------------------------------------------------------
-
-
-def free_port() -> int:
-    """A TCP port nobody listens on right now."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
-class OwnRedis:
-    """A redis-server on a fixed port that the test may stop, restart, pause and resume."""
-
-    def __init__(self, workdir: Path, *extra: str) -> None:
-        assert REDIS_SERVER is not None
-        self.port = free_port()
-        self.workdir = workdir
-        self.extra = extra
-        self.process: subprocess.Popen[bytes] | None = None
-
-    @property
-    def url(self) -> str:
-        """redis://127.0.0.1:PORT/0"""
-        return f"redis://127.0.0.1:{self.port}/0"
-
-    def start(self) -> None:
-        """Start (again) on the same port, with nothing persisted, and wait until it answers."""
-        assert REDIS_SERVER is not None
-        args = [REDIS_SERVER, "--port", str(self.port), "--bind", "127.0.0.1", "--save", ""]
-        args += ["--appendonly", "no", "--dir", str(self.workdir), *self.extra]
-        self.process = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        deadline = time.monotonic() + 10
-        while time.monotonic() < deadline:
-            try:
-                with redis.Redis(port=self.port, socket_timeout=0.5) as client:
-                    client.ping()
-                return
-            except redis.ConnectionError:
-                time.sleep(0.02)
-        raise TimeoutError(f"redis-server did not start on port {self.port}")
-
-    def stop(self) -> None:
-        """Kill it, as an outage would."""
-        if self.process is not None and self.process.poll() is None:
-            self.process.send_signal(signal.SIGCONT)  # a paused server cannot die otherwise
-            self.process.kill()
-            self.process.wait(timeout=10)
-        self.process = None
-
-    def pause(self) -> None:
-        """Freeze it: connections still open, nothing answers (a hung server)."""
-        assert self.process is not None
-        self.process.send_signal(signal.SIGSTOP)
-
-    def resume(self) -> None:
-        """Unfreeze it."""
-        assert self.process is not None
-        self.process.send_signal(signal.SIGCONT)
-
-
-@pytest.fixture
-def own_redis(tmp_path: Path) -> Iterator[OwnRedis]:
-    """A started private redis-server, killed afterwards."""
-    if REDIS_SERVER is None:
-        pytest.fail("redis-server is not installed; apt-get install redis-server")
-    server = OwnRedis(tmp_path)
-    server.start()
-    yield server
-    server.stop()
 
 
 async def wait_until_ok(cache: RedisCache, rows: np.ndarray, timeout_s: float = 10.0) -> None:
@@ -314,8 +239,8 @@ async def test_nothing_listening_is_fail_open() -> None:
     assert metrics.REGISTRY.get_sample_value("nobackfill_cache_breaker_open") == 1.0
 
 
-async def test_server_killed_mid_test_then_back(own_redis: OwnRedis) -> None:
-    settings = settings_for(own_redis.url, "ns", error_threshold=2, cooldown_s=0.3)
+async def test_server_killed_mid_test_then_back(private_redis: PrivateRedis) -> None:
+    settings = settings_for(private_redis.url, "ns", error_threshold=2, cooldown_s=0.3)
     cache = create_cache(settings, MODEL, DIM)
     assert isinstance(cache, RedisCache)
     rows = unit_rows(3)
@@ -324,7 +249,7 @@ async def test_server_killed_mid_test_then_back(own_redis: OwnRedis) -> None:
         await cache.set_many("text", inputs, rows)
         assert all(row is not None for row in await cache.get_many("text", inputs))
 
-        own_redis.stop()
+        private_redis.stop()
         events = Events()
         assert await cache.get_many("text", inputs) == [None] * 3
         assert cache.state() == "ok"  # one error is not an outage yet
@@ -335,7 +260,7 @@ async def test_server_killed_mid_test_then_back(own_redis: OwnRedis) -> None:
         assert events["error"] == 1 and events["write_error"] == 1 and events["skipped"] == 5
         assert not await cache.ping()
 
-        own_redis.start()  # same port, empty (nothing persisted)
+        private_redis.start()  # same port, empty (nothing persisted)
         await wait_until_ok(cache, rows)
         assert await cache.get_many("text", inputs) == [None] * 3
         await cache.set_many("text", inputs, rows)
@@ -345,10 +270,10 @@ async def test_server_killed_mid_test_then_back(own_redis: OwnRedis) -> None:
         await cache.aclose()
 
 
-async def test_failed_trial_reopens_the_breaker(own_redis: OwnRedis) -> None:
-    cache = create_cache(settings_for(own_redis.url, "ns", error_threshold=1, cooldown_s=0.2), MODEL, DIM)
+async def test_failed_trial_reopens_the_breaker(private_redis: PrivateRedis) -> None:
+    cache = create_cache(settings_for(private_redis.url, "ns", error_threshold=1, cooldown_s=0.2), MODEL, DIM)
     try:
-        own_redis.stop()
+        private_redis.stop()
         await cache.get_many("text", ["a"])
         assert cache.state() == "cooling_down"
         await asyncio.sleep(0.25)
@@ -362,17 +287,17 @@ async def test_failed_trial_reopens_the_breaker(own_redis: OwnRedis) -> None:
         await cache.aclose()
 
 
-async def test_hung_server_costs_a_bounded_wait(own_redis: OwnRedis) -> None:
-    settings = settings_for(own_redis.url, "ns", socket_timeout_s=0.05, error_threshold=3)
+async def test_hung_server_costs_a_bounded_wait(private_redis: PrivateRedis) -> None:
+    settings = settings_for(private_redis.url, "ns", socket_timeout_s=0.05, error_threshold=3)
     cache = create_cache(settings, MODEL, DIM)
     try:
         await cache.set_many("text", ["a"], unit_rows(1))
-        own_redis.pause()
+        private_redis.pause()
         events = Events()
         start = time.monotonic()
         got = await asyncio.gather(*(cache.get_many("text", ["a"]) for _ in range(8)))
         elapsed = time.monotonic() - start
-        own_redis.resume()
+        private_redis.resume()
     finally:
         await cache.aclose()
     assert got == [[None]] * 8
@@ -392,11 +317,11 @@ def test_cluster_url_scheme() -> None:
 
 
 @pytest.fixture
-def one_node_cluster(tmp_path: Path) -> Iterator[OwnRedis]:
+def one_node_cluster(tmp_path: Path) -> Iterator[PrivateRedis]:
     """A single-node Redis Cluster owning all 16384 slots (keys still land in different slots)."""
     if REDIS_SERVER is None:
         pytest.fail("redis-server is not installed; apt-get install redis-server")
-    server = OwnRedis(tmp_path, "--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf")
+    server = PrivateRedis(tmp_path, "--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf")
     server.start()
     client = redis.Redis(port=server.port, socket_timeout=1)
     try:
@@ -412,7 +337,7 @@ def one_node_cluster(tmp_path: Path) -> Iterator[OwnRedis]:
     server.stop()
 
 
-async def test_cluster_round_trip_across_slots(one_node_cluster: OwnRedis) -> None:
+async def test_cluster_round_trip_across_slots(one_node_cluster: PrivateRedis) -> None:
     url = f"redis+cluster://127.0.0.1:{one_node_cluster.port}"
     cache = create_cache(settings_for(url, "ns"), MODEL, DIM)
     inputs = [f"item-{i}" for i in range(50)]  # 50 keys: certainly more than one slot

@@ -36,6 +36,4 @@ async def test_cold_request_takes_well_under_the_sum_of_both_encoders(world: Wor
         await pipeline.aclose()
     ratio = both / (old_only + new_only)
     # Sequential encoders would give ~1.0; concurrent ones ~0.5 plus the search.
-    assert ratio < 0.75, (
-        f"cold request {both:.3f}s vs old {old_only:.3f}s + new {new_only:.3f}s (ratio {ratio:.2f})"
-    )
+    assert ratio < 0.75, f"cold request {both:.3f}s vs old {old_only:.3f}s + new {new_only:.3f}s (ratio {ratio:.2f})"

@@ -129,3 +129,22 @@ def test_eval_on_a_sub_gallery_reports_recall_per_nprobe(npy: Path, tmp_path: Pa
     assert recall[0] <= recall[1] <= recall[2] and recall[2] >= 0.8, recall
     assert all(p.single_p50_ms > 0 and p.batch_ms_per_query > 0 for p in report.probes)
     assert "p50" in format_report(report)
+
+
+def test_cheap_verification_checks_size_and_both_ends(npy: Path, tmp_path: Path) -> None:
+    from service.errors import ArtifactError
+
+    source = NpySource(npy)
+    out = tmp_path / "g"
+    build_gallery(source, out, resolve(4000, 64, nlist=8, pq_m=8), progress=False, log=lambda _: None)
+    index = out / "index.faiss"
+    data = bytearray(index.read_bytes())
+    data[100] ^= 0xFF  # inside the first MiB (here the whole file is smaller than 2 MiB)
+    index.write_bytes(bytes(data))
+    with pytest.raises(ArtifactError, match="fingerprint"):
+        Gallery.load(out, verify="size")
+    with pytest.raises(ArtifactError, match="fingerprint"):
+        Gallery.load(out)
+    data[100] ^= 0xFF
+    index.write_bytes(bytes(data))
+    assert Gallery.load(out, verify="size").ntotal == Gallery.load(out).ntotal == 4000

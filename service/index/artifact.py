@@ -22,6 +22,7 @@ META_NAME = "gallery.json"
 FORMAT_VERSION = 1
 _HASH_BLOCK = 8 << 20
 _PROGRESS_MIN_BYTES = 256 << 20
+_EDGE_BYTES = 1 << 20
 
 
 def sha256_file(path: Path, progress: bool | None = None) -> str:
@@ -36,6 +37,17 @@ def sha256_file(path: Path, progress: bool | None = None) -> str:
         while block := f.read(_HASH_BLOCK):
             digest.update(block)
             bar.update(len(block))
+    return digest.hexdigest()
+
+
+def edges_sha256(path: Path) -> str:
+    """Hex sha256 of the first and last MiB of a file: the cheap check of `Gallery.load(verify="size")`."""
+    size = path.stat().st_size
+    digest = hashlib.sha256()
+    with path.open("rb") as f:
+        digest.update(f.read(_EDGE_BYTES))
+        f.seek(max(0, size - _EDGE_BYTES))
+        digest.update(f.read(_EDGE_BYTES))
     return digest.hexdigest()
 
 

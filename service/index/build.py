@@ -24,7 +24,7 @@ from tqdm import tqdm  # type: ignore[import-untyped]
 
 import service
 from service.errors import InputError
-from service.index.artifact import FORMAT_VERSION, INDEX_NAME, META_NAME, sha256_file, write_meta
+from service.index.artifact import FORMAT_VERSION, INDEX_NAME, META_NAME, edges_sha256, sha256_file, write_meta
 from service.index.coarse import TwoLevel, assign_two_level, train_two_level
 from service.index.params import BuildParams
 from service.index.sources import Rows, Source, chunks, sample_positions
@@ -215,6 +215,7 @@ def _meta(
         "index_file": INDEX_NAME,
         "index_bytes": index_path.stat().st_size,
         "sha256": sha256_file(index_path),
+        "edges_sha256": edges_sha256(index_path),
         "created_at": datetime.now(UTC).isoformat(timespec="seconds"),
         "versions": {"nobackfill": service.__version__, "faiss": faiss.__version__},
     }

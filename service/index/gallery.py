@@ -3,8 +3,9 @@
 Loading verifies `index.faiss` against `gallery.json` before faiss reads a byte of it:
 - `verify="sha256"` (default): size, then the full sha256 (8 MiB blocks, a progress bar on a terminal
   for big files; ~1-2 s per GB, and it warms the page cache the memory-mapped search reads anyway);
-- `verify="size"`: size and the faiss header only.  Catches truncation and a swapped index of another
-  shape, not a same-sized corruption; for fast restarts of a file that was verified before.
+- `verify="size"`: size, and the sha256 of the first and last MiB (the faiss header, quantiser and
+  the end of the lists).  Catches truncation, a swapped index and damage at either end, not a
+  same-sized corruption in the middle; for fast restarts of a file that was verified before.
 The index is opened with IO_FLAG_MMAP | IO_FLAG_READ_ONLY: inverted lists stay in the page cache
 (shared between processes), nothing is ever written.  nprobe travels with each call
 (SearchParametersIVF), so concurrent searches with different nprobe never race.
@@ -21,7 +22,7 @@ import numpy as np
 import numpy.typing as npt
 
 from service.errors import ArtifactError, InputError
-from service.index.artifact import INDEX_NAME, read_meta, sha256_file
+from service.index.artifact import INDEX_NAME, edges_sha256, read_meta, sha256_file
 
 Verify = Literal["sha256", "size"]
 
@@ -65,7 +66,10 @@ class Gallery:
                     f"gallery {folder}: fingerprint mismatch: {path.name} has sha256 {digest[:16]}..., "
                     f"gallery.json says {str(meta['sha256'])[:16]}... (corrupt or modified)"
                 )
-        elif verify != "size":
+        elif verify == "size":
+            if "edges_sha256" in meta and edges_sha256(path) != meta["edges_sha256"]:
+                raise ArtifactError(f"gallery {folder}: fingerprint mismatch in the first / last MiB of {path.name}")
+        else:
             raise InputError(f"verify must be 'sha256' or 'size', got {verify!r}")
         try:
             index = faiss.read_index(str(path), faiss.IO_FLAG_MMAP | faiss.IO_FLAG_READ_ONLY)
@@ -74,6 +78,7 @@ class Gallery:
                 f"gallery {folder}: faiss cannot read {path.name} ({str(exc).splitlines()[0]})"
             ) from exc
         nlist = _check_shape(folder, meta, index)
+        _no_prefetch_threads(index)
         use_gpu = _gpu_count() > 0 if gpu is None else gpu
         resources = None
         if use_gpu:
@@ -117,6 +122,19 @@ def _check_shape(folder: Path, meta: dict[str, Any], index: Any) -> int:
     if wrong:
         raise ArtifactError(f"gallery {folder}: index does not match gallery.json: {', '.join(wrong)}")
     return found["nlist"]
+
+
+def _no_prefetch_threads(index: Any) -> None:
+    """Stop the mmap'd lists from starting reader threads on every search.
+
+    OnDiskInvertedLists pre-reads the probed lists with up to 32 fresh threads per search, meant for
+    cold disks.  Here the file is hashed on load (so it sits in the page cache) and those threads
+    tripled single-query p50 (1e6 gallery, nprobe 16: 0.96 ms -> 0.33 ms without them).
+    """
+    invlists = faiss.extract_index_ivf(index).invlists
+    lists = faiss.downcast_InvertedLists(invlists) if invlists is not None else None
+    if isinstance(lists, faiss.OnDiskInvertedLists):
+        lists.prefetch_nthread = 0
 
 
 def _gpu_count() -> int:
