@@ -76,7 +76,7 @@ def plot_history(history: list[dict[str, str]], results: Path) -> list[str]:
     fig, ax = plt.subplots(figsize=(8, 4))
     for pct in ("50%", "95%", "99%"):
         ax.plot(t, [float(r[pct]) for r in rows], label=f"p{pct.rstrip('%')}")
-    ax.set(xlabel="seconds", ylabel="latency (ms)", title="Latency percentiles (cumulative)")
+    ax.set(xlabel="seconds", ylabel="latency (ms)", title="Latency percentiles (Locust rolling window)")
     ax.legend()
     fig.tight_layout()
     fig.savefig(results / "latency.png")
