@@ -30,7 +30,7 @@ check: $(STAMP)
 	$(BIN)/mypy
 
 test: $(STAMP) redis
-	NOBACKFILL_TEST_REDIS_URL=$(TEST_REDIS_URL) $(BIN)/pytest -q -p no:cacheprovider
+	OMP_WAIT_POLICY=PASSIVE NOBACKFILL_TEST_REDIS_URL=$(TEST_REDIS_URL) $(BIN)/pytest -q -p no:cacheprovider
 
 demo: $(STAMP)
 	$(BIN)/nobackfill demo

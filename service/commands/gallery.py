@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 
 import numpy as np
@@ -33,9 +32,6 @@ def build(
     force: bool = typer.Option(False, "--force", help="Replace an existing gallery."),
 ) -> None:
     """Build a gallery: train on a sample, add in chunks, publish atomically with its fingerprint."""
-    # OpenMP threads that spin while waiting starve each other on a busy machine (8x slower PQ
-    # training seen on 2 shared cores); sleeping waiters cost nothing measurable when cores are free.
-    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
     from service.errors import InputError
     from service.index.build import build_gallery
     from service.index.params import resolve
@@ -47,29 +43,35 @@ def build(
         raise InputError(f"--features must be raw, psp or lsp, got {features!r}")
     if features != "raw" and from_npy is None:
         raise InputError("--features psp/lsp needs --from-npy with the old model's logits")
-    source: Source
+    features_file = None
     if from_npy is not None:
         if not from_npy.exists():
             raise InputError(f"{from_npy}: no such file or directory")
         if features != "raw":
-            from_npy = _logit_features(from_npy, out, features, top_k)
-        source = NpySource(from_npy, ids_npy, model_id)
-    else:
-        assert size is not None
-        if size <= 0:
-            raise InputError(f"--size must be positive, got {size}")
-        source = SyntheticSource(size)
-    params = resolve(
-        source.ntotal,
-        source.dim,
-        nlist=nlist,
-        pq_m=pq_m,
-        nbits=nbits,
-        opq=opq,
-        train_size=train_size,
-        chunk_size=chunk_size,
-    )
-    meta = build_gallery(source, out, params, force=force, log=lambda line: typer.echo(line, err=True))
+            features_file = _logit_features(from_npy, out, features, top_k)
+    elif size is not None and size <= 0:
+        raise InputError(f"--size must be positive, got {size}")
+    try:
+        source: Source
+        if from_npy is not None:
+            source = NpySource(features_file or from_npy, ids_npy, model_id)
+        else:
+            assert size is not None
+            source = SyntheticSource(size)
+        params = resolve(
+            source.ntotal,
+            source.dim,
+            nlist=nlist,
+            pq_m=pq_m,
+            nbits=nbits,
+            opq=opq,
+            train_size=train_size,
+            chunk_size=chunk_size,
+        )
+        meta = build_gallery(source, out, params, force=force, log=lambda line: typer.echo(line, err=True))
+    finally:
+        if features_file is not None:  # the features are a build input only; the index holds them now
+            features_file.unlink(missing_ok=True)
     size_mib = meta["index_bytes"] / 2**20
     typer.echo(
         f"built {out}: {meta['ntotal']:,} vectors, d={meta['d']}, {meta['factory']}, {size_mib:,.1f} MiB "
@@ -90,12 +92,16 @@ def _logit_features(logits_path: Path, out: Path, mode: str, top_k: int | None) 
     target = out.parent / f".{out.name}.{mode}-features.npy"
     out.parent.mkdir(parents=True, exist_ok=True)
     rows = np.lib.format.open_memmap(target, mode="w+", dtype=np.float32, shape=logits.shape)
-    for start in range(0, logits.shape[0], FEATURE_CHUNK):
-        block = np.asarray(logits[start : start + FEATURE_CHUNK], dtype=np.float32)
-        if not np.isfinite(block).all():
-            raise InputError(f"{logits_path}: NaN or inf in rows {start}..{start + len(block) - 1}")
-        rows[start : start + len(block)] = gallery_features(block, mode, top_k)  # type: ignore[arg-type]
-    rows.flush()
+    try:
+        for start in range(0, logits.shape[0], FEATURE_CHUNK):
+            block = np.asarray(logits[start : start + FEATURE_CHUNK], dtype=np.float32)
+            if not np.isfinite(block).all():
+                raise InputError(f"{logits_path}: NaN or inf in rows {start}..{start + len(block) - 1}")
+            rows[start : start + len(block)] = gallery_features(block, mode, top_k)  # type: ignore[arg-type]
+        rows.flush()
+    except BaseException:
+        target.unlink(missing_ok=True)
+        raise
     return target
 
 

@@ -37,6 +37,7 @@ def _synthetic(model: Role) -> BackendFactory:
     """Factory for one of the simulated models; torch loads only when an encoder is built."""
 
     def build(settings: EncoderSettings, device: str) -> Encoder:
+        """Build the simulated model on `device`."""
         from service.encoders.synthetic import synthetic_encoder
 
         if settings.path is not None:

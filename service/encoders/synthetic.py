@@ -257,6 +257,7 @@ class SyntheticEncoder:
         w2 *= _W2_STD / w2.std()
 
         def q(a: npt.NDArray[np.float64], bits: int, limit: float) -> torch.Tensor:
+            """Quantise onto the grid and move to the device."""
             return _quantize(torch.from_numpy(a), bits, limit).to(self._torch_device)
 
         return (

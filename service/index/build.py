@@ -92,7 +92,8 @@ class _Trained:
 def _train(sample: Rows, d: int, params: BuildParams, log: Log) -> _Trained:
     """Create the index and train the OPQ rotation, the coarse centroids and the PQ codebooks."""
     index = faiss.index_factory(d, params.factory(), faiss.METRIC_INNER_PRODUCT)
-    ivf = faiss.extract_index_ivf(index)
+    # downcast: extract_index_ivf hands back the IndexIVF base class, which hides `pq`.
+    ivf: Any = faiss.downcast_index(faiss.extract_index_ivf(index))
     ivf.cp.spherical = True  # centroids of unit vectors under inner product: keep them unit too
     ivf.cp.seed = params.seed
     if hasattr(ivf, "pq"):
