@@ -9,9 +9,10 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -164,3 +165,42 @@ def served(world: World) -> Iterator[str]:
     # uvicorn shuts down gracefully, then re-raises SIGTERM so the exit status still tells why.
     assert process.returncode in (0, -signal.SIGTERM)
     assert b"Application shutdown complete" in output
+
+
+@pytest.fixture
+def torch_one_thread() -> Iterator[None]:
+    """Small nets and batches: a second torch thread only spin-waits on a shared box (up to 10x slower)."""
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+@dataclass
+class Running:
+    """A started app (lifespan run) and an httpx client bound to it over the ASGI transport."""
+
+    app: Any
+    client: httpx.AsyncClient
+
+    @property
+    def pipeline(self) -> Any:
+        """The live pipeline."""
+        return self.app.state.pipeline
+
+    async def search(self, **body: Any) -> httpx.Response:
+        """POST /v1/search."""
+        return await self.client.post("/v1/search", json=body)
+
+
+async def start_app(settings: Any) -> AsyncIterator[Running]:
+    """Run the app's lifespan and yield a client over the ASGI transport (the real HTTP stack)."""
+    from service.api.app import create_app
+
+    app = create_app(settings)
+    async with app.router.lifespan_context(app):
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://test") as client:
+            yield Running(app, client)

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -42,13 +41,7 @@ from service.compat.procrustes import normalize_rows
 FAST = settings(max_examples=40, deadline=None)
 
 
-@pytest.fixture(autouse=True)
-def one_thread() -> Iterator[None]:
-    """Small problems gain nothing from a second thread, and on a shared box its spin-waits cost 10x."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("torch_one_thread")
 
 
 def unit(x: torch.Tensor) -> torch.Tensor:

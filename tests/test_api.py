@@ -7,16 +7,13 @@ import io
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
-import httpx
 import numpy as np
 import pytest
+from conftest import PrivateRedis, Running, World, start_app
 from PIL import Image
 
-from service.api.app import create_app
 from service.compat.heads import transform
-from service.pipeline import Pipeline
 from service.settings import CacheSettings, CompatSettings, IndexSettings, Settings
-from tests.conftest import PrivateRedis, World
 
 CAPTION = "item-{:010d} caption-1"
 
@@ -30,41 +27,14 @@ def make_settings(world: World, **overrides: Any) -> Settings:
     )
 
 
-class Service:
-    """A running app and a client bound to it."""
-
-    def __init__(self, app: Any, client: httpx.AsyncClient) -> None:
-        self.app = app
-        self.client = client
-
-    @property
-    def pipeline(self) -> Pipeline:
-        """The live pipeline."""
-        pipeline: Pipeline = self.app.state.pipeline
-        return pipeline
-
-    async def search(self, **body: Any) -> httpx.Response:
-        """POST /v1/search."""
-        return await self.client.post("/v1/search", json=body)
-
-
-async def start(settings: Settings) -> AsyncIterator[Service]:
-    """Run the app's lifespan and yield a client over the ASGI transport."""
-    app = create_app(settings)
-    async with app.router.lifespan_context(app):
-        transport = httpx.ASGITransport(app=app)
-        async with httpx.AsyncClient(transport=transport, base_url="http://test") as client:
-            yield Service(app, client)
-
-
 @pytest.fixture
-async def service(world: World) -> AsyncIterator[Service]:
+async def service(world: World) -> AsyncIterator[Running]:
     """The service with the in-process cache."""
-    async for running in start(make_settings(world)):
+    async for running in start_app(make_settings(world)):
         yield running
 
 
-def count_calls(service: Service, role: str) -> list[int]:
+def count_calls(service: Running, role: str) -> list[int]:
     """Count the items the old or new encoder is asked to encode from now on."""
     batcher = service.pipeline.old if role == "old" else service.pipeline.new
     encoder = batcher.encoder
@@ -80,7 +50,7 @@ def count_calls(service: Service, role: str) -> list[int]:
 
 
 @pytest.mark.parametrize("mode", ["old", "aligned", "slerp", "nlerp", "adaptive"])
-async def test_each_mode_returns_k_results(service: Service, mode: str) -> None:
+async def test_each_mode_returns_k_results(service: Running, mode: str) -> None:
     response = await service.search(queries=[{"text": CAPTION.format(7)}, {"text": CAPTION.format(8)}], k=7, mode=mode)
     assert response.status_code == 200, response.text
     results = response.json()["results"]
@@ -91,7 +61,7 @@ async def test_each_mode_returns_k_results(service: Service, mode: str) -> None:
         assert result["scores"] == sorted(result["scores"], reverse=True)
 
 
-async def test_slerp_finds_the_captioned_item_more_often_than_old(service: Service) -> None:
+async def test_slerp_finds_the_captioned_item_more_often_than_old(service: Running) -> None:
     queries = [{"text": CAPTION.format(i)} for i in range(0, 4000, 100)]
     hits = {}
     for mode in ("old", "slerp"):
@@ -101,7 +71,7 @@ async def test_slerp_finds_the_captioned_item_more_often_than_old(service: Servi
     assert hits["slerp"] > hits["old"] > 0
 
 
-async def test_compare_mode_reports_both_lists_and_overlap(service: Service) -> None:
+async def test_compare_mode_reports_both_lists_and_overlap(service: Running) -> None:
     response = await service.search(queries=[{"text": CAPTION.format(3)}], k=10, mode="compare")
     assert response.status_code == 200
     result = response.json()["results"][0]
@@ -110,7 +80,7 @@ async def test_compare_mode_reports_both_lists_and_overlap(service: Service) -> 
     assert result["overlap"] == pytest.approx(expected)
 
 
-async def test_explicit_alpha_zero_equals_old_mode(service: Service) -> None:
+async def test_explicit_alpha_zero_equals_old_mode(service: Running) -> None:
     query = [{"text": CAPTION.format(11)}]
     old = (await service.search(queries=query, mode="old")).json()["results"][0]
     alpha0 = (await service.search(queries=query, mode="slerp", alpha=0.0)).json()["results"][0]
@@ -118,7 +88,7 @@ async def test_explicit_alpha_zero_equals_old_mode(service: Service) -> None:
     assert alpha0["alpha"] == 0.0
 
 
-async def test_second_identical_query_is_a_cache_hit_without_the_old_encoder(service: Service) -> None:
+async def test_second_identical_query_is_a_cache_hit_without_the_old_encoder(service: Running) -> None:
     old_calls = count_calls(service, "old")
     query = [{"text": "item-0000000123 caption-4"}]
     first = (await service.search(queries=query)).json()["results"][0]
@@ -130,7 +100,7 @@ async def test_second_identical_query_is_a_cache_hit_without_the_old_encoder(ser
     assert second["ids"] == first["ids"]
 
 
-async def test_results_equal_the_offline_path(service: Service) -> None:
+async def test_results_equal_the_offline_path(service: Running) -> None:
     """The HTTP answer is exactly transform() + gallery.search() on the same embeddings."""
     pipeline = service.pipeline
     texts = [CAPTION.format(i) for i in (1, 2, 3)]
@@ -152,7 +122,7 @@ async def test_results_equal_the_offline_path(service: Service) -> None:
         np.testing.assert_allclose(text_result["scores"], scores[row], rtol=1e-5, atol=1e-6)
 
 
-async def test_image_query_is_served(service: Service) -> None:
+async def test_image_query_is_served(service: Running) -> None:
     buffer = io.BytesIO()
     Image.new("RGB", (8, 8), (200, 10, 10)).save(buffer, format="PNG")
     payload = base64.b64encode(buffer.getvalue()).decode()
@@ -164,7 +134,7 @@ async def test_image_query_is_served(service: Service) -> None:
     assert len(response.json()["results"][0]["ids"]) == 3
 
 
-async def test_debug_reports_theta_and_stage_timings(service: Service) -> None:
+async def test_debug_reports_theta_and_stage_timings(service: Running) -> None:
     result = (await service.search(queries=[{"text": CAPTION.format(5)}], debug=True)).json()["results"][0]
     assert 0.0 < result["theta"] < np.pi
     assert {"new_encode", "transform", "search"} <= set(result["timings_ms"])
@@ -192,7 +162,7 @@ BAD_REQUESTS: list[tuple[str, dict[str, Any], int]] = [
 
 @pytest.mark.parametrize(("case", "body", "status"), BAD_REQUESTS, ids=[case for case, _, _ in BAD_REQUESTS])
 async def test_bad_input_gets_a_clear_4xx_and_the_service_is_unharmed(
-    service: Service, case: str, body: dict[str, Any], status: int
+    service: Running, case: str, body: dict[str, Any], status: int
 ) -> None:
     response = await service.client.post("/v1/search", json=body)
     assert response.status_code == status, response.text
@@ -202,7 +172,7 @@ async def test_bad_input_gets_a_clear_4xx_and_the_service_is_unharmed(
     assert healthy.status_code == 200
 
 
-async def test_nan_embedding_is_refused(service: Service) -> None:
+async def test_nan_embedding_is_refused(service: Running) -> None:
     body = (
         b'{"queries": [{"old_embedding": [NaN' + b", 0.1" * 511 + b'], "new_embedding": [' + b"0.1, " * 767 + b"0.1]}]}"
     )
@@ -211,7 +181,7 @@ async def test_nan_embedding_is_refused(service: Service) -> None:
     assert "error" in response.json()
 
 
-async def test_info_health_ready_metrics(service: Service) -> None:
+async def test_info_health_ready_metrics(service: Running) -> None:
     info = (await service.client.get("/v1/info")).json()
     assert info["gallery"]["ntotal"] == 20_000 and info["gallery"]["dim"] == 512
     assert info["profile"]["alphas"]["text"] is not None
@@ -229,7 +199,7 @@ async def test_info_health_ready_metrics(service: Service) -> None:
 
 
 async def test_api_key_guards_search_and_admin(world: World) -> None:
-    async for running in start(make_settings(world, api={"api_key": "s3cret"})):
+    async for running in start_app(make_settings(world, api={"api_key": "s3cret"})):
         assert (await running.search(queries=[{"text": "x"}])).status_code == 401
         assert (await running.client.post("/v1/admin/reload-profile")).status_code == 401
         ok = await running.client.post(
@@ -239,7 +209,7 @@ async def test_api_key_guards_search_and_admin(world: World) -> None:
         assert (await running.client.get("/healthz")).status_code == 200
 
 
-async def test_reload_keeps_the_old_profile_on_failure(service: Service, tmp_path: Any, world: World) -> None:
+async def test_reload_keeps_the_old_profile_on_failure(service: Running, tmp_path: Any, world: World) -> None:
     before = service.pipeline.profile.profile_id
     refused = await service.client.post("/v1/admin/reload-profile", json={"profile_dir": str(tmp_path / "none")})
     assert refused.status_code == 400 and refused.json()["error"]["code"] == "bad_artifact"
@@ -249,7 +219,7 @@ async def test_reload_keeps_the_old_profile_on_failure(service: Service, tmp_pat
 
 
 async def test_overload_gets_503_with_retry_after(world: World) -> None:
-    async for running in start(make_settings(world, api={"max_in_flight": 2})):
+    async for running in start_app(make_settings(world, api={"max_in_flight": 2})):
         response = await running.search(queries=[{"text": "a"}, {"text": "b"}, {"text": "c"}])
         assert response.status_code == 503
         assert response.headers["retry-after"].isdigit()
@@ -259,7 +229,7 @@ async def test_overload_gets_503_with_retry_after(world: World) -> None:
 @pytest.mark.redis
 async def test_redis_cache_hit_then_outage_still_answers(world: World, private_redis: PrivateRedis) -> None:
     settings = make_settings(world, cache=CacheSettings(redis_url=private_redis.url, namespace="api-test"))
-    async for running in start(settings):
+    async for running in start_app(settings):
         query = [{"text": CAPTION.format(77)}]
         assert (await running.search(queries=query)).json()["results"][0]["cache"] == "miss"
         await running.pipeline.drain()

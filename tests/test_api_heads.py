@@ -9,61 +9,25 @@ the NEW model's raw logits as new_embedding.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import httpx
 import numpy as np
 import pytest
 import torch
-from conftest import World, run_cli
+from conftest import Running, World, run_cli, start_app
 from digits_models import OLD_CLASSES, Pair, encode, train_pair
 
-from service.api.app import create_app
 from service.compat import psp
 from service.compat.heads import transform
-from service.pipeline import Pipeline
 from service.settings import CompatSettings, EncoderSettings, IndexSettings, Settings
 
 CAPTION = "item-{:010d} caption-1"
 
 
-@dataclass
-class Running:
-    """A started app and a client bound to it."""
-
-    app: Any
-    client: httpx.AsyncClient
-
-    @property
-    def pipeline(self) -> Pipeline:
-        """The live pipeline."""
-        pipeline: Pipeline = self.app.state.pipeline
-        return pipeline
-
-    async def search(self, **body: Any) -> httpx.Response:
-        """POST /v1/search."""
-        return await self.client.post("/v1/search", json=body)
-
-
-async def start(settings: Settings) -> AsyncIterator[Running]:
-    """Run the app's lifespan and yield a client over the ASGI transport."""
-    app = create_app(settings)
-    async with app.router.lifespan_context(app):
-        transport = httpx.ASGITransport(app=app)
-        async with httpx.AsyncClient(transport=transport, base_url="http://test") as client:
-            yield Running(app, client)
-
-
-@pytest.fixture(autouse=True)
-def one_thread() -> Iterator[None]:
-    """Small nets and batches: a second torch thread only spin-waits on a shared box."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("torch_one_thread")
 
 
 def assert_error(response: httpx.Response, status: int, code: str, *needles: str) -> None:
@@ -94,7 +58,7 @@ async def adapter_service(world: World, adapter_profile: Path) -> AsyncIterator[
         index=IndexSettings(gallery_dir=world.gallery_dir, nprobe=16),
         compat=CompatSettings(profile_dir=adapter_profile, default_mode="adapter"),
     )
-    async for running in start(settings):
+    async for running in start_app(settings):
         yield running
 
 
@@ -198,7 +162,7 @@ async def psp_service(digits_deployment: DigitsDeployment) -> AsyncIterator[Runn
         index=IndexSettings(gallery_dir=digits_deployment.gallery_dir, nprobe=4),
         compat=CompatSettings(profile_dir=digits_deployment.profile_dir, default_mode="psp"),
     )
-    async for running in start(settings):
+    async for running in start_app(settings):
         yield running
 
 

@@ -18,12 +18,12 @@ import numpy as np
 import pytest
 import redis
 import redis.asyncio
+from conftest import REDIS_SERVER, PrivateRedis, free_port
 
 from service import metrics
 from service.cache import cache_key, create_cache
 from service.cache.redis_cache import RedisCache, split_cluster_url
 from service.settings import CacheSettings
-from tests.conftest import REDIS_SERVER, PrivateRedis, free_port
 
 pytestmark = pytest.mark.redis
 

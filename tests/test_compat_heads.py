@@ -7,7 +7,6 @@ transform checks run in-process on one torch thread.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -33,13 +32,7 @@ EVAL_KEYS = {"method", "alpha", "recall@1", "recall@5", "recall@10", "compatible
 ADAPTER_FAST = ("--epochs", "2", "--threads", "1", "--batch-size", "128")
 
 
-@pytest.fixture(autouse=True)
-def one_thread() -> Iterator[None]:
-    """Tiny nets: a second torch thread only spin-waits on a shared box."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("torch_one_thread")
 
 
 def eval_rows(profile: Path, test: Path) -> dict[str, dict[str, Any]]:

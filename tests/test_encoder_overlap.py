@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import time
 
+from conftest import World
+
 from service.pipeline import Pipeline, Query
 from service.settings import CacheSettings, CompatSettings, EncoderSettings, IndexSettings, Settings
-from tests.conftest import World
 
 COST_MS = 150.0
 

@@ -112,8 +112,9 @@ def clustered(rows: int, dim: int, seed: int) -> npt.NDArray[np.float32]:
 
 def unit(x: npt.NDArray[Any]) -> npt.NDArray[np.float32]:
     """Rows scaled to unit length, as float32."""
-    x = np.asarray(x, dtype=np.float32)
-    return x / np.linalg.norm(x, axis=1, keepdims=True)
+    rows = np.asarray(x, dtype=np.float32)
+    out: npt.NDArray[np.float32] = rows / np.linalg.norm(rows, axis=1, keepdims=True)
+    return out
 
 
 # --------------------------------------------------------------------------- fixtures
@@ -123,7 +124,8 @@ def unit(x: npt.NDArray[Any]) -> npt.NDArray[np.float32]:
 def built(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """An 8,000-item synthetic gallery (nlist 32, PQ16x8) built through the CLI."""
     out = tmp_path_factory.mktemp("synthetic") / "gallery"
-    run_cli("gallery", "build", "--size", SIZE, "--out", out, "--nlist", NLIST, "--pq-m", PQ_M, "--train-size", 4096)
+    options = ["--size", SIZE, "--out", out, "--nlist", NLIST, "--pq-m", PQ_M, "--train-size", 4096]
+    run_cli("gallery", "build", *map(str, options))
     return out
 
 
@@ -419,7 +421,7 @@ def test_from_npy_refuses_nan_rows_with_exit_2_and_one_line(tmp_path: Path) -> N
     src = _write(tmp_path / "nan.npy", rows)
     out = tmp_path / "g"
     # A real process, to check the user-facing rendering: exit 2 and one `error:` line, no traceback.
-    done = run_cli("gallery", "build", "--from-npy", src, "--out", out, "--nlist", 8, "--pq-m", 8, check=False)
+    done = run_cli("gallery", "build", "--from-npy", src, "--out", out, "--nlist", "8", "--pq-m", "8", check=False)
     assert_refused(done, "nan", "1234")
     assert not out.exists()
     no_leftovers(tmp_path)
@@ -533,3 +535,13 @@ def test_eval_works_on_an_npy_gallery(npy_gallery: Path) -> None:
 
 def test_eval_refuses_bad_nprobe_lists(built: Path) -> None:
     assert_refused(cli("gallery", "eval", built, "--queries", 10, "--nprobe", "four"), "nprobe")
+
+
+def test_quick_verify_still_catches_damage_at_the_ends(damaged: Path) -> None:
+    index = damaged / "index.faiss"
+    data = bytearray(index.read_bytes())
+    data[-100:-92] = bytes(b ^ 0xFF for b in data[-100:-92])
+    index.write_bytes(bytes(data))
+    # verify="size" (fast restarts) hashes only the first and last MiB, so this must still be caught.
+    with pytest.raises(ArtifactError, match="fingerprint"):
+        Gallery.load(damaged, verify="size")

@@ -5,10 +5,10 @@ from __future__ import annotations
 from pathlib import Path
 
 import numpy as np
+from conftest import run_cli
 
 from service.compat.psp import gallery_features
 from service.index.gallery import Gallery
-from tests.conftest import run_cli
 
 
 def test_psp_gallery_from_logits_matches_the_features(tmp_path: Path) -> None:
