@@ -216,6 +216,23 @@ def _best(rows: list[dict[str, float]], tiebreak: Callable[[dict[str, float]], A
     return max(rows, key=lambda r: (r["recall@1"], r["recall@5"], r["recall@10"], tiebreak(r)))
 
 
+def _report_basics(
+    split: Split, blocks: Sequence[_Block], held: Sequence[_Held], fit_on: FitOn, folds: int, same_set: bool
+) -> dict[str, Any]:
+    """The fit-report fields every head shares: how alpha was selected and on which rows."""
+    return {
+        "selection": "same-set" if same_set else "cross-fit",
+        "folds": 1 if same_set else folds,
+        "fit_on": fit_on,
+        "fit_blocks": [b.name for b in blocks],
+        "fit_rows": int(sum(len(b.new) for b in blocks)),
+        "support_queries": len(split.old_query),
+        "support_targets": len(split.old_target),
+        "eval_queries": int(sum(h.summary.n_queries for h in held)),
+        "eval_gallery": "all support targets" if same_set else "old targets of the held-out fold",
+    }
+
+
 def fit(
     split: Split,
     *,
@@ -284,15 +301,7 @@ def fit(
         "adaptive": {"a": best_adaptive["a"], "b": best_adaptive["b"], "c_ref": c_ref},
     }
     report: dict[str, Any] = {
-        "selection": "same-set" if same_set else "cross-fit",
-        "folds": 1 if same_set else folds,
-        "fit_on": fit_on,
-        "fit_blocks": [b.name for b in blocks],
-        "fit_rows": int(sum(len(b.new) for b in blocks)),
-        "support_queries": len(split.old_query),
-        "support_targets": len(split.old_target),
-        "eval_queries": int(sum(h.summary.n_queries for h in held)),
-        "eval_gallery": "all support targets" if same_set else "old targets of the held-out fold",
+        **_report_basics(split, blocks, held, fit_on, folds, same_set),
         "alpha_grid": list(ALPHA_GRID),
         "slope_grid": list(SLOPE_GRID),
         "support_recall": {"slerp": slerp_rows, "nlerp": nlerp_rows},
@@ -393,15 +402,7 @@ def fit_mapped_slerp(
     rows = [_row(a, _recalls(held, _slerp_weights(a))) for a in ALPHA_GRID]
     best = _best(rows, lambda r: -r["alpha"])
     report: dict[str, Any] = {
-        "selection": "same-set" if same_set else "cross-fit",
-        "folds": 1 if same_set else folds,
-        "fit_on": fit_on,
-        "fit_blocks": [b.name for b in blocks],
-        "fit_rows": int(sum(len(b.new) for b in blocks)),
-        "support_queries": len(split.old_query),
-        "support_targets": len(split.old_target),
-        "eval_queries": int(sum(h.summary.n_queries for h in held)),
-        "eval_gallery": "all support targets" if same_set else "old targets of the held-out fold",
+        **_report_basics(split, blocks, held, fit_on, folds, same_set),
         "alpha_grid": list(ALPHA_GRID),
         "support_recall": {mode: rows},
         "chosen": {mode: best},
