@@ -21,6 +21,7 @@ import numpy as np
 from service import metrics
 from service.cache import EmbeddingCache, create_cache
 from service.compat.heads import transform
+from service.compat.procrustes import normalize_rows
 from service.compat.profile import CompatProfile, load_profile
 from service.encoders.base import Embeddings, Encoder, Modality
 from service.encoders.batcher import MicroBatcher
@@ -89,13 +90,6 @@ async def _timed(timings: dict[str, float], name: str, work: Awaitable[T]) -> T:
     """Await `work`, timing it as a stage."""
     with _stage(timings, name):
         return await work
-
-
-def _unit_rows(rows: np.ndarray) -> Embeddings:
-    """Float32 copy with unit-norm rows (cached float16 rows drift slightly off the sphere)."""
-    rows = np.asarray(rows, dtype=np.float32)
-    norms = np.linalg.norm(rows, axis=1, keepdims=True)
-    return np.asarray(rows / np.maximum(norms, 1e-12), dtype=np.float32)
 
 
 def check_compatible(profile: CompatProfile, old: Encoder, new: Encoder, gallery: Gallery) -> None:
@@ -356,7 +350,7 @@ class Pipeline:
         caching = self.cache.kind != "off"
         for j, row in enumerate(cached):
             if row is not None:
-                old[rows[j]] = _unit_rows(row[None])[0]
+                old[rows[j]] = normalize_rows(row[None])[0]
                 cache_status[rows[j]] = "hit"
         if not misses:
             return
@@ -408,7 +402,7 @@ class Pipeline:
                         thetas[i] = theta
                         metrics.RESIDUAL_ANGLE.observe(theta)
         if compare:
-            batch = np.concatenate([batch, _unit_rows(old)])
+            batch = np.concatenate([batch, normalize_rows(old)])
         with _stage(timings, "search"):
             scores, ids = self.gallery.search(batch, k, nprobe)
         results = [

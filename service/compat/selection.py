@@ -216,6 +216,23 @@ def _best(rows: list[dict[str, float]], tiebreak: Callable[[dict[str, float]], A
     return max(rows, key=lambda r: (r["recall@1"], r["recall@5"], r["recall@10"], tiebreak(r)))
 
 
+def _check_fit_args(split: Split, fit_on: str, folds: int, same_set: bool) -> None:
+    """Refuse fit options that cannot work on this split (InputError naming the option)."""
+    if fit_on not in ("query", "target", "both"):
+        raise InputError(f"--fit-on must be query, target or both, not {fit_on!r}")
+    if not same_set and folds < 2:
+        raise InputError(f"--folds must be at least 2 for cross-fitting, got {folds}")
+    if not same_set and len(np.unique(split.query_ids)) < folds:
+        raise InputError(f"{split.path / 'old_query.npy'}: fewer distinct query ids than --folds {folds}")
+
+
+def _sample_rows(rows: I64, cap: int, rng: np.random.Generator) -> I64:
+    """At most `cap` of `rows`, a seeded sample kept in order (held-out scoring cost is bounded)."""
+    if len(rows) <= cap:
+        return rows
+    return np.sort(rng.choice(rows, cap, replace=False))
+
+
 def _report_basics(
     split: Split, blocks: Sequence[_Block], held: Sequence[_Held], fit_on: FitOn, folds: int, same_set: bool
 ) -> dict[str, Any]:
@@ -243,12 +260,7 @@ def fit(
     seed: int = 0,
 ) -> FitResult:
     """Fit R on the support split and choose the SLERP / NLERP weights and the adaptive (a, b, c_ref)."""
-    if fit_on not in ("query", "target", "both"):
-        raise InputError(f"--fit-on must be query, target or both, not {fit_on!r}")
-    if not same_set and folds < 2:
-        raise InputError(f"--folds must be at least 2 for cross-fitting, got {folds}")
-    if not same_set and len(np.unique(split.query_ids)) < folds:
-        raise InputError(f"{split.path / 'old_query.npy'}: fewer distinct query ids than --folds {folds}")
+    _check_fit_args(split, fit_on, folds, same_set)
     rng = np.random.default_rng(seed)
     blocks = _fit_blocks(split, fit_on)
     held: list[_Held] = []
@@ -257,8 +269,7 @@ def fit(
         m_total = _total([cross_covariance(b.new, b.old) for b in blocks])
         r_thin = thin_rotation(m_total)
         q_rows = np.arange(len(split.old_query))
-        if len(q_rows) > max_eval_queries:
-            q_rows = np.sort(rng.choice(q_rows, max_eval_queries, replace=False))
+        q_rows = _sample_rows(q_rows, max_eval_queries, rng)
         held.append(_score_fold(split, r_thin, q_rows, np.arange(len(split.old_target))))
         final_cos = _cosines(split.old_query, split.new_query, r_thin)
         c_ref = float(np.median(final_cos))
@@ -275,8 +286,7 @@ def fit(
             q_all = np.flatnonzero(q_fold == f)
             cos_parts.append(_cosines(split.old_query[q_all], split.new_query[q_all], r_f))
             q_rows = q_all
-            if len(q_rows) > max_eval_queries:
-                q_rows = np.sort(rng.choice(q_rows, max_eval_queries, replace=False))
+            q_rows = _sample_rows(q_rows, max_eval_queries, rng)
             held.append(_score_fold(split, r_f, q_rows, np.flatnonzero(t_fold == f)))
         oof_cos = np.concatenate(cos_parts)
         c_ref = float(np.median(oof_cos))
@@ -364,12 +374,7 @@ def fit_mapped_slerp(
     fit_map(new [n, d_new], old [n, d_old]) trains a map on paired rows; it is called once per fold on
     the other folds' rows and once more on every row (the map that is kept).
     """
-    if fit_on not in ("query", "target", "both"):
-        raise InputError(f"--fit-on must be query, target or both, not {fit_on!r}")
-    if not same_set and folds < 2:
-        raise InputError(f"--folds must be at least 2 for cross-fitting, got {folds}")
-    if not same_set and len(np.unique(split.query_ids)) < folds:
-        raise InputError(f"{split.path / 'old_query.npy'}: fewer distinct query ids than --folds {folds}")
+    _check_fit_args(split, fit_on, folds, same_set)
     rng = np.random.default_rng(seed)
     blocks = _fit_blocks(split, fit_on)
     held: list[_Held] = []
@@ -387,15 +392,13 @@ def fit_mapped_slerp(
             q_all = np.flatnonzero(q_fold == f)
             cos_parts.append(_mapped_cos(split, mapper_f, q_all)[2])
             q_rows = q_all
-            if len(q_rows) > max_eval_queries:
-                q_rows = np.sort(rng.choice(q_rows, max_eval_queries, replace=False))
+            q_rows = _sample_rows(q_rows, max_eval_queries, rng)
             held.append(_score_mapped(split, mapper_f, q_rows, np.flatnonzero(t_fold == f)))
         oof_cos = np.concatenate(cos_parts)
     mapper = fit_map(*_stack(blocks))
     if same_set:
         q_rows = np.arange(len(split.old_query))
-        if len(q_rows) > max_eval_queries:
-            q_rows = np.sort(rng.choice(q_rows, max_eval_queries, replace=False))
+        q_rows = _sample_rows(q_rows, max_eval_queries, rng)
         held.append(_score_mapped(split, mapper, q_rows, np.arange(len(split.old_target))))
     final_cos = _mapped_cos(split, mapper, np.arange(len(split.old_query)))[2]
 
