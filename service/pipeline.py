@@ -74,6 +74,12 @@ class SearchOutcome:
     timings_ms: dict[str, float] = field(default_factory=dict)
 
 
+def _record(timings: dict[str, float], name: str, elapsed: float) -> None:
+    """Add a stage's seconds to the request's timings (ms) and the stage histogram."""
+    timings[name] = timings.get(name, 0.0) + elapsed * 1000
+    metrics.STAGE_DURATION.labels(stage=name).observe(elapsed)
+
+
 @contextmanager
 def _stage(timings: dict[str, float], name: str) -> Iterator[None]:
     """Time a stage into the request's timings and the stage histogram."""
@@ -81,15 +87,21 @@ def _stage(timings: dict[str, float], name: str) -> Iterator[None]:
     try:
         yield
     finally:
-        elapsed = time.perf_counter() - start
-        timings[name] = timings.get(name, 0.0) + elapsed * 1000
-        metrics.STAGE_DURATION.labels(stage=name).observe(elapsed)
+        _record(timings, name, time.perf_counter() - start)
 
 
 async def _timed(timings: dict[str, float], name: str, work: Awaitable[T]) -> T:
     """Await `work`, timing it as a stage."""
     with _stage(timings, name):
         return await work
+
+
+def _rows_by_modality(queries: list[Query]) -> dict[Modality, slice | list[int]]:
+    """Row indices of each modality; one slice (no copies) when the whole batch shares one."""
+    modalities = {q.modality for q in queries}
+    if len(modalities) == 1:
+        return {modalities.pop(): slice(None)}
+    return {m: [i for i, q in enumerate(queries) if q.modality == m] for m in sorted(modalities)}
 
 
 def check_compatible(profile: CompatProfile, old: Encoder, new: Encoder, gallery: Gallery) -> None:
@@ -323,17 +335,16 @@ class Pipeline:
         if need_old and not self.settings.compat.concurrent_encoders:
             await self._old_embeddings(modality, rows, inputs, old, cache_status, timings)
             need_old = False
-        new_task = (
-            asyncio.ensure_future(_timed(timings, "new_encode", self.new.encode(inputs, modality)))
-            if need_new
-            else None
-        )
+        started = time.perf_counter()
+        # Enqueued now, before the cache lookup, so the new encoder starts at once.
+        new_rows = self.new.submit(inputs, modality) if need_new else None
         try:
             if need_old:
                 await self._old_embeddings(modality, rows, inputs, old, cache_status, timings)
         finally:
-            if new_task is not None:
-                new[rows] = await new_task
+            if new_rows is not None:
+                new[rows] = await new_rows
+                _record(timings, "new_encode", time.perf_counter() - started)
 
     async def _old_embeddings(
         self,
@@ -381,11 +392,10 @@ class Pipeline:
         head_mode = profile.head if compare else mode
         n = len(queries)
         batch = np.zeros((n, profile.old_dim), dtype=np.float32)
-        thetas: list[float | None] = [None] * n
-        alphas: list[float | None] = [None] * n
+        thetas = np.full(n, np.nan)  # NaN: the mode reads one endpoint only, so there is no angle
+        alphas = np.zeros(n)
         with _stage(timings, "transform"):
-            for modality in sorted({q.modality for q in queries}):
-                rows = [i for i, q in enumerate(queries) if q.modality == modality]
+            for modality, rows in _rows_by_modality(queries).items():
                 out = transform(
                     profile,
                     head_mode,
@@ -395,31 +405,31 @@ class Pipeline:
                     alpha,
                 )
                 batch[rows] = out.queries
-                for j, i in enumerate(rows):
-                    alphas[i] = float(out.row_alpha[j])
-                    if head_mode not in OLD_FREE_MODES | NEW_FREE_MODES:  # theta needs both endpoints
-                        theta = float(out.theta[j])
-                        thetas[i] = theta
+                alphas[rows] = out.row_alpha
+                if head_mode not in OLD_FREE_MODES | NEW_FREE_MODES:  # theta needs both endpoints
+                    thetas[rows] = out.theta
+                    for theta in out.theta.tolist():
                         metrics.RESIDUAL_ANGLE.observe(theta)
         if compare:
             batch = np.concatenate([batch, normalize_rows(old)])
         with _stage(timings, "search"):
             scores, ids = self.gallery.search(batch, k, nprobe)
+        id_lists, score_lists = ids.tolist(), scores.tolist()
         results = [
             QueryResult(
-                ids=[int(x) for x in ids[i]],
-                scores=[float(x) for x in scores[i]],
+                ids=id_lists[i],
+                scores=score_lists[i],
                 mode=head_mode,
-                alpha=alphas[i],
+                alpha=alpha_i,
                 cache="off",
-                theta=thetas[i],
+                theta=None if math.isnan(theta_i) else theta_i,
             )
-            for i in range(n)
+            for i, (alpha_i, theta_i) in enumerate(zip(alphas.tolist(), thetas.tolist(), strict=True))
         ]
         if compare:
             for i, result in enumerate(results):
-                result.old_ids = [int(x) for x in ids[n + i]]
-                result.old_scores = [float(x) for x in scores[n + i]]
+                result.old_ids = id_lists[n + i]
+                result.old_scores = score_lists[n + i]
                 kept = {x for x in result.ids if x >= 0}
                 result.overlap = len(kept & {x for x in result.old_ids if x >= 0}) / k
         return results

@@ -86,6 +86,23 @@ async def test_results_match_the_inputs_in_order() -> None:
     assert out.dtype == np.float32 and empty.shape == (0, DIM)
 
 
+async def test_submit_enqueues_before_the_caller_yields() -> None:
+    # The pipeline submits the new-encoder call, then does its cache lookup: the items must already
+    # be queued, with no task or await needed to get them there.
+    encoder = FakeEncoder(gated=True)
+    batcher = await started(encoder, max_batch_size=8)
+    try:
+        one = batcher.submit(["a", "b"], "text")
+        split = batcher.submit([f"x{i}" for i in range(11)], "image")
+        assert batcher.queue_depth == 13
+        encoder.gate.set()
+        out_one, out_split = await one, await split
+    finally:
+        await batcher.stop()
+    np.testing.assert_array_equal(out_one, np.stack([expected(x, "text") for x in "ab"]))
+    np.testing.assert_array_equal(out_split, np.stack([expected(f"x{i}", "image") for i in range(11)]))
+
+
 async def test_concurrent_calls_coalesce_into_one_batch() -> None:
     encoder = FakeEncoder(gated=True)
     batcher = await started(encoder)

@@ -182,6 +182,51 @@ def test_padded_scores_equal_old_coordinate_scores(swap: bool) -> None:
     )
 
 
+@pytest.mark.parametrize("mode", ["slerp", "nlerp", "adaptive"])
+def test_folded_blend_equals_padded_blend(mode: str) -> None:
+    # transform blends in a folded space (the padding of v kept as one norm coordinate); the padded
+    # reference computes every coordinate of v. Rows 0-9 are generic pairs, rows 10-19 have v ~ u,
+    # where the folded norm carries R's float32 error (a looser tolerance, documented in align_folded).
+    rng = np.random.default_rng(5)
+    d_old, d = 8, 12
+    r = np.linalg.qr(rng.standard_normal((d, d)))[0].astype(np.float32)
+    old = rng.standard_normal((20, d_old)).astype(np.float32)
+    new = rng.standard_normal((20, d)).astype(np.float32)
+    new[10:] = pad(normalize_rows(old[10:]), d) @ r.T + 1e-4 * rng.standard_normal((10, d))
+    params = {"slerp": {"alpha": 0.4}, "nlerp": {"alpha": 0.4}, "adaptive": {"a": 0.4, "b": 0.5, "c_ref": 0.2}}
+    prof = CompatProfile("slerp", "o", "n", d_old, d, {"text": 0.4}, {"text": params}, "both", 2, {}, {"R": r})
+    u, v = pad(normalize_rows(old), d), align(new, r, d_old)
+    cos = np.sum(u * v, axis=1)
+    row_alpha = np.clip(0.4 + 0.5 * (cos - 0.2), 0, 1)
+    expected = {"slerp": slerp(u, v, 0.4), "nlerp": nlerp(u, v, 0.4), "adaptive": nlerp(u, v, row_alpha)}[mode]
+    out = transform(prof, mode, old, new, "text")
+    expected_q = normalize_rows(expected[:, :d_old])
+    np.testing.assert_allclose(out.queries[:10], expected_q[:10], atol=1e-5)
+    np.testing.assert_allclose(out.queries[10:], expected_q[10:], atol=1e-3)
+    theta = np.arctan2(np.linalg.norm(v - cos[:, None] * u, axis=1), cos)
+    np.testing.assert_allclose(out.theta[:10], theta[:10], atol=1e-5)
+    np.testing.assert_allclose(out.theta[10:], theta[10:], atol=1e-3)
+
+
+@pytest.mark.parametrize("alpha", [0.3, 0.5, 0.7])
+def test_degenerate_pairs_follow_interpolation_rules(alpha: float) -> None:
+    # With R = I and equal dims, rows 0-2 have v == u (theta 0) and rows 3-5 have v == -u (theta pi):
+    # the serving transform must give exactly what interpolation.py's documented rules give.
+    rng = np.random.default_rng(3)
+    old = rng.standard_normal((6, 8)).astype(np.float32)
+    new = np.concatenate([old[:3], -old[3:]])
+    params = {"slerp": {"alpha": alpha}, "nlerp": {"alpha": alpha}}
+    r = np.eye(8, dtype=np.float32)
+    prof = CompatProfile("slerp", "o", "n", 8, 8, {"text": alpha}, {"text": params}, "both", 2, {}, {"R": r})
+    u, v = normalize_rows(old), normalize_rows(new)
+    for mode, reference in (("slerp", slerp), ("nlerp", nlerp)):
+        out = transform(prof, mode, old, new, "text")
+        np.testing.assert_allclose(out.queries, normalize_rows(reference(u, v, alpha)), atol=1e-6)
+    np.testing.assert_allclose(
+        transform(prof, "slerp", old, new, "text").theta, [0, 0, 0, np.pi, np.pi, np.pi], atol=1e-6
+    )
+
+
 def test_transform_errors(profile: CompatProfile, support: Split) -> None:
     old, new = support.old_query[:3], support.new_query[:3]
     with pytest.raises(UnsupportedMode, match="unknown mode"):

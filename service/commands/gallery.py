@@ -15,7 +15,10 @@ FEATURE_CHUNK = 65536
 @app.command("build")
 def build(
     out: Path = typer.Option(..., "--out", help="Gallery folder to create."),
-    size: int | None = typer.Option(None, "--size", help="Synthetic world: items 0..N-1 (old model, image view)."),
+    size: int | None = typer.Option(None, "--size", help="Synthetic world: items 0..N-1 (image view)."),
+    synthetic_model: str = typer.Option(
+        "old", "--synthetic-model", help="--size galleries: old, or new for a re-indexed baseline to benchmark against."
+    ),
     from_npy: Path | None = typer.Option(None, "--from-npy", help="Your old-model embeddings (.npy or dir of shards)."),
     ids_npy: Path | None = typer.Option(None, "--ids", help="int64 ids per row of --from-npy (default: row number)."),
     model_id: str = typer.Option("unknown", "--model-id", help="Old model id recorded for --from-npy galleries."),
@@ -57,7 +60,7 @@ def build(
             source = NpySource(features_file or from_npy, ids_npy, model_id)
         else:
             assert size is not None
-            source = SyntheticSource(size)
+            source = SyntheticSource(size, model=synthetic_model)
         params = resolve(
             source.ntotal,
             source.dim,

@@ -3,7 +3,8 @@
 transform() computes u = normalise(pad(old)), v = normalise(pad(new) @ R), blends them in the padded
 space (as the paper does: the angle theta counts every coordinate of v), then keeps the first d_old
 coordinates and renormalises.  The dropped coordinates meet only zeros in the padded gallery, so
-inner-product ranking on the old gallery is exactly the padded ranking.
+inner-product ranking on the old gallery is exactly the padded ranking.  Past d_old, v matters only
+through its norm, so folded.py computes the same blends from the [d_new, d_old] block of R alone.
 
 Modes: `old` (u), `aligned` (v), `slerp`, `nlerp` (the profile's alpha for the query modality, or an
 explicit alpha), `adaptive` (per-query alpha = clip(a + b (cos - c_ref), 0, 1); an explicit alpha
@@ -26,9 +27,9 @@ from dataclasses import dataclass
 import numpy as np
 import numpy.typing as npt
 
-from service.compat import psp
-from service.compat.interpolation import adaptive_alpha, geometry, nlerp, slerp
-from service.compat.procrustes import align, normalize_rows, pad
+from service.compat import folded, psp
+from service.compat.interpolation import adaptive_alpha, geometry, slerp_on
+from service.compat.procrustes import normalize_rows
 from service.compat.profile import ADAPTER_HEADS, ALPHA_MODES, CLASS_HEADS, CompatProfile
 from service.errors import InputError, UnsupportedMode
 
@@ -54,10 +55,16 @@ def _check_rows(x: npt.NDArray[np.floating] | None, dim: int, name: str, needed:
     arr = np.asarray(x, dtype=np.float32)
     if arr.ndim != 2 or arr.shape[1] != dim:
         raise InputError(f"{name} embeddings have shape {arr.shape}, expected [n, {dim}]")
-    if not np.isfinite(arr).all():
-        raise InputError(f"{name} embeddings contain NaN/inf")
-    if len(arr) and not np.any(arr != 0, axis=1).all():
-        raise InputError(f"{name} embeddings contain an all-zero row")
+    if len(arr):
+        # One pass over the rows for the common case (a NaN / inf makes its row's norm non-finite);
+        # the detailed checks run only to word the error.
+        norms2 = np.einsum("ij,ij->i", arr, arr)
+        if not (norms2.min() > 0 and norms2.max() < math.inf):
+            if not np.isfinite(arr).all():
+                raise InputError(f"{name} embeddings contain NaN/inf")
+            if not np.any(arr != 0, axis=1).all():
+                raise InputError(f"{name} embeddings contain an all-zero row")
+            raise InputError(f"{name} embeddings have values too large to normalise in float32")
     return arr
 
 
@@ -100,37 +107,36 @@ def transform(
         return _class_head(profile, mode, v_raw)
     if profile.head in ADAPTER_HEADS:
         return _adapter_head(profile, mode, u_raw, v_raw, modality, alpha)
-    d_old, d = profile.old_dim, profile.dim
-    u = pad(normalize_rows(u_raw), d) if u_raw is not None else None
-    v = align(v_raw, profile.rotation, d_old) if v_raw is not None else None
-    n = len(u) if u is not None else len(v) if v is not None else 0
-    cos = np.ones(n, np.float64)
-    theta = np.zeros(n, np.float32)
-    if u is not None and v is not None:
-        g = geometry(u, v)
-        cos, theta = g.cos, g.theta.astype(np.float32)
+    return _rotation_head(profile, mode, u_raw, v_raw, modality, alpha)
 
-    used: float
+
+def _rotation_head(
+    profile: CompatProfile, mode: str, u_raw: Array | None, v_raw: Array | None, modality: str, alpha: float | None
+) -> Transformed:
+    """old, aligned, slerp, nlerp and adaptive of a Procrustes profile (padded-space blends, see folded.py)."""
+    padded = profile.dim > profile.old_dim
+    pair = None
+    if u_raw is not None and v_raw is not None:
+        pair = folded.Pair.of(u_raw, v_raw, profile.rotation_block, padded)
+    n = len(u_raw) if u_raw is not None else len(v_raw) if v_raw is not None else 0
+    theta = pair.theta.astype(np.float32) if pair is not None else np.zeros(n, np.float32)
     if mode == "old":
-        assert u is not None
-        q, row_alpha, used = u, np.zeros(n, np.float32), 0.0
-    elif mode == "aligned":
-        assert v is not None
-        q, row_alpha, used = v, np.ones(n, np.float32), 1.0
-    elif mode == "adaptive":
-        assert u is not None and v is not None
+        assert u_raw is not None
+        return Transformed(folded.unit_queries(u_raw), theta, 0.0, np.zeros(n, np.float32))
+    if mode == "aligned":
+        assert v_raw is not None
+        head = pair.head if pair is not None else v_raw @ profile.rotation_block
+        return Transformed(folded.unit_queries(head), theta, 1.0, np.ones(n, np.float32))
+    assert pair is not None
+    if mode == "adaptive":
         params = _mode_params(profile, mode, modality)
         a = alpha if alpha is not None else params["a"]
-        row_alpha = adaptive_alpha(cos, a, params["b"], params["c_ref"])
-        q = nlerp(u, v, row_alpha)
+        row_alpha = adaptive_alpha(pair.cos, a, params["b"], params["c_ref"])
         used = float(row_alpha.astype(np.float64).mean()) if n else float(a)
-    else:
-        assert u is not None and v is not None
-        used = float(alpha) if alpha is not None else _mode_params(profile, mode, modality)["alpha"]
-        row_alpha = np.full(n, used, np.float32)
-        q = slerp(u, v, used) if mode == "slerp" else nlerp(u, v, used)
-    queries = normalize_rows(q[:, :d_old])
-    return Transformed(queries=queries, theta=theta, alpha=used, row_alpha=row_alpha)
+        return Transformed(pair.nlerp(row_alpha.astype(np.float64)), theta, used, row_alpha)
+    used = float(alpha) if alpha is not None else _mode_params(profile, mode, modality)["alpha"]
+    q = pair.slerp(used) if mode == "slerp" else pair.nlerp(np.full(n, used))
+    return Transformed(q, theta, used, np.full(n, used, np.float32))
 
 
 def _class_head(profile: CompatProfile, mode: str, logits: Array) -> Transformed:
@@ -160,6 +166,6 @@ def _adapter_head(
     assert u_raw is not None
     u = normalize_rows(u_raw)
     used = float(alpha) if alpha is not None else _mode_params(profile, mode, modality)["alpha"]
-    q = slerp(u, v, used)
-    theta = geometry(u, v).theta.astype(np.float32)
-    return Transformed(queries=normalize_rows(q), theta=theta, alpha=used, row_alpha=np.full(n, used, np.float32))
+    g = geometry(u, v)
+    q = normalize_rows(slerp_on(g, used))
+    return Transformed(queries=q, theta=g.theta.astype(np.float32), alpha=used, row_alpha=np.full(n, used, np.float32))

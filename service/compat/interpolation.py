@@ -67,9 +67,10 @@ def _orthogonal_fallback(u: npt.NDArray[np.float64]) -> npt.NDArray[np.float64]:
 
 @dataclass(frozen=True)
 class Geometry:
-    """Per-row geometry of a pair: unit u, unit tangent w at u pointing to v, angle theta, cosine."""
+    """Per-row geometry of a pair: unit u and v, unit tangent w at u pointing to v, angle theta, cosine."""
 
     u: npt.NDArray[np.float64]
+    v: npt.NDArray[np.float64]
     w: npt.NDArray[np.float64]
     theta: npt.NDArray[np.float64]
     cos: npt.NDArray[np.float64]
@@ -92,7 +93,7 @@ def geometry(u: npt.NDArray[np.floating], v: npt.NDArray[np.floating]) -> Geomet
     if near_pi.any():
         w[near_pi] = _orthogonal_fallback(u64[near_pi])
         theta[near_pi] = np.pi
-    return Geometry(u=u64, w=w, theta=theta, cos=cos, near_zero=near_zero)
+    return Geometry(u=u64, v=v64, w=w, theta=theta, cos=cos, near_zero=near_zero)
 
 
 def angle(u: npt.NDArray[np.floating], v: npt.NDArray[np.floating]) -> Array:
@@ -107,16 +108,19 @@ def _finish(q: npt.NDArray[np.float64]) -> Array:
 
 def slerp(u: npt.NDArray[np.floating], v: npt.NDArray[np.floating], alpha: AlphaLike) -> Array:
     """Spherical interpolation: the point at angle alpha * theta from u on the arc to v (unit rows)."""
-    g = geometry(u, v)
+    return slerp_on(geometry(u, v), alpha)
+
+
+def slerp_on(g: Geometry, alpha: AlphaLike) -> Array:
+    """SLERP of a pair whose geometry is already known (callers that also need theta compute it once)."""
     a = _alpha_column(alpha, g.u.shape[0])
     # cos/sin form of SLERP: identical to sin((1-a)t)/sin(t) u + sin(a t)/sin(t) v, but has no
     # division by sin(theta), so it stays finite up to theta = pi.
     phi = a * g.theta[:, None]
     q = np.cos(phi) * g.u + np.sin(phi) * g.w
     if g.near_zero.any():
-        v64 = _unit64(v)[g.near_zero]
         az = a[g.near_zero]
-        q[g.near_zero] = (1.0 - az) * g.u[g.near_zero] + az * v64
+        q[g.near_zero] = (1.0 - az) * g.u[g.near_zero] + az * g.v[g.near_zero]
     return _finish(q)
 
 

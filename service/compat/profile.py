@@ -109,6 +109,11 @@ class CompatProfile:
         return self.tensors["R"]
 
     @cached_property
+    def rotation_block(self) -> npt.NDArray[np.float32]:
+        """R[:new_dim, :old_dim], contiguous: the only part of R a query transform reads."""
+        return np.ascontiguousarray(self.rotation[: self.new_dim, : self.old_dim])
+
+    @cached_property
     def adapter_model(self) -> TrainedAdapter:
         """The MKP adapter h (new -> old), built once from the adapter.* tensors (imports torch)."""
         from service.compat.adapter import TENSOR_PREFIX, load_adapter

@@ -22,6 +22,7 @@ import contextlib
 import logging
 import time
 from collections import deque
+from collections.abc import Awaitable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
@@ -115,11 +116,21 @@ class MicroBatcher:
 
     async def encode(self, items: list[str], modality: Modality = "text") -> Embeddings:
         """Float32 [len(items), dim] rows, encoded in whatever batches the traffic allows."""
+        return await self.submit(items, modality)
+
+    def submit(self, items: list[str], modality: Modality = "text") -> Awaitable[Embeddings]:
+        """Enqueue the items now and return an awaitable of their rows (`encode` without the first await).
+
+        A caller with other work to do meanwhile (a cache lookup) starts the encoder before it,
+        with no task to create and schedule.  The returned awaitable must be awaited.
+        """
         if not self._accepting:
             raise NotReady(f"encoder {self.name!r} is not running")
-        if not items:
-            return np.empty((0, self.encoder.dim), dtype=np.float32)
         loop = asyncio.get_running_loop()
+        if not items:
+            empty: asyncio.Future[Embeddings] = loop.create_future()
+            empty.set_result(np.empty((0, self.encoder.dim), dtype=np.float32))
+            return empty
         step = self.max_batch_size
         entries = [_Entry(items[i : i + step], modality, loop.create_future()) for i in range(0, len(items), step)]
         queue = self._pending.setdefault(modality, deque())
@@ -127,7 +138,12 @@ class MicroBatcher:
         self._set_depth(self._depth + len(items))
         self._wakeup.set()
         if len(entries) == 1:
-            return await entries[0].future
+            return entries[0].future
+        return self._joined(entries)
+
+    @staticmethod
+    async def _joined(entries: list[_Entry]) -> Embeddings:
+        """The rows of a call split into several entries, in order."""
         # Wait for every chunk even when one fails, so no future is left with an unread exception.
         results = await asyncio.gather(*(entry.future for entry in entries), return_exceptions=True)
         chunks: list[Embeddings] = []

@@ -56,12 +56,18 @@ def sample_positions(n: int, size: int, seed: int) -> npt.NDArray[np.int64]:
 
 
 class SyntheticSource:
-    """Items 0..size-1 of the synthetic world, image view, through the OLD encoder; id = item id."""
+    """Items 0..size-1 of the synthetic world, image view, through one synthetic encoder; id = item id.
 
-    def __init__(self, size: int, device: str = "cpu") -> None:
-        from service.encoders.synthetic import SyntheticOldEncoder
+    model "old" (the default) is the frozen gallery the service fronts; "new" is what a full backfill
+    with the new model would produce, the re-indexed baseline that benchmarks compare against.
+    """
 
-        self.encoder = SyntheticOldEncoder(device)
+    def __init__(self, size: int, device: str = "cpu", model: str = "old") -> None:
+        from service.encoders.synthetic import SyntheticNewEncoder, SyntheticOldEncoder
+
+        if model not in ("old", "new"):
+            raise InputError(f"synthetic model must be old or new, got {model!r}")
+        self.encoder = SyntheticOldEncoder(device) if model == "old" else SyntheticNewEncoder(device)
         self.ntotal = size
         self.dim = self.encoder.dim
         self.model_id = self.encoder.model_id

@@ -1,0 +1,113 @@
+"""Procrustes blends for serving: heads.py's padded-space SLERP / NLERP as q = b_u old + b_v (new @ B).
+
+With u = old / |old| (zero past d_old) and v = pad(new) R / |new| (unit, since R is orthogonal),
+every blend is a combination b_u u + b_v v, and only its first d_old coordinates reach the gallery.
+Those need only B = R[:d_new, :d_old]; the angle needs only cos = u . v (|u| = |v| = 1 in the padded
+space, so sin = sqrt(1 - cos^2) already counts v's padding).  So a query costs one [d_new, d_old]
+matmul and a handful of per-row scalars: on the serving path, where the transform is pure overhead
+over a re-indexed system, that is a fraction of the general interpolation code.  With theta in
+(0, pi) the forms agree exactly:
+    SLERP:  b_v = sin(a theta) / sin(theta),  b_u = cos(a theta) - b_v cos(theta)
+    NLERP:  b_v = a,                          b_u = 1 - a
+Rows with sin(theta) < 1e-3 (theta within 0.06 degrees of 0 or pi, where the scalar form loses
+digits) and NLERP blends that cancel go through interpolation.py on the folded rows
+[u, 0] / [v_head, |v past d_old|], whose geometry is the padded one, so they follow its documented
+degenerate rules; that padding norm carries R's float32 error (~1e-3 where the true one is ~0).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import numpy.typing as npt
+
+from service.compat import interpolation
+
+Array = npt.NDArray[np.float32]
+F64 = npt.NDArray[np.float64]
+
+_FALLBACK_SIN = 1e-3
+
+
+def _row_dots(a: npt.NDArray[np.floating], b: npt.NDArray[np.floating]) -> F64:
+    """a_i . b_i for each row, accumulated in float64."""
+    out: F64 = np.einsum("ij,ij->i", a, b, dtype=np.float64)
+    return out
+
+
+def unit_queries(x: npt.NDArray[np.floating]) -> Array:
+    """Rows scaled to unit length, as float32 query rows for the gallery (callers refused zero rows)."""
+    x64 = np.asarray(x, dtype=np.float64)
+    out: Array = (x64 / np.sqrt(_row_dots(x64, x64))[:, None]).astype(np.float32)
+    return out
+
+
+@dataclass(frozen=True)
+class Pair:
+    """Raw old rows and new rows mapped by B, their norms, and the padded-space angle between them."""
+
+    old: Array  # [n, d_old] as given
+    head: Array  # [n, d_old] = new @ B: the first d_old coordinates of pad(new) R
+    old_norm: F64
+    new_norm: F64  # |new| = |pad(new) R|
+    padded: bool  # R is wider than d_old: v has coordinates past d_old
+    cos: F64
+    sin: F64
+    theta: F64
+
+    @classmethod
+    def of(cls, old: Array, new: Array, block: Array, padded: bool) -> Pair:
+        """Map the new rows through R's [d_new, d_old] block and measure the angle to the old rows."""
+        head = new @ block
+        old_norm = np.sqrt(_row_dots(old, old))
+        new_norm = np.sqrt(_row_dots(new, new))
+        cos = np.clip(_row_dots(old, head) / (old_norm * new_norm), -1.0, 1.0)
+        sin = np.sqrt(1.0 - cos * cos)
+        pair = cls(old, head, old_norm, new_norm, padded, cos, sin, np.arctan2(sin, cos))
+        degenerate = pair.degenerate
+        if degenerate.any():  # theta from the folded rows, as the blends of these rows are
+            pair.theta[degenerate] = interpolation.angle(*pair._folded(degenerate))
+        return pair
+
+    @property
+    def degenerate(self) -> npt.NDArray[np.bool_]:
+        """Rows too close to theta = 0 or pi for the scalar form."""
+        out: npt.NDArray[np.bool_] = self.sin < _FALLBACK_SIN
+        return out
+
+    def _combine(self, b_u: F64, b_v: F64) -> F64:
+        """b_u u + b_v v in the old coordinates (unnormalised)."""
+        q: F64 = (b_u / self.old_norm)[:, None] * self.old + (b_v / self.new_norm)[:, None] * self.head
+        return q
+
+    def _folded(self, rows: npt.NDArray[np.bool_]) -> tuple[F64, F64]:
+        """u and v of some rows in the folded space (one coordinate for v's padding)."""
+        u = self.old[rows] / self.old_norm[rows, None]
+        v = self.head[rows] / self.new_norm[rows, None]
+        if not self.padded:
+            return u, v
+        tail = np.sqrt(np.maximum(0.0, 1.0 - _row_dots(v, v)))
+        return np.hstack([u, np.zeros((len(u), 1))]), np.hstack([v, tail[:, None]])
+
+    def slerp(self, alpha: float) -> Array:
+        """Unit SLERP(u, v; alpha) query rows."""
+        degenerate = self.degenerate
+        phi = alpha * self.theta
+        b_v = np.sin(phi) / np.where(degenerate, 1.0, self.sin)
+        q = self._combine(np.cos(phi) - b_v * self.cos, b_v)
+        if degenerate.any():
+            u, v = self._folded(degenerate)
+            q[degenerate] = interpolation.slerp(u, v, alpha)[:, : q.shape[1]]
+        return unit_queries(q)
+
+    def nlerp(self, alpha: F64) -> Array:
+        """Unit NLERP(u, v; alpha) query rows for a per-row alpha."""
+        q = self._combine(1.0 - alpha, alpha)
+        # |(1 - a) u + a v|^2 over every padded coordinate; ~0 only where v ~ -u and a ~ 1/2.
+        norm2 = (1.0 - alpha) ** 2 + alpha**2 + 2.0 * alpha * (1.0 - alpha) * self.cos
+        cancelled = norm2 < 1e-12
+        if cancelled.any():
+            u, v = self._folded(cancelled)
+            q[cancelled] = interpolation.nlerp(u, v, alpha[cancelled])[:, : q.shape[1]]
+        return unit_queries(q)
