@@ -66,7 +66,9 @@ def prepare(size: int, old_gallery: Path | None) -> dict[str, Path]:
         cli("gallery", "build", "--size", str(size), "--out", paths["old"], "--force")
     nlist = str(Gallery.load(paths["old"]).nlist)
     if not (paths["new"] / "gallery.json").exists():
-        cli("gallery", "build", *("--size", str(size), "--synthetic-model", "new", "--nlist", nlist, "--out", paths["new"]))
+        cli(
+            "gallery", "build", "--size", str(size), "--synthetic-model", "new", "--nlist", nlist, "--out", paths["new"]
+        )
     paths["reindexed"] = base / "reindexed-profile"
     if not (paths["reindexed"] / "profile.json").exists():
         write_identity_profile(paths["reindexed"])
