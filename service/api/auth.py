@@ -13,11 +13,14 @@ from service.errors import Unauthorized
 _bearer = HTTPBearer(auto_error=False)
 
 
-def require_api_key(
+async def require_api_key(
     request: Request,
     credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)],
 ) -> None:
-    """Pass when no key is configured or the bearer token matches it (constant-time compare)."""
+    """Pass when no key is configured or the bearer token matches it (constant-time compare).
+
+    async although it never awaits: FastAPI runs a sync dependency on a worker thread, per request.
+    """
     expected = request.app.state.settings.api.api_key
     if expected is None:
         return

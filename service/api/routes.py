@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -19,8 +18,8 @@ from service.pipeline import KNOWN_MODES, Pipeline, default_mode
 router = APIRouter()
 
 
-def get_pipeline(request: Request) -> Pipeline:
-    """The app's pipeline, or 503 while it is still loading."""
+async def get_pipeline(request: Request) -> Pipeline:
+    """The app's pipeline, or 503 while it is still loading (async: FastAPI runs sync dependencies on a thread)."""
     pipeline: Pipeline | None = getattr(request.app.state, "pipeline", None)
     if pipeline is None:
         raise NotReady("the service is still loading its encoders, gallery and profile")
@@ -40,7 +39,7 @@ async def search(body: SearchRequest, request: Request, pipeline: PipelineDep, _
     results = []
     for result in outcome.results:
         # Built by hand rather than through SearchResponse: this is the hot path.
-        row = {key: value for key, value in dataclasses.asdict(result).items() if value is not None}
+        row = {key: value for key, value in vars(result).items() if value is not None}
         if body.debug:
             row["timings_ms"] = outcome.timings_ms
         else:
