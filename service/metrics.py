@@ -20,13 +20,17 @@ Names carry the `nobackfill_` prefix and their unit; every label has a small, fi
 
 Cache events: `hit` and `miss` count keys (a lookup that failed or was skipped returns misses, so
 its keys count as misses too); `error`, `write_error` and `skipped` count operations.
-Multi-process serving (several uvicorn workers) would need prometheus-client's multiprocess mode;
-the service runs one worker per process and scales by replicas instead.
+Several uvicorn workers (`nobackfill serve --workers N`) use prometheus-client's multiprocess mode:
+`serve` points PROMETHEUS_MULTIPROC_DIR at a fresh folder before the workers start, each worker
+writes its samples there, and /metrics on any worker adds them up (gauges: the sum over live
+workers, the breaker: the max).  Info metrics have no multiprocess form, so they live on
+INFO_REGISTRY and /metrics shows the answering worker's (every worker loads the same artifacts).
 """
 
 from __future__ import annotations
 
 import math
+import os
 
 from prometheus_client import (
     CONTENT_TYPE_LATEST,
@@ -36,9 +40,14 @@ from prometheus_client import (
     Histogram,
     Info,
     generate_latest,
+    multiprocess,
 )
 
+MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"
+# Read once: prometheus-client picks file-backed values at import when this is set.
+MULTIPROCESS = bool(os.environ.get(MULTIPROC_ENV))
 REGISTRY = CollectorRegistry(auto_describe=True)
+INFO_REGISTRY = CollectorRegistry(auto_describe=True)
 
 # 0.1 ms to 10 s: a cache hit is sub-millisecond, a cold encoder batch on CPU can take seconds.
 LATENCY_BUCKETS_S = (
@@ -89,6 +98,7 @@ STAGE_DURATION = Histogram(
 IN_FLIGHT = Gauge(
     "nobackfill_requests_in_flight",
     "Queries being served right now.",
+    multiprocess_mode="livesum",
     registry=REGISTRY,
 )
 ENCODER_BATCH_SIZE = Histogram(
@@ -109,6 +119,7 @@ QUEUE_DEPTH = Gauge(
     "nobackfill_encoder_queue_depth",
     "Items waiting in an encoder's micro-batcher.",
     ["encoder"],
+    multiprocess_mode="livesum",
     registry=REGISTRY,
 )
 CACHE_EVENTS_TOTAL = Counter(
@@ -120,6 +131,7 @@ CACHE_EVENTS_TOTAL = Counter(
 CACHE_BREAKER_OPEN = Gauge(
     "nobackfill_cache_breaker_open",
     "1 while the Redis circuit breaker is open and lookups skip Redis, else 0.",
+    multiprocess_mode="livemax",
     registry=REGISTRY,
 )
 RESIDUAL_ANGLE = Histogram(
@@ -128,9 +140,9 @@ RESIDUAL_ANGLE = Histogram(
     buckets=ANGLE_BUCKETS_RAD,
     registry=REGISTRY,
 )
-BUILD_INFO = Info("nobackfill_build", "Service version and build.", registry=REGISTRY)
-PROFILE_INFO = Info("nobackfill_profile", "The compat profile being served.", registry=REGISTRY)
-GALLERY_INFO = Info("nobackfill_gallery", "The frozen gallery being searched.", registry=REGISTRY)
+BUILD_INFO = Info("nobackfill_build", "Service version and build.", registry=INFO_REGISTRY)
+PROFILE_INFO = Info("nobackfill_profile", "The compat profile being served.", registry=INFO_REGISTRY)
+GALLERY_INFO = Info("nobackfill_gallery", "The frozen gallery being searched.", registry=INFO_REGISTRY)
 
 # Label children created up front so dashboards see zeros instead of missing series.
 for _stage in STAGES:
@@ -148,5 +160,15 @@ def cache_event(event: str, amount: int = 1) -> None:
 
 
 def render() -> tuple[bytes, str]:
-    """The registry in Prometheus text format, with its content type, for the /metrics route."""
-    return generate_latest(REGISTRY), CONTENT_TYPE_LATEST
+    """Every metric in Prometheus text format, with its content type, for the /metrics route."""
+    registry = REGISTRY
+    if MULTIPROCESS:
+        registry = CollectorRegistry()
+        multiprocess.MultiProcessCollector(registry)  # type: ignore[no-untyped-call]
+    return generate_latest(registry) + generate_latest(INFO_REGISTRY), CONTENT_TYPE_LATEST
+
+
+def worker_exited(pid: int) -> None:
+    """Drop a stopped worker's live gauges from the multiprocess totals (no-op with one process)."""
+    if MULTIPROCESS:
+        multiprocess.mark_process_dead(pid)  # type: ignore[no-untyped-call]

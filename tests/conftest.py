@@ -10,6 +10,7 @@ import subprocess
 import sys
 import time
 from collections.abc import AsyncIterator, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -126,25 +127,26 @@ def private_redis(tmp_path: Path) -> Iterator[PrivateRedis]:
     server.stop()
 
 
-@pytest.fixture
-def served(world: World) -> Iterator[str]:
-    """Start `nobackfill serve` on a free port; yield its base URL; stop it with SIGTERM."""
+@contextmanager
+def serve_process(world: World, *args: str, env: dict[str, str] | None = None) -> Iterator[str]:
+    """Run `nobackfill serve ARGS` on a free port; yield its base URL; stop it with SIGTERM."""
     port = free_port()
-    env = {
+    full_env = {
         **os.environ,
         "NOBACKFILL_INDEX__GALLERY_DIR": str(world.gallery_dir),
         "NOBACKFILL_COMPAT__PROFILE_DIR": str(world.profile_dir),
         "NOBACKFILL_API__PORT": str(port),
+        **(env or {}),
     }
-    env.pop("NOBACKFILL_CACHE__REDIS_URL", None)
+    full_env.pop("NOBACKFILL_CACHE__REDIS_URL", None)
     process = subprocess.Popen(
-        [sys.executable, "-m", "service.cli", "serve"],
-        env=env,
+        [sys.executable, "-m", "service.cli", "serve", *args],
+        env=full_env,
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
     )
     base = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 60
+    deadline = time.monotonic() + 90
     while time.monotonic() < deadline:
         if process.poll() is not None:
             pytest.fail(
@@ -158,13 +160,20 @@ def served(world: World) -> Iterator[str]:
         time.sleep(0.2)
     else:
         process.kill()
-        pytest.fail("the service did not become ready in 60 s")
+        pytest.fail("the service did not become ready in 90 s")
     yield base
     process.send_signal(signal.SIGTERM)
-    output, _ = process.communicate(timeout=30)
+    output, _ = process.communicate(timeout=60)
     # uvicorn shuts down gracefully, then re-raises SIGTERM so the exit status still tells why.
-    assert process.returncode in (0, -signal.SIGTERM)
+    assert process.returncode in (0, -signal.SIGTERM), output.decode()
     assert b"Application shutdown complete" in output
+
+
+@pytest.fixture
+def served(world: World) -> Iterator[str]:
+    """`nobackfill serve` with one worker, as an operator would start it."""
+    with serve_process(world) as base:
+        yield base
 
 
 @pytest.fixture

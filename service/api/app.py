@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 import signal
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -76,6 +77,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             pipeline: Pipeline = app.state.pipeline
             app.state.pipeline = None
             await pipeline.aclose()
+            metrics.worker_exited(os.getpid())
 
     app = FastAPI(
         title="nobackfill",

@@ -2,13 +2,20 @@
 
 from __future__ import annotations
 
+import os
+import shutil
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import typer
 
 from service.settings import CompatSettings, IndexSettings, Settings
+
+# Same string as service.metrics.MULTIPROC_ENV: importing that module here would load prometheus-client
+# in the supervisor, which then writes its own metric files into the folder (or fails before it exists).
+MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"
 
 DEMO_DIR = Path("artifacts/demo")
 DEMO_GALLERY_SIZE = 50_000
@@ -34,11 +41,31 @@ def _run(settings: Settings, host: str, port: int, workers: int) -> None:
     import uvicorn
 
     if workers > 1:
-        uvicorn.run("service.api.app:create_app", factory=True, host=host, port=port, workers=workers)
+        created = _multiprocess_metrics_dir()
+        try:
+            uvicorn.run("service.api.app:create_app", factory=True, host=host, port=port, workers=workers)
+        finally:
+            if created is not None:
+                shutil.rmtree(created, ignore_errors=True)
         return
     from service.api.app import create_app
 
     uvicorn.run(create_app(settings), host=host, port=port)
+
+
+def _multiprocess_metrics_dir() -> Path | None:
+    """Point the workers' metrics at a clean folder: PROMETHEUS_MULTIPROC_DIR, or a new temporary one.
+
+    Returns the folder when it was created here (to remove on exit).  Set before any worker starts:
+    each worker is a fresh interpreter whose prometheus-client reads it at import.
+    """
+    given = os.environ.get(MULTIPROC_ENV)
+    folder = Path(given) if given else Path(tempfile.mkdtemp(prefix="nobackfill-metrics-"))
+    folder.mkdir(parents=True, exist_ok=True)
+    for stale in folder.glob("*.db"):  # samples of an earlier run would be added to this one's
+        stale.unlink()
+    os.environ[MULTIPROC_ENV] = str(folder)
+    return None if given else folder
 
 
 def _cli(*args: str) -> None:
