@@ -183,10 +183,10 @@ def test_padded_scores_equal_old_coordinate_scores(swap: bool) -> None:
 
 
 @pytest.mark.parametrize("mode", ["slerp", "nlerp", "adaptive"])
-def test_folded_blend_equals_padded_blend(mode: str) -> None:
-    # transform blends in a folded space (the padding of v kept as one norm coordinate); the padded
-    # reference computes every coordinate of v. Rows 0-9 are generic pairs, rows 10-19 have v ~ u,
-    # where the folded norm carries R's float32 error (a looser tolerance, documented in align_folded).
+def test_served_blend_equals_padded_blend(mode: str) -> None:
+    # transform blends from R's [d_new, d_old] block (procrustes_blend.py); the padded reference
+    # computes every coordinate of v. Rows 0-9 are generic pairs; rows 10-19 have v ~ u and take the
+    # folded fallback, whose padding norm carries R's float32 error (a looser tolerance, as documented).
     rng = np.random.default_rng(5)
     d_old, d = 8, 12
     r = np.linalg.qr(rng.standard_normal((d, d)))[0].astype(np.float32)

@@ -4,7 +4,7 @@ transform() computes u = normalise(pad(old)), v = normalise(pad(new) @ R), blend
 space (as the paper does: the angle theta counts every coordinate of v), then keeps the first d_old
 coordinates and renormalises.  The dropped coordinates meet only zeros in the padded gallery, so
 inner-product ranking on the old gallery is exactly the padded ranking.  Past d_old, v matters only
-through its norm, so folded.py computes the same blends from the [d_new, d_old] block of R alone.
+through its norm, so procrustes_blend.py computes the same blends from the [d_new, d_old] block of R alone.
 
 Modes: `old` (u), `aligned` (v), `slerp`, `nlerp` (the profile's alpha for the query modality, or an
 explicit alpha), `adaptive` (per-query alpha = clip(a + b (cos - c_ref), 0, 1); an explicit alpha
@@ -27,7 +27,7 @@ from dataclasses import dataclass
 import numpy as np
 import numpy.typing as npt
 
-from service.compat import folded, psp
+from service.compat import procrustes_blend, psp
 from service.compat.interpolation import adaptive_alpha, geometry, slerp_on
 from service.compat.procrustes import normalize_rows
 from service.compat.profile import ADAPTER_HEADS, ALPHA_MODES, CLASS_HEADS, CompatProfile
@@ -113,20 +113,20 @@ def transform(
 def _rotation_head(
     profile: CompatProfile, mode: str, u_raw: Array | None, v_raw: Array | None, modality: str, alpha: float | None
 ) -> Transformed:
-    """old, aligned, slerp, nlerp and adaptive of a Procrustes profile (padded-space blends, see folded.py)."""
+    """old, aligned, slerp, nlerp and adaptive of a Procrustes profile (see procrustes_blend.py)."""
     padded = profile.dim > profile.old_dim
     pair = None
     if u_raw is not None and v_raw is not None:
-        pair = folded.Pair.of(u_raw, v_raw, profile.rotation_block, padded)
+        pair = procrustes_blend.Pair.of(u_raw, v_raw, profile.rotation_block, padded)
     n = len(u_raw) if u_raw is not None else len(v_raw) if v_raw is not None else 0
     theta = pair.theta.astype(np.float32) if pair is not None else np.zeros(n, np.float32)
     if mode == "old":
         assert u_raw is not None
-        return Transformed(folded.unit_queries(u_raw), theta, 0.0, np.zeros(n, np.float32))
+        return Transformed(procrustes_blend.unit_queries(u_raw), theta, 0.0, np.zeros(n, np.float32))
     if mode == "aligned":
         assert v_raw is not None
         head = pair.head if pair is not None else v_raw @ profile.rotation_block
-        return Transformed(folded.unit_queries(head), theta, 1.0, np.ones(n, np.float32))
+        return Transformed(procrustes_blend.unit_queries(head), theta, 1.0, np.ones(n, np.float32))
     assert pair is not None
     if mode == "adaptive":
         params = _mode_params(profile, mode, modality)

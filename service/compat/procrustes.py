@@ -138,17 +138,13 @@ def align(new: npt.NDArray[np.floating], r: npt.NDArray[np.floating], d_old: int
     return normalize_rows(v.numpy())
 
 
-def rotation_block(r: npt.NDArray[np.floating], d_new: int, d_old: int) -> Array:
-    """The [d_new, d_old] block of R (contiguous float32): where real new coordinates meet old ones."""
-    return np.ascontiguousarray(np.asarray(r, dtype=np.float32)[:d_new, :d_old])
-
-
 def aligned_old_coords(new: npt.NDArray[np.floating], r: npt.NDArray[np.floating], d_old: int) -> Array:
     """The first d_old coordinates of align(new, R): all that scores and u . v ever read.
 
     R is orthogonal, so |pad(new) R| = |new| and normalising new first gives unit v without
     computing its padding coordinates (a third fewer flops for 768 -> 512).
     """
-    block = torch.from_numpy(rotation_block(r, new.shape[1], d_old))
+    d_new = new.shape[1]
+    block = torch.from_numpy(np.ascontiguousarray(np.asarray(r, dtype=np.float32)[:d_new, :d_old]))
     out: Array = (torch.from_numpy(normalize_rows(new)) @ block).numpy()
     return out
