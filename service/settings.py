@@ -76,6 +76,9 @@ class ApiSettings(BaseModel):
     host: str = "127.0.0.1"
     port: int = Field(8000, ge=1, le=65535)
     workers: int = Field(1, ge=1)
+    # Per-request access lines cost the event loop real time at hundreds of requests per second;
+    # /metrics counts every request by route, mode and status either way.
+    access_log: bool = False
     api_key: SecretStr | None = None
     max_queries: int = Field(64, ge=1)
     max_text_chars: int = Field(2048, ge=1)

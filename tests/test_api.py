@@ -12,6 +12,7 @@ import pytest
 from conftest import PrivateRedis, Running, World, start_app
 from PIL import Image
 
+from service import metrics
 from service.compat.heads import transform
 from service.settings import CacheSettings, CompatSettings, IndexSettings, Settings
 
@@ -196,6 +197,19 @@ async def test_info_health_ready_metrics(service: Running) -> None:
         "nobackfill_residual_angle_radians",
     ):
         assert name in exposition
+
+
+async def test_request_metrics_label_route_mode_and_status(service: Running) -> None:
+    def count(route: str, mode: str, status: str) -> float:
+        labels = {"route": route, "mode": mode, "status": status}
+        return metrics.REGISTRY.get_sample_value("nobackfill_requests_total", labels) or 0.0
+
+    before = (count("/v1/search", "old", "200"), count("/v1/search", "slerp", "400"), count("unmatched", "-", "404"))
+    assert (await service.search(queries=[{"text": CAPTION.format(3)}], mode="old")).status_code == 200
+    assert (await service.search(queries=[], mode="slerp")).status_code == 400
+    assert (await service.client.get("/no/such/route")).status_code == 404
+    after = (count("/v1/search", "old", "200"), count("/v1/search", "slerp", "400"), count("unmatched", "-", "404"))
+    assert [a - b for a, b in zip(after, before, strict=True)] == [1.0, 1.0, 1.0]
 
 
 async def test_api_key_guards_search_and_admin(world: World) -> None:

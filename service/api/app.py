@@ -8,10 +8,11 @@ import logging
 import os
 import signal
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator
 
 from fastapi import FastAPI, Request, Response
 from fastapi.exceptions import RequestValidationError
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from service import __version__, metrics
 from service.api.responses import OrjsonResponse
@@ -61,6 +62,40 @@ def _install_sighup(app: FastAPI) -> None:
         loop.add_signal_handler(signal.SIGHUP, lambda: app.state.tasks.add(loop.create_task(reload())))
 
 
+class RequestMetrics:
+    """Request count and latency by route template, mode and status, as plain ASGI middleware.
+
+    Plain ASGI rather than @app.middleware("http"): Starlette's BaseHTTPMiddleware runs every request
+    through an extra task and memory stream, a measurable share of a sub-10 ms request.
+    """
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        start = time.perf_counter()
+        status = 500
+
+        async def send_and_record_status(message: Message) -> None:
+            nonlocal status
+            if message["type"] == "http.response.start":
+                status = message["status"]
+            await send(message)
+
+        try:
+            await self.app(scope, receive, send_and_record_status)
+        finally:
+            # The router writes the matched route into the scope; the search route writes the mode
+            # into request.state, which lives in scope["state"].
+            path = getattr(scope.get("route"), "path", "unmatched")
+            mode = scope.get("state", {}).get("mode", "-")
+            metrics.REQUESTS.labels(route=path, mode=mode, status=str(status)).inc()
+            metrics.REQUEST_DURATION.labels(route=path).observe(time.perf_counter() - start)
+
+
 def create_app(settings: Settings | None = None) -> FastAPI:
     """Build the app; the heavy loading happens in the lifespan, not at import or construction."""
     settings = settings or Settings()
@@ -91,21 +126,6 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.add_exception_handler(NobackfillError, _on_service_error)
     app.add_exception_handler(RequestValidationError, _on_validation_error)
 
-    @app.middleware("http")
-    async def count_requests(request: Request, call_next: Callable[[Request], Awaitable[Response]]) -> Response:
-        """Request count and latency by route template, mode and status."""
-        start = time.perf_counter()
-        status = 500
-        try:
-            response = await call_next(request)
-            status = response.status_code
-            return response
-        finally:
-            route = request.scope.get("route")
-            path = getattr(route, "path", "unmatched")
-            mode = getattr(request.state, "mode", "-")
-            metrics.REQUESTS.labels(route=path, mode=mode, status=str(status)).inc()
-            metrics.REQUEST_DURATION.labels(route=path).observe(time.perf_counter() - start)
-
+    app.add_middleware(RequestMetrics)
     app.include_router(router)
     return app

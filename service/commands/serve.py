@@ -43,14 +43,21 @@ def _run(settings: Settings, host: str, port: int, workers: int) -> None:
     if workers > 1:
         created = _multiprocess_metrics_dir()
         try:
-            uvicorn.run("service.api.app:create_app", factory=True, host=host, port=port, workers=workers)
+            uvicorn.run(
+                "service.api.app:create_app",
+                factory=True,
+                host=host,
+                port=port,
+                workers=workers,
+                access_log=settings.api.access_log,
+            )
         finally:
             if created is not None:
                 shutil.rmtree(created, ignore_errors=True)
         return
     from service.api.app import create_app
 
-    uvicorn.run(create_app(settings), host=host, port=port)
+    uvicorn.run(create_app(settings), host=host, port=port, access_log=settings.api.access_log)
 
 
 def _multiprocess_metrics_dir() -> Path | None:
