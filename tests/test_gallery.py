@@ -27,6 +27,7 @@ import pytest
 from conftest import run_cli
 
 from service import cli as cli_module
+from service.encoders.synthetic import SyntheticNewEncoder
 from service.errors import ArtifactError, InputError
 from service.index.gallery import Gallery
 
@@ -354,6 +355,7 @@ def test_force_never_wipes_a_folder_that_is_not_a_gallery(npy_file: Path, tmp_pa
         (["--size", 100, "--nlist", 64], []),
         (["--size", 1000, "--train-size", 5000], ["train"]),
         (["--size", 2000, "--pq-m", 7], ["pq-m"]),
+        (["--size", 2000, "--synthetic-model", "newest"], ["old or new"]),
         ([], []),
     ],
 )
@@ -362,6 +364,17 @@ def test_bad_sizes_are_refused(tmp_path: Path, args: list[str | int], words: lis
     assert_refused(cli("gallery", "build", "--out", out, *args), *words)
     assert not out.exists()
     no_leftovers(tmp_path)
+
+
+def test_synthetic_new_model_builds_the_reindexed_baseline(tmp_path: Path) -> None:
+    # What a full backfill would give: the same items through the NEW model (768-d), for benchmarks.
+    out = tmp_path / "new"
+    ok("gallery", "build", "--size", 2000, "--synthetic-model", "new", "--out", out, "--nlist", 8, "--pq-m", 8)
+    gallery = Gallery.load(out)
+    assert gallery.dim == SyntheticNewEncoder().dim == 768 and gallery.ntotal == 2000
+    item = SyntheticNewEncoder().encode_items([7])
+    _, ids = gallery.search(item, 5, 8)
+    assert 7 in ids[0].tolist()
 
 
 def test_unwritable_output_is_refused(tmp_path: Path, npy_file: Path) -> None:
