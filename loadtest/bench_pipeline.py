@@ -14,7 +14,8 @@ profile, then times single queries (batch 1) through `Pipeline.search`:
 - slerp, warm cache: old embedding from the in-process cache, new encoder, transform, search;
 - slerp, cold cache, encoders concurrent, and the same with encoders sequential;
 - micro-batching on vs off with 32 concurrent clients (throughput);
-- float16 vs float32 cache: latency and hit@10 of the served answers.
+- float16 vs float32 cache, and the flat vs the HNSW coarse quantizer: warm-cache latency and
+  hit@10 of the served answers.
 
 The synthetic encoders are tiny; each is given a simulated per-batch cost (`--encoder-ms`,
 `--encoder-item-ms`) so the figures have the shape of real models on an accelerator. That cost
@@ -46,6 +47,8 @@ from service.pipeline import Pipeline, Query
 from service.settings import CacheSettings, CompatSettings, EncoderSettings, IndexSettings, Settings
 
 ROOT = Path("artifacts/bench")
+DTYPES = ("float16", "float32")
+COARSE = ("flat", "hnsw")
 
 
 def cli(*args: str | Path) -> None:
@@ -183,7 +186,8 @@ async def latency_rows(paths: dict[str, Path], args: argparse.Namespace, size: i
         )
     )
     new_encoder = create_encoder(encoder_settings("synthetic-new", args), "new")
-    baseline = Baseline(new_encoder, Gallery.load(paths["new"]), args)
+    # The same coarse quantizer choice as the pipelines ("auto"), so only the transform differs.
+    baseline = Baseline(new_encoder, Gallery.load(paths["new"], coarse="auto"), args)
     await baseline.batcher.start()
     samples: dict[str, list[float]] = {"bare": [], "service": [], "warm": [], "cold": [], "sequential": []}
     try:
@@ -248,12 +252,15 @@ async def throughput(paths: dict[str, Path], args: argparse.Namespace, batching:
     return 32 * per_client / elapsed
 
 
-async def dtype_rows(paths: dict[str, Path], args: argparse.Namespace, size: int) -> list[dict[str, Any]]:
-    """float16 vs float32 cached old embeddings: latency and hit@10 of warm-cache answers."""
+async def warm_rows(
+    paths: dict[str, Path], args: argparse.Namespace, size: int, column: str, variants: dict[str, dict[str, Any]]
+) -> list[dict[str, Any]]:
+    """Warm-cache latency and hit@10 of the served answers for each variant of some settings."""
     items = np.random.default_rng(size + 1).integers(0, size, args.queries)
     rows = []
-    for dtype in ("float16", "float32"):
-        pipeline = await Pipeline.build(settings_for(paths, args, cache=CacheSettings(lru_size=1_000_000, dtype=dtype)))
+    for value, overrides in variants.items():
+        values = {"cache": CacheSettings(lru_size=1_000_000), **overrides}
+        pipeline = await Pipeline.build(settings_for(paths, args, **values))
         try:
             for item in items:
                 await pipeline.search([Query("text", caption(int(item), 1))])
@@ -267,7 +274,7 @@ async def dtype_rows(paths: dict[str, Path], args: argparse.Namespace, size: int
                 hits += int(item) in outcome.results[0].ids
         finally:
             await pipeline.aclose()
-        rows.append({"size": size, "cache dtype": dtype, **percentiles(times), "hit@10": hits / len(items)})
+        rows.append({"size": size, column: value, **percentiles(times), "hit@10": hits / len(items)})
     return rows
 
 
@@ -295,7 +302,7 @@ async def main() -> None:
     parser.add_argument("--json", type=Path, help="also write all rows here")
     args = parser.parse_args()
     print(f"simulated encoder cost: {args.encoder_ms} ms per batch + {args.encoder_item_ms} ms per item")
-    latency, batching, dtypes = [], [], []
+    latency, batching, dtypes, coarse = [], [], [], []
     for size in args.sizes:
         reuse = args.old_gallery if size == max(args.sizes) else None
         paths = prepare(size, reuse)
@@ -303,15 +310,26 @@ async def main() -> None:
         on = await throughput(paths, args, True, size)
         off = await throughput(paths, args, False, size)
         batching.append({"size": size, "batching on q/s": on, "batching off q/s": off, "ratio": on / off})
-        dtypes += await dtype_rows(paths, args, size)
+        dtypes += await warm_rows(
+            paths, args, size, "cache dtype", {d: {"cache": CacheSettings(lru_size=1_000_000, dtype=d)} for d in DTYPES}
+        )
+        coarse += await warm_rows(
+            paths,
+            args,
+            size,
+            "coarse quantizer",
+            {c: {"index": IndexSettings(gallery_dir=paths["old"], nprobe=args.nprobe, coarse=c)} for c in COARSE},
+        )
     for title, rows in (
         ("latency, batch 1", latency),
         ("micro-batching, 32 clients", batching),
         ("cache dtype", dtypes),
+        ("coarse quantizer (warm slerp)", coarse),
     ):
         print(f"\n### {title}\n\n{table(rows)}")
     if args.json:
-        args.json.write_text(json.dumps({"latency": latency, "batching": batching, "dtype": dtypes}, indent=2))
+        everything = {"latency": latency, "batching": batching, "dtype": dtypes, "coarse": coarse}
+        args.json.write_text(json.dumps(everything, indent=2))
 
 
 if __name__ == "__main__":

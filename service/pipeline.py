@@ -161,7 +161,12 @@ class Pipeline:
             asyncio.to_thread(create_encoder, settings.new, "new"),
         )
         gallery, profile, _, _ = await asyncio.gather(
-            asyncio.to_thread(Gallery.load, settings.index.gallery_dir),
+            asyncio.to_thread(
+                Gallery.load,
+                settings.index.gallery_dir,
+                coarse=settings.index.coarse,
+                graph_ef=settings.index.coarse_ef,
+            ),
             asyncio.to_thread(load_profile, settings.compat.profile_dir),
             asyncio.to_thread(old_encoder.warmup),
             asyncio.to_thread(new_encoder.warmup),
@@ -472,6 +477,7 @@ class Pipeline:
                 "dim": self.gallery.dim,
                 "nlist": self.gallery.nlist,
                 "nprobe_default": min(self.settings.index.nprobe, self.gallery.nlist),
+                "coarse": self.gallery.coarse,
             },
             "cache": {"kind": self.cache.kind, "state": self.cache.state()},
             "default_mode": default_mode(self.settings, profile),

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import faiss
 import numpy as np
 import numpy.typing as npt
 import pytest
@@ -204,6 +205,25 @@ def test_search_finds_each_items_own_image_embedding(gallery: Gallery) -> None:
     assert np.all(np.diff(scores, axis=1) <= 1e-6), "scores are not sorted best first"
     assert (found == ids[:, None]).any(axis=1).mean() >= 0.95
     assert (found[:, 0] == ids).mean() >= 0.8
+
+
+def test_graph_coarse_quantizer_picks_the_same_lists(built: Path, gallery: Gallery) -> None:
+    # With efSearch >= nlist the graph over the centroids finds the exact nprobe best lists, so the
+    # answers equal the flat quantizer's; the index file and its fingerprint are untouched.
+    graph = Gallery.load(built, coarse="hnsw", graph_ef=NLIST)
+    assert graph.coarse == "hnsw" and gallery.coarse == "flat"
+    quantizer = faiss.downcast_index(faiss.extract_index_ivf(graph.faiss_index).quantizer)
+    assert isinstance(quantizer, faiss.IndexHNSWFlat) and quantizer.ntotal == NLIST
+    assert Gallery.load(built, coarse="auto").coarse == "flat"  # 32 lists: the flat scan is cheap
+    assert graph.fingerprint == gallery.fingerprint
+    queries = old_embeddings(np.arange(0, SIZE, 53, dtype=np.int64), 2)
+    for nprobe in (1, 4, 8):
+        expected_scores, expected_ids = gallery.search(queries, 10, nprobe)
+        scores, ids = graph.search(queries, 10, nprobe)
+        np.testing.assert_array_equal(ids, expected_ids)
+        np.testing.assert_allclose(scores, expected_scores, rtol=1e-6)
+    with pytest.raises(InputError, match="coarse"):
+        Gallery.load(built, coarse="tree")  # type: ignore[arg-type]
 
 
 def _exact_top10(queries: npt.NDArray[np.float32]) -> npt.NDArray[np.int64]:

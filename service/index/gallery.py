@@ -22,15 +22,26 @@ import numpy as np
 import numpy.typing as npt
 
 from service.errors import ArtifactError, InputError
+from service.index import graph_quantizer
 from service.index.artifact import INDEX_NAME, edges_sha256, read_meta, sha256_file
 
 Verify = Literal["sha256", "size"]
+Coarse = Literal["auto", "flat", "hnsw"]
 
 
 class Gallery:
     """A loaded, read-only IVF-PQ gallery."""
 
-    def __init__(self, folder: Path, meta: dict[str, Any], index: Any, nlist: int, gpu_resources: Any = None) -> None:
+    def __init__(
+        self,
+        folder: Path,
+        meta: dict[str, Any],
+        index: Any,
+        nlist: int,
+        gpu_resources: Any = None,
+        graph: Any = None,
+        graph_ef: int = 128,
+    ) -> None:
         self.folder = folder
         self.meta = meta
         self._index = index
@@ -42,12 +53,29 @@ class Gallery:
         self._gpu_resources = gpu_resources  # must outlive the GPU index
         # GPU indexes take nprobe as state, not as a per-call parameter: serialise those calls.
         self._gpu_lock = threading.Lock()
+        self._graph = graph  # the HNSW coarse quantizer (graph_quantizer.py); must outlive the index
+        self.graph_ef = graph_ef
+
+    @property
+    def coarse(self) -> str:
+        """How the nprobe lists are chosen: "hnsw" (graph over the centroids) or "flat" (exact scan)."""
+        return "hnsw" if self._graph is not None else "flat"
 
     @classmethod
     def load(
-        cls, folder: Path | str, verify: Verify = "sha256", gpu: bool | None = None, progress: bool | None = None
+        cls,
+        folder: Path | str,
+        verify: Verify = "sha256",
+        gpu: bool | None = None,
+        progress: bool | None = None,
+        coarse: Coarse = "flat",
+        graph_ef: int = 128,
     ) -> Gallery:
-        """Open a gallery folder read-only; ArtifactError if it is missing, truncated or not as gallery.json says."""
+        """Open a gallery folder read-only; ArtifactError if it is missing, truncated or not as gallery.json says.
+
+        coarse: "flat" searches the centroids exactly, as the file stores them; "hnsw" swaps in a graph
+        over them (graph_quantizer.py); "auto" does that on CPU from AUTO_MIN_NLIST lists up.
+        """
         folder = Path(folder)
         meta = read_meta(folder)
         path = folder / str(meta.get("index_file", INDEX_NAME))
@@ -80,10 +108,14 @@ class Gallery:
         nlist = _check_shape(folder, meta, index)
         _no_prefetch_threads(index)
         use_gpu = _gpu_count() > 0 if gpu is None else gpu
-        resources = None
-        if use_gpu:
+        resources = graph = None
+        if use_gpu:  # a GPU scans the centroids fast; faiss cannot clone a graph quantizer there
             index, resources = _to_gpu(index)
-        return cls(folder, meta, index, nlist, resources)
+        elif coarse == "hnsw" or (coarse == "auto" and nlist >= graph_quantizer.AUTO_MIN_NLIST):
+            graph = graph_quantizer.swap_in_graph(index)
+        elif coarse not in ("flat", "auto"):
+            raise InputError(f"coarse must be 'auto', 'flat' or 'hnsw', got {coarse!r}")
+        return cls(folder, meta, index, nlist, resources, graph, graph_ef)
 
     def search(
         self, queries: npt.ArrayLike, k: int, nprobe: int
@@ -105,6 +137,9 @@ class Gallery:
         else:
             params = faiss.SearchParametersIVF()
             params.nprobe = nprobe
+            if self._graph is not None:
+                graph_params = graph_quantizer.search_params(nprobe, self.graph_ef)
+                params.quantizer_params = graph_params  # `graph_params` stays referenced until search returns
             scores, ids = self._index.search(q, k, params=params)
         return np.asarray(scores, dtype=np.float32), np.asarray(ids, dtype=np.int64)
 
