@@ -66,6 +66,21 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
+def free_cluster_port() -> int:
+    """A free port whose Redis Cluster bus port (port + 10000) is a valid port and free too."""
+    for _ in range(100):
+        port = free_port()
+        if port + 10000 > 65535:  # redis-server refuses to start: its bus port would not exist
+            continue
+        with socket.socket() as bus:
+            try:
+                bus.bind(("127.0.0.1", port + 10000))
+            except OSError:
+                continue
+        return port
+    raise RuntimeError("no free port pair for a Redis Cluster node")
+
+
 class PrivateRedis:
     """A redis-server on a fixed port that the test may stop, restart, pause and resume."""
 

@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 import redis
 import redis.asyncio
-from conftest import REDIS_SERVER, PrivateRedis, free_port
+from conftest import REDIS_SERVER, PrivateRedis, free_cluster_port, free_port
 
 from service import metrics
 from service.cache import cache_key, create_cache
@@ -322,6 +322,7 @@ def one_node_cluster(tmp_path: Path) -> Iterator[PrivateRedis]:
     if REDIS_SERVER is None:
         pytest.fail("redis-server is not installed; apt-get install redis-server")
     server = PrivateRedis(tmp_path, "--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf")
+    server.port = free_cluster_port()
     server.start()
     client = redis.Redis(port=server.port, socket_timeout=1)
     try:
