@@ -55,6 +55,7 @@ class Pair:
     cos: F64
     sin: F64
     theta: F64
+    degenerate: npt.NDArray[np.bool_]  # rows too close to theta = 0 or pi for the scalar form
 
     @classmethod
     def of(cls, old: Array, new: Array, block: Array, padded: bool) -> Pair:
@@ -64,17 +65,11 @@ class Pair:
         new_norm = np.sqrt(_row_dots(new, new))
         cos = np.clip(_row_dots(old, head) / (old_norm * new_norm), -1.0, 1.0)
         sin = np.sqrt(1.0 - cos * cos)
-        pair = cls(old, head, old_norm, new_norm, padded, cos, sin, np.arctan2(sin, cos))
-        degenerate = pair.degenerate
+        degenerate = sin < _FALLBACK_SIN
+        pair = cls(old, head, old_norm, new_norm, padded, cos, sin, np.arctan2(sin, cos), degenerate)
         if degenerate.any():  # theta from the folded rows, as the blends of these rows are
             pair.theta[degenerate] = interpolation.angle(*pair._folded(degenerate))
         return pair
-
-    @property
-    def degenerate(self) -> npt.NDArray[np.bool_]:
-        """Rows too close to theta = 0 or pi for the scalar form."""
-        out: npt.NDArray[np.bool_] = self.sin < _FALLBACK_SIN
-        return out
 
     def _combine(self, b_u: F64, b_v: F64) -> F64:
         """b_u u + b_v v in the old coordinates (unnormalised)."""

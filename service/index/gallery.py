@@ -76,6 +76,8 @@ class Gallery:
         coarse: "flat" searches the centroids exactly, as the file stores them; "hnsw" swaps in a graph
         over them (graph_quantizer.py); "auto" does that on CPU from AUTO_MIN_NLIST lists up.
         """
+        if coarse not in ("auto", "flat", "hnsw"):
+            raise InputError(f"coarse must be 'auto', 'flat' or 'hnsw', got {coarse!r}")
         folder = Path(folder)
         meta = read_meta(folder)
         path = folder / str(meta.get("index_file", INDEX_NAME))
@@ -113,8 +115,6 @@ class Gallery:
             index, resources = _to_gpu(index)
         elif coarse == "hnsw" or (coarse == "auto" and nlist >= graph_quantizer.AUTO_MIN_NLIST):
             graph = graph_quantizer.swap_in_graph(index)
-        elif coarse not in ("flat", "auto"):
-            raise InputError(f"coarse must be 'auto', 'flat' or 'hnsw', got {coarse!r}")
         return cls(folder, meta, index, nlist, resources, graph, graph_ef)
 
     def search(
