@@ -6,7 +6,7 @@ import sys
 
 import typer
 
-from service.commands import compat, gallery, serve, synth
+from service.commands import compat, encode, gallery, realworld, serve, synth
 from service.errors import NobackfillError
 
 app = typer.Typer(no_args_is_help=True, pretty_exceptions_enable=False, add_completion=False)
@@ -18,8 +18,11 @@ profile_app.command("show")(compat.profile_show)
 app.add_typer(profile_app, name="profile")
 app.add_typer(gallery.app, name="gallery", help="Build, inspect and evaluate frozen IVF-PQ galleries.")
 app.add_typer(synth.app, name="synth", help="Write support / test sets from the synthetic upgrade world.")
+app.add_typer(realworld.app, name="realworld", help="Build the real upgrade's corpus and models (offline).")
 app.command("serve")(serve.serve)
 app.command("demo")(serve.demo)
+app.command("encode")(encode.encode)
+app.add_typer(encode.support_app, name="support", help="Build support sets for `fit` from your own pairs and models.")
 
 
 def main() -> None:

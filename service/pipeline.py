@@ -14,19 +14,20 @@ from collections.abc import Awaitable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, Literal, TypeVar
 
 import numpy as np
 
 from service import metrics
+from service.artifact_check import check_compatible, encoder_line
 from service.cache import EmbeddingCache, create_cache
 from service.compat.heads import transform
 from service.compat.procrustes import normalize_rows
 from service.compat.profile import CompatProfile, load_profile
-from service.encoders.base import Embeddings, Encoder, Modality
+from service.encoders.base import Embeddings, Encoder, Modality, describe, fingerprint_of, modalities_of
 from service.encoders.batcher import MicroBatcher
 from service.encoders.registry import create_encoder
-from service.errors import ArtifactError, InputError, Overloaded, TooManyQueries, UnsupportedMode
+from service.errors import ArtifactError, InputError, NobackfillError, Overloaded, TooManyQueries, UnsupportedMode
 from service.index.gallery import Gallery
 from service.settings import Settings
 
@@ -104,21 +105,23 @@ def _rows_by_modality(queries: list[Query]) -> dict[Modality, slice | list[int]]
     return {m: [i for i, q in enumerate(queries) if q.modality == m] for m in sorted(modalities)}
 
 
-def check_compatible(profile: CompatProfile, old: Encoder, new: Encoder, gallery: Gallery) -> None:
-    """Refuse a profile whose dims or model ids do not match the encoders and the gallery."""
-    problems = []
-    if profile.old_dim != gallery.dim:
-        problems.append(f"profile old dim {profile.old_dim} != gallery dim {gallery.dim}")
-    if profile.old_dim != old.dim:
-        problems.append(f"profile old dim {profile.old_dim} != old encoder dim {old.dim}")
-    if profile.new_dim != new.dim:
-        problems.append(f"profile new dim {profile.new_dim} != new encoder dim {new.dim}")
-    if profile.old_model_id != old.model_id:
-        problems.append(f"profile old model {profile.old_model_id!r} != old encoder {old.model_id!r}")
-    if profile.new_model_id != new.model_id:
-        problems.append(f"profile new model {profile.new_model_id!r} != new encoder {new.model_id!r}")
-    if problems:
-        raise ArtifactError("profile does not match the service: " + "; ".join(problems))
+def _create_encoder(settings: Settings, role: Literal["old", "new"]) -> Encoder:
+    """The configured encoder for `role`; a failure names the settings that chose it, in one line."""
+    encoder_settings = settings.old if role == "old" else settings.new
+    try:
+        return create_encoder(encoder_settings, role)
+    except NobackfillError as exc:
+        raise type(exc)(f"{role} encoder ({encoder_line(encoder_settings, role)}): {exc.message}") from exc
+
+
+def cache_model_key(encoder: Encoder) -> str:
+    """The model part of the cache key: the id, and the weights fingerprint when there is one.
+
+    With the fingerprint in the key, retrained weights under an unchanged name never read the old
+    weights' cached rows.
+    """
+    fingerprint = fingerprint_of(encoder)
+    return encoder.model_id if fingerprint is None else f"{encoder.model_id}@{fingerprint[:16]}"
 
 
 def default_mode(settings: Settings, profile: CompatProfile) -> str:
@@ -157,8 +160,8 @@ class Pipeline:
     async def build(cls, settings: Settings) -> Pipeline:
         """Load encoders, gallery and profile (off the event loop), check they fit, start the batchers."""
         old_encoder, new_encoder = await asyncio.gather(
-            asyncio.to_thread(create_encoder, settings.old, "old"),
-            asyncio.to_thread(create_encoder, settings.new, "new"),
+            asyncio.to_thread(_create_encoder, settings, "old"),
+            asyncio.to_thread(_create_encoder, settings, "new"),
         )
         gallery, profile, _, _ = await asyncio.gather(
             asyncio.to_thread(
@@ -171,9 +174,9 @@ class Pipeline:
             asyncio.to_thread(old_encoder.warmup),
             asyncio.to_thread(new_encoder.warmup),
         )
-        check_compatible(profile, old_encoder, new_encoder, gallery)
+        check_compatible(profile, old_encoder, new_encoder, gallery, settings)
         default_mode(settings, profile)  # refuses a configured default the profile cannot serve
-        cache = create_cache(settings.cache, old_encoder.model_id, old_encoder.dim)
+        cache = create_cache(settings.cache, cache_model_key(old_encoder), old_encoder.dim)
         old = MicroBatcher(
             old_encoder,
             settings.old.max_batch_size,
@@ -233,11 +236,23 @@ class Pipeline:
 
     def _validate_query(self, i: int, query: Query, mode: str) -> None:
         """Check one query's text length or embedding dims and values, and that its mode has what it reads."""
-        if query.content is not None and len(query.content) > self.settings.api.max_text_chars:
-            raise InputError(
-                f"queries[{i}] is {len(query.content)} characters; the limit is {self.settings.api.max_text_chars}"
-            )
-        if query.content is None:
+        limit = self.settings.api.max_text_chars
+        if query.content is not None and query.modality == "text":
+            if len(query.content) > limit:
+                raise InputError(f"queries[{i}] is {len(query.content)} characters; the limit is {limit}")
+            if not query.content.strip():
+                raise InputError(f"queries[{i}].text is empty")
+        if query.content is not None:
+            for role, batcher, needed in (
+                ("old", self.old, mode not in OLD_FREE_MODES),
+                ("new", self.new, mode not in NEW_FREE_MODES),
+            ):
+                if needed and query.modality not in modalities_of(batcher.encoder):
+                    raise InputError(
+                        f"queries[{i}] is a {query.modality} query, but the {role} model "
+                        f"{batcher.encoder.model_id!r} encodes {' and '.join(modalities_of(batcher.encoder))} only"
+                    )
+        else:
             if query.old_embedding is None and mode not in OLD_FREE_MODES:
                 raise InputError(
                     f"queries[{i}] has no old_embedding, which mode {mode!r} needs "
@@ -445,7 +460,7 @@ class Pipeline:
         """Load a profile and swap it in atomically; on any failure the current one stays."""
         path = profile_dir or self.settings.compat.profile_dir
         candidate = await asyncio.to_thread(load_profile, path)
-        check_compatible(candidate, self.old.encoder, self.new.encoder, self.gallery)
+        check_compatible(candidate, self.old.encoder, self.new.encoder, self.gallery, self.settings)
         default_mode(self.settings, candidate)
         self.profile = candidate
         metrics.PROFILE_INFO.info({"profile_id": candidate.profile_id, "head": candidate.head})
@@ -455,16 +470,8 @@ class Pipeline:
         """What /v1/info reports: models, dims, devices, profile, gallery."""
         profile = self.profile
         return {
-            "old_model": {
-                "id": self.old.encoder.model_id,
-                "dim": self.old.encoder.dim,
-                "device": self.old.encoder.device,
-            },
-            "new_model": {
-                "id": self.new.encoder.model_id,
-                "dim": self.new.encoder.dim,
-                "device": self.new.encoder.device,
-            },
+            "old_model": describe(self.old.encoder),
+            "new_model": describe(self.new.encoder),
             "profile": {
                 "id": profile.profile_id,
                 "head": profile.head,

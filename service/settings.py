@@ -25,11 +25,17 @@ class EncoderSettings(BaseModel):
     """One encoder: which backend, where it runs, how it batches."""
 
     backend: str = "synthetic-old"
+    # Real backends (sentence-transformers, clip, plug-ins): the local model folder; never a hub name.
     path: str | None = None
-    # Backend `external` (clients send precomputed embeddings / logits): its width and model id.
+    # Backend `external`: its width (required).  Real backends: the name recorded in artifacts and
+    # compared at startup (default: the model folder's name); the weights' sha256 is compared too.
     dim: int | None = Field(None, ge=1)
     model_id: str | None = None
     device: str = "auto"
+    # Half precision on CUDA (real backends); CPU always runs float32.
+    fp16: bool = True
+    # Torch threads of this encoder's worker on CPU; unset: the cores split between the two encoders.
+    threads: int | None = Field(None, ge=1)
     max_batch_size: int = Field(32, ge=1)
     max_wait_ms: float = Field(2.0, ge=0)
     # Off only for benchmarks: every call then runs alone on the encoder.

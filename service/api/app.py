@@ -96,6 +96,31 @@ class RequestMetrics:
             metrics.REQUEST_DURATION.labels(route=path).observe(time.perf_counter() - start)
 
 
+class OneLineStartupRefusal:
+    """Report a refused start (one of our errors in the lifespan) as its one-line message, not a traceback.
+
+    Starlette hands the server the whole traceback as the startup failure's message; for a refusal
+    we raised on purpose (a missing model folder, a dimension mismatch) the operator needs the line
+    that says which setting to fix.
+    """
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "lifespan":
+            await self.app(scope, receive, send)
+            return
+
+        async def send_refusal_line(message: Message) -> None:
+            refusal = getattr(scope["app"].state, "startup_refusal", None)
+            if message["type"] == "lifespan.startup.failed" and refusal:
+                message = {**message, "message": f"refusing to start: {refusal}"}
+            await send(message)
+
+        await self.app(scope, receive, send_refusal_line)
+
+
 def create_app(settings: Settings | None = None) -> FastAPI:
     """Build the app; the heavy loading happens in the lifespan, not at import or construction."""
     settings = settings or Settings()
@@ -104,7 +129,11 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         app.state.tasks = set()
         metrics.BUILD_INFO.info({"version": __version__})
-        app.state.pipeline = await Pipeline.build(settings)
+        try:
+            app.state.pipeline = await Pipeline.build(settings)
+        except NobackfillError as exc:
+            app.state.startup_refusal = exc.message
+            raise
         _install_sighup(app)
         try:
             yield
@@ -127,5 +156,6 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.add_exception_handler(RequestValidationError, _on_validation_error)
 
     app.add_middleware(RequestMetrics)
+    app.add_middleware(OneLineStartupRefusal)
     app.include_router(router)
     return app

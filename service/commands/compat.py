@@ -13,6 +13,10 @@ a failing `fit` writes nothing (the profile folder appears in one rename at the 
   new_query.npy: new-model logits [n, C_t], old_target.npy: old-model logits of gallery items).  The
   fit is data-free apart from the class counts: P_tk depends on C_k, C_t and the class map only.  The
   logits are used for the class counts and to score the head on the support set for the report.
+
+The model ids (and identities: backend, weights fingerprint, dim) come from SUPPORT_DIR/models.json,
+which `nobackfill support build` writes; --old-model-id / --new-model-id override them.  With
+neither, the synthetic world's names are recorded and a warning says they were guessed.
 """
 
 from __future__ import annotations
@@ -20,7 +24,7 @@ from __future__ import annotations
 import json
 from enum import StrEnum
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import typer
 
@@ -48,6 +52,14 @@ class Head(StrEnum):
 
 ADAPTER_HEADS = (Head.adapter, Head.adapter_slerp)
 CLASS_HEADS = (Head.psp, Head.lsp)
+
+
+class ModelIds(NamedTuple):
+    """The model ids a profile records, and the two identities (ModelIdentity.as_dict) when known."""
+
+    old: str
+    new: str
+    record: dict[str, Any] | None
 
 
 class FitOn(StrEnum):
@@ -161,6 +173,39 @@ def _check_head_options(head: Head, adapter: dict[str, Any], classes: dict[str, 
         raise InputError(f"{names} only apply to --head psp / lsp, not {head.value}")
 
 
+def _model_ids(support_dir: Path, split: Split, old_id: str | None, new_id: str | None) -> ModelIds:
+    """Ids from SUPPORT_DIR/models.json (written by `support build`), the given ones overriding them.
+
+    Without models.json and without an id the synthetic world's name is recorded, with a warning: the
+    service compares these ids with its encoders', so a guessed id is worth a word.
+    """
+    from dataclasses import replace
+
+    from service.encoders.identity import MODELS_JSON, read_models_json
+    from service.errors import InputError
+
+    found = read_models_json(support_dir)
+    if found is None:
+        guessed = [f"--{side}-model-id" for side, given in (("old", old_id), ("new", new_id)) if given is None]
+        if guessed:
+            typer.echo(
+                f"warning: no {support_dir / MODELS_JSON} and no {' / '.join(guessed)}: "
+                "recording the guessed ids synthetic-old / synthetic-new",
+                err=True,
+            )
+        return ModelIds(old_id or "synthetic-old", new_id or "synthetic-new", None)
+    old, new = found
+    for identity, dim, side in ((old, split.old_dim, "old"), (new, split.new_dim, "new")):
+        if identity.dim != dim:
+            raise InputError(
+                f"{support_dir / MODELS_JSON}: the {side} model is {identity.dim}-d, "
+                f"but {side}_query.npy holds {dim}-d rows"
+            )
+    old = replace(old, model_id=old_id) if old_id else old
+    new = replace(new, model_id=new_id) if new_id else new
+    return ModelIds(old.model_id, new.model_id, {"old": old.as_dict(), "new": new.as_dict()})
+
+
 def fit(
     support_dir: Path = typer.Argument(..., help="Folder with old_query.npy, new_query.npy, old_target.npy, ..."),
     out: Path = typer.Option(..., "--out", help="Profile folder to write."),
@@ -169,8 +214,12 @@ def fit(
     folds: int = typer.Option(5, help="Cross-fitting folds for choosing alpha."),
     query_modality: Modality = typer.Option(Modality.text, help="Query modality the weight is chosen for."),
     same_set: bool = typer.Option(False, help="Paper's rule: fit the map and choose alpha on the same support set."),
-    old_model_id: str = typer.Option("synthetic-old", help="Old model id recorded in the profile."),
-    new_model_id: str = typer.Option("synthetic-new", help="New model id recorded in the profile."),
+    old_model_id: str | None = typer.Option(
+        None, help="Old model id to record (default: SUPPORT_DIR/models.json's, else synthetic-old)."
+    ),
+    new_model_id: str | None = typer.Option(
+        None, help="New model id to record (default: SUPPORT_DIR/models.json's, else synthetic-new)."
+    ),
     eval_queries: int = typer.Option(5000, min=1, help="Held-out queries scored per fold (a seeded sample)."),
     seed: int = typer.Option(0, help="Seed of the fold assignment, the query sample and the adapter."),
     force: bool = typer.Option(False, help="Replace a non-empty --out."),
@@ -214,7 +263,7 @@ def fit(
     _check_head_options(head, adapter_opts, class_opts)
     _refuse_existing(out, force)
     split = load_split(support_dir, require_new_target=fit_on is FitOn.target and head not in CLASS_HEADS)
-    ids = (old_model_id, new_model_id)
+    ids = _model_ids(support_dir, split, old_model_id, new_model_id)
     if head in CLASS_HEADS:
         _fit_classes(split, out, head, ids, old_classes, top_k, _parse_class_map(class_map), force)
         return
@@ -254,8 +303,9 @@ def fit(
     head_alpha = 1.0 if head is Head.aligned else result.params[head.value].get("alpha", result.params["adaptive"]["a"])
     profile = CompatProfile(
         head=head.value,
-        old_model_id=old_model_id,
-        new_model_id=new_model_id,
+        old_model_id=ids.old,
+        new_model_id=ids.new,
+        models=ids.record,
         old_dim=split.old_dim,
         new_dim=split.new_dim,
         alphas={modality: float(head_alpha)},
@@ -285,7 +335,7 @@ def _fit_adapter(
     split: Split,
     out: Path,
     head: Head,
-    ids: tuple[str, str],
+    ids: ModelIds,
     overrides: dict[str, Any],
     threads: int | None,
     *,
@@ -361,8 +411,9 @@ def _fit_adapter(
         fit_report={**report, "query_modality": modality},
         tensors={k: v.numpy() for k, v in adapter.state_dict_tensors().items()},
         adapter=adapter.meta(),
-        old_model_id=ids[0],
-        new_model_id=ids[1],
+        old_model_id=ids.old,
+        new_model_id=ids.new,
+        models=ids.record,
     )
     extra = {}
     if "support_recall" in report:
@@ -387,7 +438,7 @@ def _fit_classes(
     split: Split,
     out: Path,
     head: Head,
-    ids: tuple[str, str],
+    ids: ModelIds,
     old_classes: int | None,
     top_k: int | None,
     class_map: list[int] | None,
@@ -433,8 +484,9 @@ def _fit_classes(
         fit_report=report,
         tensors={"P_tk": p_tk.astype(np.float32)},
         classes=classes,
-        old_model_id=ids[0],
-        new_model_id=ids[1],
+        old_model_id=ids.old,
+        new_model_id=ids.new,
+        models=ids.record,
     )
     # The support logits only describe the result (no parameter is chosen on them).
     report["support_eval"] = run_eval(profile, split, "text")
@@ -533,6 +585,10 @@ def _show_text(profile: CompatProfile, directory: Path) -> None:
         _show_adapter(console, profile)
     else:
         console.print(f"  new model {profile.new_model_id} (dim {profile.new_dim}); R is {profile.dim}x{profile.dim}")
+    for side, identity in (profile.models or {}).items():
+        console.print(
+            f"  {side} model identity: backend {identity.get('backend')}, fingerprint {identity.get('fingerprint')}"
+        )
     if "fit_rows" in rep:
         console.print(
             f"  fit on {profile.fit_on} ({rep.get('fit_rows')} rows), {rep.get('selection')}, folds {profile.folds}"

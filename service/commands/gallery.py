@@ -4,9 +4,13 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 import typer
+
+if TYPE_CHECKING:
+    from service.encoders.identity import ModelIdentity
 
 app = typer.Typer(no_args_is_help=True)
 FEATURE_CHUNK = 65536
@@ -21,7 +25,9 @@ def build(
     ),
     from_npy: Path | None = typer.Option(None, "--from-npy", help="Your old-model embeddings (.npy or dir of shards)."),
     ids_npy: Path | None = typer.Option(None, "--ids", help="int64 ids per row of --from-npy (default: row number)."),
-    model_id: str = typer.Option("unknown", "--model-id", help="Old model id recorded for --from-npy galleries."),
+    model_id: str | None = typer.Option(
+        None, "--model-id", help="Old model id for --from-npy (default: from OUT.json beside the .npy, else unknown)."
+    ),
     features: str = typer.Option(
         "raw", "--features", help="raw embeddings, or psp / lsp features of old-model LOGITS (classifiers)."
     ),
@@ -57,7 +63,9 @@ def build(
     try:
         source: Source
         if from_npy is not None:
-            source = NpySource(features_file or from_npy, ids_npy, model_id)
+            identity = _npy_identity(from_npy, model_id)
+            recorded = model_id or (identity.model_id if identity else "unknown")
+            source = NpySource(features_file or from_npy, ids_npy, recorded, identity.as_dict() if identity else None)
         else:
             assert size is not None
             source = SyntheticSource(size, model=synthetic_model)
@@ -80,6 +88,44 @@ def build(
         f"built {out}: {meta['ntotal']:,} vectors, d={meta['d']}, {meta['factory']}, {size_mib:,.1f} MiB "
         f"in {meta['build']['total_s']:.0f} s, sha256 {str(meta['sha256'])[:16]}..."
     )
+
+
+def _npy_identity(from_npy: Path, model_id: str | None) -> ModelIdentity | None:
+    """The old model's identity from the OUT.json beside each .npy (`nobackfill encode`); --model-id overrides its id.
+
+    Shards from different models are refused: one gallery holds one model's space.  Shards without an
+    OUT.json add nothing (a warning says how many), and none at all leaves the identity unknown.
+    """
+    from dataclasses import replace
+
+    from service.bulk.encode import sidecar_identity
+    from service.errors import InputError
+    from service.index.sources import NpySource
+
+    files = sorted(from_npy.glob("*.npy")) if from_npy.is_dir() else [from_npy]
+    found: dict[Path, ModelIdentity] = {}
+    for file in files:
+        shard = NpySource(file)
+        identity = sidecar_identity(file, shard.ntotal, shard.dim)
+        if identity is not None:
+            found[file] = identity
+    if not found:
+        return None
+    first_file, first = next(iter(found.items()))
+    for file, identity in found.items():
+        if identity.backend != first.backend or not identity.same_model(first):
+            raise InputError(
+                f"{file.with_suffix('.json')}: model {identity.model_id} ({identity.backend}), but "
+                f"{first_file.with_suffix('.json')} says {first.model_id} ({first.backend}); one gallery, one model"
+            )
+    if len(found) < len(files):
+        typer.echo(
+            f"warning: {len(files) - len(found)} of {len(files)} .npy files have no OUT.json beside them", err=True
+        )
+    if model_id is not None and model_id != first.model_id:
+        typer.echo(f"note: recording --model-id {model_id!r} instead of {first.model_id!r} from OUT.json", err=True)
+        return replace(first, model_id=model_id)
+    return first
 
 
 def _logit_features(logits_path: Path, out: Path, mode: str, top_k: int | None) -> Path:

@@ -84,10 +84,16 @@ def _cli(*args: str) -> None:
 
 def demo(
     port: int = typer.Option(8000, help="Port for the demo service."),
-    gallery_size: int = typer.Option(DEMO_GALLERY_SIZE, help="Items in the demo gallery."),
+    gallery_size: int = typer.Option(DEMO_GALLERY_SIZE, help="Items in the demo gallery (synthetic world)."),
     prepare_only: bool = typer.Option(False, help="Build the artifacts, then exit without serving."),
+    real: bool = typer.Option(
+        False, "--real", help="Real models and data instead: static model2vec -> MiniLM on docstring pairs."
+    ),
 ) -> None:
-    """Build a small synthetic gallery and profile if missing, then serve them on 127.0.0.1."""
+    """Build a small synthetic gallery and profile if missing (or, with --real, a real upgrade), then serve."""
+    if real:
+        _real_demo(port, prepare_only)
+        return
     gallery_dir, profile_dir, support_dir = DEMO_DIR / "gallery", DEMO_DIR / "profile", DEMO_DIR / "support"
     if not (gallery_dir / "gallery.json").exists():
         typer.echo(f"building a {gallery_size:,}-item synthetic gallery in {gallery_dir}")
@@ -106,3 +112,18 @@ def demo(
     typer.echo(f"serving on http://127.0.0.1:{port} (cache: {cache}); try:")
     typer.echo(CURL_EXAMPLE.format(host="127.0.0.1", port=port))
     _run(settings, "127.0.0.1", port, 1)
+
+
+def _real_demo(port: int, prepare_only: bool) -> None:
+    """`demo --real`: build the real upgrade's artifacts if missing (real_demo.py), then serve them."""
+    from service.commands.real_demo import REAL_DIR, RealDeployment, curl_example, prepare
+
+    deployment = RealDeployment(REAL_DIR)
+    prepare(deployment, _cli)
+    if prepare_only:
+        return
+    typer.echo(f"serving the real upgrade on http://127.0.0.1:{port}; the same with `nobackfill serve`:")
+    typer.echo(deployment.environment())
+    typer.echo("ask it a real question (the texts of the hits come from the corpus):")
+    typer.echo(curl_example(deployment, "127.0.0.1", port))
+    _run(deployment.settings(), "127.0.0.1", port, 1)

@@ -4,10 +4,13 @@ Item ranges (so no support item is ever a gallery or test item):
 - galleries built with `gallery build --size N` hold items 0..N-1 (image view, old model);
 - `synth test` queries captions of items drawn from 0..G-1 (G = --gallery-size, default N);
 - `synth support` uses items from SUPPORT_FIRST_ITEM = 10^12 upward.
+Both write models.json (the two synthetic models' identities) as `support build` does, so `fit`
+records the right ids without being told.
 """
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +27,8 @@ TEST_CAPTION = 1
 
 def _write(out: Path, query_items: np.ndarray, target_items: np.ndarray, caption: int, force: bool) -> None:
     """Encode captions (queries) and image views (targets) with both simulated models; write the folder."""
+    from service.bulk.support import models_json
+    from service.encoders.identity import MODELS_JSON, ModelIdentity
     from service.encoders.synthetic import IMAGE_VIEW, SyntheticNewEncoder, SyntheticOldEncoder
     from service.errors import InputError
 
@@ -44,6 +49,11 @@ def _write(out: Path, query_items: np.ndarray, target_items: np.ndarray, caption
         raise InputError(f"{out}: cannot create ({exc.strerror})") from exc
     for name, array in arrays.items():
         np.save(out / name, array)
+    old_model, new_model = (
+        ModelIdentity(f"synthetic-{r}", e.model_id, None, e.dim) for r, e in (("old", old), ("new", new))
+    )
+    models = models_json(old_model, new_model, "text", "image", len(query_items), targets=len(target_items))
+    (out / MODELS_JSON).write_text(json.dumps(models, indent=2) + "\n", encoding="utf-8")
     typer.echo(f"wrote {len(query_items):,} queries and {len(target_items):,} targets to {out}")
 
 

@@ -1,8 +1,9 @@
 """The compat profile artifact (DESIGN.md section 3): a folder with profile.json and tensors.safetensors.
 
-profile.json carries the format version, head, model ids and dims, per-modality blend parameters,
-the fit settings, the whole fit report and the sha256 of tensors.safetensors.  The tensors file is
-read with safetensors only -- nothing is ever unpickled.  What it holds depends on the head family:
+profile.json carries the format version, head, model ids and dims (and, when known, the two models'
+identities: backend, weights fingerprint, dim), per-modality blend parameters, the fit settings, the
+whole fit report and the sha256 of tensors.safetensors.  The tensors file is read with safetensors
+only -- nothing is ever unpickled.  What it holds depends on the head family:
 
     head                           tensors                          profile.json extras
     slerp, nlerp, adaptive,        R [d, d] (Procrustes, padded)    params per modality
@@ -95,6 +96,7 @@ class CompatProfile:
     tensors_sha256: str = ""
     adapter: dict[str, Any] | None = None  # adapter heads: TrainedAdapter.meta()
     classes: dict[str, Any] | None = None  # psp / lsp: old_classes, new_classes, top_k, class_map
+    models: dict[str, Any] | None = None  # {"old": ModelIdentity.as_dict(), "new": ...} from models.json
 
     @property
     def dim(self) -> int:
@@ -177,6 +179,8 @@ class CompatProfile:
             "tensors_sha256": self.tensors_sha256,
             "adapter": self.adapter,
             "classes": self.classes,
+            # Only when known: a profile without identities keeps the profile_id it always had.
+            **({"models": self.models} if self.models is not None else {}),
         }
 
 
@@ -379,6 +383,7 @@ def load_profile(directory: Path | str, *, old_dim: int | None = None, new_dim: 
             # Format 1 (Procrustes only) has neither key.
             adapter=_optional_dict(meta.get("adapter")),
             classes=_optional_dict(meta.get("classes")),
+            models=_optional_dict(meta.get("models")),  # absent before the model identities were recorded
         )
     except (KeyError, TypeError, ValueError, AttributeError) as exc:
         raise ArtifactError(f"{meta_path}: malformed field ({type(exc).__name__}: {exc})") from exc

@@ -1,13 +1,23 @@
-"""The `Encoder` protocol every backend implements, and device resolution."""
+"""The `Encoder` protocol every backend implements, device resolution and the CPU thread split.
+
+Required of every backend (plug-ins included): `dim`, `model_id`, `device`, `encode`, `warmup`.
+Optional, read through `describe` and `fingerprint_of` when present:
+    fingerprint   sha256 of the model's weight files (identity.weights_fingerprint); compared with
+                  the one recorded in the profile and the gallery at startup
+    modalities    the query modalities it encodes (default: text and image)
+    details()     extra facts for /v1/info (max sequence length, dtype, threads, ...)
+"""
 
 from __future__ import annotations
 
-from typing import Literal, Protocol, runtime_checkable
+import os
+from typing import Any, Literal, Protocol, runtime_checkable
 
 import numpy as np
 import numpy.typing as npt
 
 Modality = Literal["text", "image"]
+MODALITIES: tuple[Modality, ...] = ("text", "image")
 Embeddings = npt.NDArray[np.float32]
 
 
@@ -24,8 +34,33 @@ class Encoder(Protocol):
         ...
 
     def warmup(self) -> None:
-        """Run one tiny batch so the first real request pays no lazy-init cost."""
+        """Run one tiny batch per modality so the first real request pays no lazy-init cost."""
         ...
+
+
+def fingerprint_of(encoder: Encoder) -> str | None:
+    """The encoder's weights fingerprint, or None for a backend without weight files."""
+    value = getattr(encoder, "fingerprint", None)
+    return value if isinstance(value, str) and value else None
+
+
+def modalities_of(encoder: Encoder) -> tuple[Modality, ...]:
+    """The modalities an encoder serves (both when it does not say)."""
+    value = getattr(encoder, "modalities", None)
+    return tuple(value) if value else MODALITIES
+
+
+def describe(encoder: Encoder) -> dict[str, Any]:
+    """What /v1/info says of one encoder: id, dim, device, fingerprint, modalities and the backend's details."""
+    details = getattr(encoder, "details", None)
+    return {
+        "id": encoder.model_id,
+        "dim": encoder.dim,
+        "device": encoder.device,
+        "fingerprint": fingerprint_of(encoder),
+        "modalities": list(modalities_of(encoder)),
+        **(details() if callable(details) else {}),
+    }
 
 
 def resolve_device(requested: str, role: Literal["old", "new"]) -> str:
@@ -40,3 +75,13 @@ def resolve_device(requested: str, role: Literal["old", "new"]) -> str:
     if count == 1:
         return "cuda:0"
     return "cuda:0" if role == "old" else "cuda:1"
+
+
+def cpu_threads(requested: int | None) -> int:
+    """Torch threads for one of the two encoders on CPU: as requested, else half the usable cores (>= 1).
+
+    Two encoders each taking every core would oversubscribe the machine while both run at once.
+    """
+    if requested is not None:
+        return requested
+    return max(1, len(os.sched_getaffinity(0)) // 2)

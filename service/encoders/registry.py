@@ -1,24 +1,37 @@
 """Encoder backends by name: `create_encoder(settings, role)` builds the configured one on its device.
 
-Built in: `synthetic-old` and `synthetic-new`, the simulated models of the synthetic upgrade world, and
-`external` (no model: `dim` and `model_id` come from the settings, queries must carry embeddings).
-A real backend is one factory `(settings, device) -> Encoder` added with `register_backend`; e.g. a
-sentence-transformers model from a local folder would read `settings.path`, load
-`SentenceTransformer(path, device=device)` inside the factory (so the import stays optional) and
-return an object with `encode`, `dim`, `model_id`, `device` and `warmup`.
+Built in:
+    synthetic-old, synthetic-new  the simulated models of the synthetic upgrade world (no path)
+    external                      no model: `dim` and `model_id` from the settings, queries carry embeddings
+    sentence-transformers         any SentenceTransformer folder, transformer or static (sentence_transformers.py)
+    clip                          a transformers CLIP-family folder, text and image (clip.py)
+Plug-ins: a distribution that declares, in its pyproject,
+
+    [project.entry-points."nobackfill.encoders"]
+    my-model = "my_package.encoder:create"
+
+adds backend `my-model`; `create(settings: EncoderSettings, device: str) -> Encoder` is called with the
+encoder's settings (settings.path is the user's model folder) and the device `resolve_device` picked.
+A plug-in cannot replace a built-in name.  `register_backend` does the same from code.
 """
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
+from importlib.metadata import entry_points
 from typing import Literal
 
-from service.encoders.base import Encoder, resolve_device
+from service.encoders.base import Encoder, fingerprint_of, resolve_device
+from service.encoders.identity import ModelIdentity
 from service.errors import InputError
 from service.settings import EncoderSettings
 
+log = logging.getLogger(__name__)
+
 Role = Literal["old", "new"]
 BackendFactory = Callable[[EncoderSettings, str], Encoder]
+ENTRY_POINT_GROUP = "nobackfill.encoders"
 
 _BACKENDS: dict[str, BackendFactory] = {}
 
@@ -28,9 +41,22 @@ def register_backend(name: str, factory: BackendFactory) -> None:
     _BACKENDS[name] = factory
 
 
+def _plugin(name: str) -> BackendFactory | None:
+    """The factory an installed distribution declares for `name` in the entry-point group, if any."""
+    for point in entry_points(group=ENTRY_POINT_GROUP, name=name):
+        try:
+            factory = point.load()
+        except Exception as exc:  # a broken plug-in is the user's code: say which and why
+            raise InputError(f"encoder plug-in {name!r} ({point.value}) failed to import: {exc!r}") from exc
+        if not callable(factory):
+            raise InputError(f"encoder plug-in {name!r} ({point.value}) is not callable")
+        return factory  # type: ignore[no-any-return]
+    return None
+
+
 def backends() -> list[str]:
-    """Names of the registered backends, sorted."""
-    return sorted(_BACKENDS)
+    """Names of the built-in and installed plug-in backends, sorted."""
+    return sorted({*_BACKENDS, *(point.name for point in entry_points(group=ENTRY_POINT_GROUP))})
 
 
 def _synthetic(model: Role) -> BackendFactory:
@@ -54,21 +80,47 @@ def _external(settings: EncoderSettings, device: str) -> Encoder:
     return external_encoder(settings, device)
 
 
+def _sentence_transformers(settings: EncoderSettings, device: str) -> Encoder:
+    """Backend `sentence-transformers` (see encoders/sentence_transformers.py)."""
+    from service.encoders.sentence_transformers import sentence_transformer_encoder
+
+    return sentence_transformer_encoder(settings, device)
+
+
+def _clip(settings: EncoderSettings, device: str) -> Encoder:
+    """Backend `clip` (see encoders/clip.py)."""
+    from service.encoders.clip import clip_encoder
+
+    return clip_encoder(settings, device)
+
+
 register_backend("synthetic-old", _synthetic("old"))
 register_backend("synthetic-new", _synthetic("new"))
 register_backend("external", _external)
+register_backend("sentence-transformers", _sentence_transformers)
+register_backend("clip", _clip)
 
 
 def create_encoder(settings: EncoderSettings, role: Role) -> Encoder:
     """Build the encoder `settings` names for `role`, on the device `resolve_device` picks for it."""
-    factory = _BACKENDS.get(settings.backend)
+    factory = _BACKENDS.get(settings.backend) or _plugin(settings.backend)
     if factory is None:
         raise InputError(
-            f"unknown encoder backend {settings.backend!r} for the {role} encoder (known: {', '.join(backends())})"
+            f"unknown encoder backend {settings.backend!r} for the {role} encoder "
+            f"(NOBACKFILL_{role.upper()}__BACKEND; known: {', '.join(backends())})"
         )
     encoder = factory(settings, resolve_device(settings.device, role))
+    if not isinstance(encoder, Encoder):
+        raise InputError(f"backend {settings.backend!r} returned {type(encoder).__name__}, which is not an Encoder")
     if settings.simulated_cost_ms > 0 or settings.simulated_cost_per_item_ms > 0:
         from service.encoders.simulated_cost import SimulatedCostEncoder
 
         return SimulatedCostEncoder(encoder, settings.simulated_cost_ms, settings.simulated_cost_per_item_ms)
     return encoder
+
+
+def identity_of(encoder: Encoder, backend: str) -> ModelIdentity:
+    """The identity artifacts record for an encoder built from backend `backend`."""
+    return ModelIdentity(
+        backend=backend, model_id=encoder.model_id, fingerprint=fingerprint_of(encoder), dim=encoder.dim
+    )

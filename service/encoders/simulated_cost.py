@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import time
 
-from service.encoders.base import Embeddings, Encoder, Modality
+from service.encoders.base import Embeddings, Encoder, Modality, fingerprint_of, modalities_of
 
 
 class SimulatedCostEncoder:
@@ -21,6 +21,8 @@ class SimulatedCostEncoder:
         self.dim = inner.dim
         self.model_id = inner.model_id
         self.device = inner.device
+        self.fingerprint = fingerprint_of(inner)
+        self.modalities = modalities_of(inner)
 
     def encode(self, batch: list[str], modality: Modality = "text") -> Embeddings:
         """Encode with the inner encoder, padded to the simulated cost."""

@@ -205,6 +205,9 @@ def _meta(
         "metric": "inner_product",
         "factory": params.factory(),
         "old_model_id": source.model_id,
+        # The model's identity (backend, model_id, weights fingerprint, dim) when the source knows it;
+        # not part of the Source protocol, so wrappers and older sources simply record null.
+        "old_model": getattr(source, "old_model", None),
         "source": source.describe(),
         "build": {
             **params.as_dict(),

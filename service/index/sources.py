@@ -71,6 +71,12 @@ class SyntheticSource:
         self.ntotal = size
         self.dim = self.encoder.dim
         self.model_id = self.encoder.model_id
+        self.old_model: dict[str, Any] = {
+            "backend": f"synthetic-{model}",
+            "model_id": self.model_id,
+            "fingerprint": None,
+            "dim": self.dim,
+        }
 
     def describe(self) -> dict[str, Any]:
         """Provenance: item range, view and the world's parameters."""
@@ -105,13 +111,22 @@ class NpySource:
 
     Rows are L2-normalised here; NaN / inf / all-zero rows are refused with their file and row.
     Ids are the global row numbers, or the int64 values of an ids .npy (one per row, unique).
+    old_model: the identity of the model that made the rows (ModelIdentity.as_dict, from the OUT.json
+    `nobackfill encode` wrote beside them), recorded in gallery.json; None when unknown.
     """
 
     _FLOAT_KINDS = ("float16", "float32", "float64")
 
-    def __init__(self, path: Path, ids_path: Path | None = None, model_id: str = "unknown") -> None:
+    def __init__(
+        self,
+        path: Path,
+        ids_path: Path | None = None,
+        model_id: str = "unknown",
+        old_model: dict[str, Any] | None = None,
+    ) -> None:
         self.path = path
         self.model_id = model_id
+        self.old_model = old_model
         files = sorted(path.glob("*.npy")) if path.is_dir() else [path]
         if not files:
             raise InputError(f"{path}: no .npy files")

@@ -1,0 +1,157 @@
+"""Backend `clip`: a Hugging Face CLIP-family folder, text and image queries from one model.
+
+Loads with transformers, offline: the model (`AutoModel`, anything with get_text_features and
+get_image_features: CLIP and its relatives), its tokenizer and its image processor.  The image
+processor is the PIL / numpy one (`use_fast=False`): the fast ones need torchvision, whose wheels on
+these machines replace the CPU torch with a CUDA build.
+Image inputs are base64-encoded image files, exactly the API's `image_b64`; decoding and
+preprocessing happen inside `encode`, i.e. on the encoder's worker thread, never on the event loop.
+Text is truncated at the text tower's position limit (/v1/info says how long that is).
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import io
+from pathlib import Path
+from typing import Any
+
+from service.encoders.base import Embeddings, Modality
+from service.encoders.identity import weights_fingerprint
+from service.encoders.torch_runtime import (
+    LOADING,
+    TorchRuntime,
+    go_offline,
+    import_failure,
+    load_failure,
+    model_folder,
+    model_id,
+    quiet_transformers,
+    unit_rows,
+)
+from service.errors import InputError
+from service.settings import EncoderSettings
+
+BACKEND = "clip"
+WARMUP_TEXT = "a photo"
+_WARMUP_IMAGE_SIDE = 8
+
+
+class ClipEncoder:
+    """A CLIP-family model from a local folder behind the Encoder protocol (text and image)."""
+
+    modalities: tuple[Modality, ...] = ("text", "image")
+
+    def __init__(
+        self,
+        model: Any,
+        tokenizer: Any,
+        image_processor: Any,
+        folder: Path,
+        runtime: TorchRuntime,
+        model_id: str,
+        fingerprint: str,
+    ) -> None:
+        self.model = model
+        self.tokenizer = tokenizer
+        self.image_processor = image_processor
+        self.folder = folder
+        self.runtime = runtime
+        self.device = runtime.device
+        self.model_id = model_id
+        self.fingerprint = fingerprint
+        config = model.config
+        self.dim = int(config.projection_dim)
+        positions = int(config.text_config.max_position_embeddings)
+        limit = getattr(tokenizer, "model_max_length", positions)
+        self.max_text_tokens = min(positions, int(limit)) if isinstance(limit, int) else positions
+
+    def encode(self, batch: list[str], modality: Modality = "text") -> Embeddings:
+        """Unit float32 [len(batch), dim] rows of texts, or of base64 image files."""
+        if modality == "text":
+            return self._text(batch)
+        if modality == "image":
+            return self._images(batch)
+        raise InputError(f"model {self.model_id!r} ({BACKEND}) encodes text and image, not {modality}")
+
+    def _text(self, batch: list[str]) -> Embeddings:
+        tokens = self.tokenizer(
+            batch, padding=True, truncation=True, max_length=self.max_text_tokens, return_tensors="pt"
+        ).to(self.device)
+        with self.runtime.run():
+            return unit_rows(_features(self.model.get_text_features(**tokens)))
+
+    def _images(self, batch: list[str]) -> Embeddings:
+        images = [decode_image(i, payload) for i, payload in enumerate(batch)]
+        pixels = self.image_processor(images=images, return_tensors="pt")["pixel_values"]
+        with self.runtime.run():
+            pixels = pixels.to(self.device, dtype=self.runtime.dtype)
+            return unit_rows(_features(self.model.get_image_features(pixel_values=pixels)))
+
+    def warmup(self) -> None:
+        """Encode one text and one small image, so both towers and both preprocessors are initialised."""
+        from PIL import Image
+
+        self.encode([WARMUP_TEXT], "text")
+        buffer = io.BytesIO()
+        Image.new("RGB", (_WARMUP_IMAGE_SIDE, _WARMUP_IMAGE_SIDE), (127, 127, 127)).save(buffer, format="PNG")
+        self.encode([base64.b64encode(buffer.getvalue()).decode()], "image")
+
+    def details(self) -> dict[str, Any]:
+        """Backend, folder, text truncation length, dtype, threads."""
+        return {
+            "backend": BACKEND,
+            "path": str(self.folder),
+            "max_seq_length": self.max_text_tokens,
+            "truncation": f"texts longer than {self.max_text_tokens} tokens are truncated",
+            **self.runtime.details(),
+        }
+
+
+def _features(output: Any) -> Any:
+    """The projected embeddings: transformers 4 returns the tensor, 5 an output whose pooler_output holds it."""
+    return output if hasattr(output, "ndim") else output.pooler_output
+
+
+def decode_image(i: int, payload: str) -> Any:
+    """An RGB PIL image from base64 file bytes; InputError naming item i when it is not one."""
+    from PIL import Image, UnidentifiedImageError
+
+    try:
+        raw = base64.b64decode(payload, validate=True)
+    except (binascii.Error, ValueError) as exc:
+        raise InputError(f"image {i} is not valid base64") from exc
+    try:
+        with Image.open(io.BytesIO(raw)) as image:
+            return image.convert("RGB")
+    except (UnidentifiedImageError, OSError, SyntaxError, ValueError) as exc:
+        raise InputError(f"image {i} is not a readable image ({type(exc).__name__})") from exc
+
+
+def clip_encoder(settings: EncoderSettings, device: str) -> ClipEncoder:
+    """Load settings.path as a CLIP-family model with its tokenizer and PIL image processor on `device`."""
+    folder = model_folder(settings, BACKEND)
+    fingerprint = weights_fingerprint(folder)
+    go_offline()
+    runtime = TorchRuntime(settings, device)
+    with LOADING:
+        try:
+            from transformers import AutoImageProcessor, AutoModel, AutoTokenizer
+        except ImportError as exc:
+            raise import_failure(BACKEND, exc) from exc
+        quiet_transformers()
+        try:
+            model = AutoModel.from_pretrained(str(folder), local_files_only=True, dtype=runtime.dtype)
+            tokenizer = AutoTokenizer.from_pretrained(str(folder), local_files_only=True)
+            image_processor = AutoImageProcessor.from_pretrained(  # type: ignore[no-untyped-call]
+                str(folder), local_files_only=True, use_fast=False
+            )
+        except Exception as exc:  # the library raises whatever its loaders raise: one line, the folder named
+            raise load_failure(folder, exc) from exc
+    if not (hasattr(model, "get_text_features") and hasattr(model, "get_image_features")):
+        raise InputError(
+            f"the model in {folder} ({type(model).__name__}) is not CLIP-family (no text and image towers)"
+        )
+    model.to(device).eval()
+    return ClipEncoder(model, tokenizer, image_processor, folder, runtime, model_id(settings, folder), fingerprint)

@@ -1,0 +1,107 @@
+"""Model identity: which model produced a set of embeddings, carried from `encode` into every artifact.
+
+    encode        OUT.npy + OUT.json      {backend, model_id, fingerprint, dim, count, modality, ...}
+    support build SUPPORT/models.json     {"old": identity, "new": identity, query/target modality}
+    fit           profile.json "models"   the two identities, taken from models.json
+    gallery build gallery.json            the old model's id and fingerprint, from OUT.json
+    serve         startup check           configured encoders == profile == gallery, else refuse
+
+The fingerprint is the sha256 over the model folder's weight files (names and bytes, sorted), so a
+renamed or moved folder keeps its identity and a retrained one does not.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from service.errors import ArtifactError, InputError
+
+MODELS_JSON = "models.json"
+WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".onnx", ".msgpack", ".h5")
+_BLOCK = 8 << 20
+
+
+def weight_files(folder: Path) -> list[Path]:
+    """The model's weight files under `folder`, sorted by relative path."""
+    return sorted(
+        (p for p in folder.rglob("*") if p.is_file() and p.suffix in WEIGHT_SUFFIXES),
+        key=lambda p: p.relative_to(folder).as_posix(),
+    )
+
+
+def weights_fingerprint(folder: Path) -> str:
+    """Hex sha256 over the weight files' relative names and bytes; InputError when there are none."""
+    files = weight_files(folder)
+    if not files:
+        suffixes = ", ".join(WEIGHT_SUFFIXES)
+        raise InputError(f"{folder}: no weight files ({suffixes}) in the model folder")
+    digest = hashlib.sha256()
+    for path in files:
+        digest.update(path.relative_to(folder).as_posix().encode() + b"\0")
+        with path.open("rb") as f:
+            while block := f.read(_BLOCK):
+                digest.update(block)
+    return digest.hexdigest()
+
+
+@dataclass(frozen=True)
+class ModelIdentity:
+    """Who made a set of embeddings: backend name, model id, weights fingerprint (None if weightless), dim."""
+
+    backend: str
+    model_id: str
+    fingerprint: str | None
+    dim: int
+
+    def as_dict(self) -> dict[str, Any]:
+        """JSON-ready form."""
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: Any, where: str) -> ModelIdentity:
+        """Parse a JSON object written by `as_dict`; ArtifactError naming `where` when it is malformed."""
+        try:
+            fingerprint = data.get("fingerprint")
+            return cls(
+                backend=str(data["backend"]),
+                model_id=str(data["model_id"]),
+                fingerprint=None if fingerprint is None else str(fingerprint),
+                dim=int(data["dim"]),
+            )
+        except (AttributeError, KeyError, TypeError, ValueError) as exc:
+            raise ArtifactError(f"{where}: malformed model identity ({type(exc).__name__}: {exc})") from exc
+
+    def same_model(self, other: ModelIdentity) -> bool:
+        """Same id, dim and (when both have one) fingerprint."""
+        if (self.model_id, self.dim) != (other.model_id, other.dim):
+            return False
+        return self.fingerprint is None or other.fingerprint is None or self.fingerprint == other.fingerprint
+
+
+def read_json(path: Path) -> dict[str, Any]:
+    """A JSON object from `path`; ArtifactError naming the file otherwise."""
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError as exc:
+        raise ArtifactError(f"{path}: missing") from exc
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise ArtifactError(f"{path}: unreadable ({exc})") from exc
+    if not isinstance(data, dict):
+        raise ArtifactError(f"{path}: expected a JSON object")
+    return data
+
+
+def read_models_json(folder: Path) -> tuple[ModelIdentity, ModelIdentity] | None:
+    """(old, new) identities from FOLDER/models.json, or None when the folder has none."""
+    path = folder / MODELS_JSON
+    if not path.exists():
+        return None
+    data = read_json(path)
+    return (
+        ModelIdentity.from_dict(data.get("old"), f"{path} (old)"),
+        ModelIdentity.from_dict(data.get("new"), f"{path} (new)"),
+    )

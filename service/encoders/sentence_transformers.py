@@ -1,0 +1,114 @@
+"""Backend `sentence-transformers`: any SentenceTransformer folder, text queries only.
+
+Transformer models and static models (model2vec through sentence-transformers' StaticEmbedding)
+load alike from `settings.path`, with the network forbidden.  Inputs longer than the model's
+max_seq_length tokens are truncated by its tokenizer (/v1/info says how long that is).  fp16 on CUDA
+when settings.fp16, float32 on CPU.  Rows come back as unit float32; a static model gives an all-zero
+row (or, after its Normalize module, a NaN row) for text with no known token, e.g. an empty string:
+such rows come back as zero, never NaN, for the pipeline to judge.
+model_id: settings.model_id, else the folder's name; fingerprint: sha256 of the weight files.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any
+
+from service.encoders.base import Embeddings, Modality
+from service.encoders.identity import weights_fingerprint
+from service.encoders.torch_runtime import (
+    LOADING,
+    TorchRuntime,
+    go_offline,
+    import_failure,
+    load_failure,
+    model_folder,
+    model_id,
+    quiet_transformers,
+    unit_rows,
+)
+from service.errors import InputError
+from service.settings import EncoderSettings
+
+BACKEND = "sentence-transformers"
+WARMUP_TEXT = "warm up the encoder"
+
+
+class SentenceTransformerEncoder:
+    """A SentenceTransformer from a local folder behind the Encoder protocol (text only)."""
+
+    modalities: tuple[Modality, ...] = ("text",)
+
+    def __init__(self, model: Any, folder: Path, runtime: TorchRuntime, model_id: str, fingerprint: str) -> None:
+        self.model = model
+        self.folder = folder
+        self.runtime = runtime
+        self.device = runtime.device
+        self.model_id = model_id
+        self.fingerprint = fingerprint
+        # sentence-transformers 6 renamed the method; 5.x has only the old name.
+        get_dim = getattr(model, "get_embedding_dimension", None) or model.get_sentence_embedding_dimension
+        dim = get_dim()
+        if dim is None:  # some module stacks do not declare it: ask the model once
+            with runtime.run():
+                dim = int(model.encode([WARMUP_TEXT], convert_to_numpy=True).shape[1])
+        self.dim = int(dim)
+        limit = getattr(model, "max_seq_length", None)
+        # Static models report no limit (None or infinity): nothing is truncated.
+        self.max_seq_length = int(limit) if isinstance(limit, int | float) and math.isfinite(limit) else None
+
+    def encode(self, batch: list[str], modality: Modality = "text") -> Embeddings:
+        """Unit float32 [len(batch), dim] rows; InputError for any modality but text."""
+        if modality != "text":
+            raise InputError(f"model {self.model_id!r} ({BACKEND}) encodes text only, not {modality}")
+        with self.runtime.run():
+            rows = self.model.encode(
+                batch,
+                batch_size=max(1, len(batch)),
+                convert_to_tensor=True,
+                normalize_embeddings=False,
+                show_progress_bar=False,
+            )
+        return unit_rows(rows)
+
+    def warmup(self) -> None:
+        """Encode one short text (text is the only modality)."""
+        self.encode([WARMUP_TEXT])
+
+    def details(self) -> dict[str, Any]:
+        """Backend, folder, truncation length, dtype, threads."""
+        truncation = (
+            f"inputs longer than {self.max_seq_length} tokens are truncated"
+            if self.max_seq_length
+            else "no token limit (static model)"
+        )
+        return {
+            "backend": BACKEND,
+            "path": str(self.folder),
+            "max_seq_length": self.max_seq_length,
+            "truncation": truncation,
+            **self.runtime.details(),
+        }
+
+
+def sentence_transformer_encoder(settings: EncoderSettings, device: str) -> SentenceTransformerEncoder:
+    """Load settings.path as a SentenceTransformer on `device` (offline, inference only)."""
+    folder = model_folder(settings, BACKEND)
+    fingerprint = weights_fingerprint(folder)
+    go_offline()
+    runtime = TorchRuntime(settings, device)
+    with LOADING:
+        try:
+            from sentence_transformers import SentenceTransformer
+        except ImportError as exc:
+            raise import_failure(BACKEND, exc) from exc
+        quiet_transformers()
+        try:
+            model = SentenceTransformer(str(folder), device=device, local_files_only=True)
+        except Exception as exc:  # the library raises whatever its loaders raise: one line, the folder named
+            raise load_failure(folder, exc) from exc
+    model.eval()
+    if runtime.cuda and settings.fp16:
+        model.half()
+    return SentenceTransformerEncoder(model, folder, runtime, model_id(settings, folder), fingerprint)
