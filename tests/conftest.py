@@ -59,6 +59,21 @@ def world(tmp_path_factory: pytest.TempPathFactory) -> World:
     return world
 
 
+REAL_VOCAB_LIMIT = 3000  # ~2,000 frequent words and the single characters: distils in a few seconds
+
+
+@pytest.fixture(scope="session")
+def real_models(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str]:
+    """`nobackfill realworld models` with a restricted vocabulary: (the models folder, what it printed).
+
+    The new model is the packaged all-MiniLM-L6-v2 (real weights); the old one is distilled from it
+    over its first REAL_VOCAB_LIMIT word pieces, so a test run pays seconds, not the full distillation.
+    """
+    out = tmp_path_factory.mktemp("real-models")
+    done = run_cli("realworld", "models", "--out", out, "--vocab-limit", REAL_VOCAB_LIMIT)
+    return out, done.stdout
+
+
 def free_port() -> int:
     """A TCP port nobody listens on right now."""
     with socket.socket() as sock:
@@ -146,14 +161,14 @@ def private_redis(tmp_path: Path) -> Iterator[PrivateRedis]:
 def serve_process(world: World, *args: str, env: dict[str, str] | None = None) -> Iterator[str]:
     """Run `nobackfill serve ARGS` on a free port; yield its base URL; stop it with SIGTERM."""
     port = free_port()
+    inherited = {k: v for k, v in os.environ.items() if k != "NOBACKFILL_CACHE__REDIS_URL"}  # only `env` sets it
     full_env = {
-        **os.environ,
+        **inherited,
         "NOBACKFILL_INDEX__GALLERY_DIR": str(world.gallery_dir),
         "NOBACKFILL_COMPAT__PROFILE_DIR": str(world.profile_dir),
         "NOBACKFILL_API__PORT": str(port),
         **(env or {}),
     }
-    full_env.pop("NOBACKFILL_CACHE__REDIS_URL", None)
     process = subprocess.Popen(
         [sys.executable, "-m", "service.cli", "serve", *args],
         env=full_env,

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from conftest import REAL_VOCAB_LIMIT as VOCAB_LIMIT
 from conftest import run_cli
 
 from service.errors import InputError
@@ -408,15 +409,12 @@ def test_staging_leaves_nothing_on_failure(tmp_path: Path) -> None:
 
 SIMILAR = ("How do I compute the average of an array?", "Return the arithmetic mean of the array elements.")
 UNRELATED = "The train to the coast leaves every morning at nine."
-VOCAB_LIMIT = 3000  # ~2,000 frequent words and the single characters: distils in a few seconds
 
 
 @pytest.fixture(scope="module")
-def built_models(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str]:
-    """`nobackfill realworld models` with a restricted vocabulary: (the models folder, what it printed)."""
-    out = tmp_path_factory.mktemp("models")
-    done = run_cli("realworld", "models", "--out", out, "--vocab-limit", str(VOCAB_LIMIT))
-    return out, done.stdout
+def built_models(real_models: tuple[Path, str]) -> tuple[Path, str]:
+    """The session's `nobackfill realworld models` run (conftest.real_models): (the models folder, its output)."""
+    return real_models
 
 
 def _unit_rows(folder: Path, texts: list[str]) -> np.ndarray:

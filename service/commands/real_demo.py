@@ -121,9 +121,16 @@ def prepare(real: RealDeployment, run: Run) -> None:
 
 
 def example_query(real: RealDeployment) -> str:
-    """The first test query of the corpus: a real docstring summary whose description is in the gallery."""
+    """The first test query from numpy's docstrings (a familiar question; its description is in the gallery)."""
+    sources = {}
+    with (real.corpus / "gallery.jsonl").open(encoding="utf-8") as f:
+        for line in f:
+            row = json.loads(line)
+            sources[row["id"]] = str(row.get("source", ""))
     with (real.corpus / "test.jsonl").open(encoding="utf-8") as f:
-        return str(json.loads(f.readline())["query"])
+        rows = [json.loads(line) for line in f]
+    numpy_rows = [row for row in rows if sources.get(row["target_id"], "").startswith("numpy.")]
+    return str((numpy_rows or rows)[0]["query"])
 
 
 def curl_example(real: RealDeployment, host: str, port: int) -> str:

@@ -104,11 +104,18 @@ def texts(
     if not isinstance(answer, dict) or not isinstance(answer.get("results"), list):
         raise InputError('not a /v1/search answer: expected {"results": [...]}')
     items = {int(row["id"]): row for row in read_jsonl(corpus / GALLERY_JSONL)}
-    for number, result in enumerate(answer["results"]):
-        typer.echo(f"query {number}: mode {result.get('mode')}, cache {result.get('cache')}")
-        for rank, (item, score) in enumerate(zip(result.get("ids", []), result.get("scores", []), strict=False), 1):
+
+    def show(ids: list[int], scores: list[float]) -> None:
+        for rank, (item, score) in enumerate(zip(ids, scores, strict=False), 1):
             row = items.get(int(item))
             text = "(not in this corpus)" if row is None else str(row["text"])
             source = "" if row is None else f"  [{row.get('source', '')}]"
             shown = text if len(text) <= width else text[: width - 3] + "..."
             typer.echo(f"  {rank:>2}. id {item:<6} {score:.3f}{source}\n      {shown}")
+
+    for number, result in enumerate(answer["results"]):
+        typer.echo(f"query {number}: mode {result.get('mode')}, cache {result.get('cache')}")
+        show(result.get("ids", []), result.get("scores", []))
+        if "old_ids" in result:  # mode compare: the old system's answer to the same query
+            typer.echo(f"query {number}, the old model alone (overlap {result.get('overlap')}):")
+            show(result["old_ids"], result.get("old_scores", []))
