@@ -50,39 +50,38 @@ def check_compatible(
 ) -> None:
     """Refuse, in one ArtifactError line, encoders / profile / gallery that disagree on dims or model identity."""
     settings = settings or Settings()
-    where = {
-        "old": f"old encoder {old.model_id!r} ({encoder_line(settings.old, 'old')})",
-        "new": f"new encoder {new.model_id!r} ({encoder_line(settings.new, 'new')})",
-        "profile": f"profile {profile.profile_id} (NOBACKFILL_COMPAT__PROFILE_DIR={settings.compat.profile_dir})",
-        "gallery": f"gallery (NOBACKFILL_INDEX__GALLERY_DIR={settings.index.gallery_dir})",
+    encoders = {
+        "old": (old, f"old encoder {old.model_id!r} ({encoder_line(settings.old, 'old')})"),
+        "new": (new, f"new encoder {new.model_id!r} ({encoder_line(settings.new, 'new')})"),
     }
-    problems: list[str] = []
-    if gallery.dim != old.dim:
-        problems.append(
-            f"{where['old']} gives {old.dim}-d rows but the {where['gallery']} holds {gallery.dim}-d vectors"
-        )
-    for role, encoder, dim in (("old", old, profile.old_dim), ("new", new, profile.new_dim)):
-        if encoder.dim != dim:
-            problems.append(
-                f"{where[role]} gives {encoder.dim}-d rows but the {where['profile']} expects {dim}-d {role} rows"
-            )
+    profile_name = f"profile {profile.profile_id} (NOBACKFILL_COMPAT__PROFILE_DIR={settings.compat.profile_dir})"
+    gallery_name = f"gallery (NOBACKFILL_INDEX__GALLERY_DIR={settings.index.gallery_dir})"
     # gallery.json: "old_model" (identity from OUT.json) since `encode`; only "old_model_id" before.
-    gallery_id, gallery_fp = _recorded(gallery.meta.get("old_model") or {"model_id": gallery.meta.get("old_model_id")})
-    if gallery_id is not None and gallery_id != old.model_id:
-        problems.append(f"the {where['gallery']} was built by old model {gallery_id!r}, not by the {where['old']}")
-    _compare_fingerprints(problems, where["gallery"], gallery_fp, where["old"], old)
+    gallery_block = gallery.meta.get("old_model") or {"model_id": gallery.meta.get("old_model_id")}
     models = profile.models or {}
-    for role, encoder, fitted_id in (("old", old, profile.old_model_id), ("new", new, profile.new_model_id)):
-        if fitted_id != encoder.model_id:
-            problems.append(f"the {where['profile']} was fitted for {role} model {fitted_id!r}, not the {where[role]}")
-        _, fitted_fp = _recorded(models.get(role))
-        _compare_fingerprints(problems, where["profile"], fitted_fp, where[role], encoder)
+    checks = [
+        ("old", gallery_name, gallery.dim, gallery_block),
+        ("old", profile_name, profile.old_dim, {"model_id": profile.old_model_id, **(models.get("old") or {})}),
+        ("new", profile_name, profile.new_dim, {"model_id": profile.new_model_id, **(models.get("new") or {})}),
+    ]
+    problems = []
+    for role, artifact, dim, block in checks:
+        encoder, encoder_name = encoders[role]
+        clauses = _disagreements(encoder, dim, *_recorded(block))
+        if clauses:
+            problems.append(f"{encoder_name} vs the {artifact}: {', '.join(clauses)}")
     if problems:
         raise ArtifactError("encoders, profile and gallery disagree: " + "; ".join(problems))
 
 
-def _compare_fingerprints(problems: list[str], artifact: str, recorded: str | None, who: str, encoder: Encoder) -> None:
-    """Add a clause when the artifact's recorded weights fingerprint differs from the encoder's."""
+def _disagreements(encoder: Encoder, dim: int, model_id: str | None, fingerprint: str | None) -> list[str]:
+    """What an artifact records (dim, model id, weights sha256) that the encoder is not; unknowns pass."""
+    clauses = []
+    if encoder.dim != dim:
+        clauses.append(f"{encoder.dim}-d rows where it holds {dim}-d")
+    if model_id is not None and model_id != encoder.model_id:
+        clauses.append(f"model {encoder.model_id!r} where it was made by {model_id!r}")
     actual = fingerprint_of(encoder)
-    if recorded is not None and actual is not None and recorded != actual:
-        problems.append(f"the {artifact} records weights sha256 {_short(recorded)} but the {who} has {_short(actual)}")
+    if fingerprint is not None and actual is not None and fingerprint != actual:
+        clauses.append(f"weights sha256 {_short(actual)} where it records {_short(fingerprint)}")
+    return clauses
