@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+import io
 import os
 import shutil
 import signal
@@ -23,6 +25,33 @@ NOBACKFILL = [sys.executable, "-m", "service.cli"]
 REDIS_SERVER = shutil.which("redis-server")
 WORLD_GALLERY_SIZE = 20_000
 WORLD_SUPPORT_SIZE = 4_000
+
+
+@dataclass(frozen=True)
+class Done:
+    """Exit code and output of one in-process `nobackfill` run."""
+
+    returncode: int
+    stdout: str
+    stderr: str
+
+
+def cli(*args: str | int | Path) -> Done:
+    """Run `nobackfill ARGS` in this process through service.cli.main (exit code 2 on our errors)."""
+    from service.cli import main as cli_main
+
+    out, err = io.StringIO(), io.StringIO()
+    code: int | str | None = 0
+    argv = sys.argv
+    sys.argv = ["nobackfill", *map(str, args)]
+    try:
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            cli_main()
+    except SystemExit as exc:
+        code = exc.code
+    finally:
+        sys.argv = argv
+    return Done(code if isinstance(code, int) else 1, out.getvalue(), err.getvalue())
 
 
 def run_cli(*args: str | Path, check: bool = True) -> subprocess.CompletedProcess[str]:

@@ -9,24 +9,19 @@ weights: the packaged all-MiniLM-L6-v2 and a tiny random static model (tests/tin
 from __future__ import annotations
 
 import base64
-import contextlib
-import io
 import json
 import os
 import shutil
-import sys
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import numpy.typing as npt
 import pytest
-from conftest import run_cli
+from conftest import Done, cli, run_cli
 from PIL import Image
 from tiny_models import packaged_minilm, tiny_static
 
-from service import cli as cli_module
 from service.bulk.encode import check_rows, encode_file, load_encoder, sidecar_identity
 from service.bulk.inputs import Bad, Item, input_spec, read_items, scan
 from service.bulk.pairs import read_pairs
@@ -39,31 +34,6 @@ from service.errors import ArtifactError, InputError, NobackfillError
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 SYNTH_OLD = ModelIdentity("synthetic-old", "synthetic-old", None, 512)
-
-
-@dataclass(frozen=True)
-class Done:
-    """Exit code and output of one in-process `nobackfill` run."""
-
-    returncode: int
-    stdout: str
-    stderr: str
-
-
-def cli(*args: str | int | Path) -> Done:
-    """Run `nobackfill ARGS` in this process through service.cli.main (exit code 2 on our errors)."""
-    out, err = io.StringIO(), io.StringIO()
-    code: int | str | None = 0
-    argv = sys.argv
-    sys.argv = ["nobackfill", *map(str, args)]
-    try:
-        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-            cli_module.main()
-    except SystemExit as exc:
-        code = exc.code
-    finally:
-        sys.argv = argv
-    return Done(code if isinstance(code, int) else 1, out.getvalue(), err.getvalue())
 
 
 def error_line(done: Done) -> str:

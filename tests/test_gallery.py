@@ -8,16 +8,13 @@ the `.npy` tests use tiny 64-d galleries so they build in a second or two.
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
-import io
 import json
 import os
 import shutil
 import subprocess
 import sys
 import threading
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -25,9 +22,8 @@ import faiss
 import numpy as np
 import numpy.typing as npt
 import pytest
-from conftest import run_cli
+from conftest import Done, cli, run_cli
 
-from service import cli as cli_module
 from service.encoders.synthetic import SyntheticNewEncoder
 from service.errors import ArtifactError, InputError
 from service.index.gallery import Gallery
@@ -38,31 +34,6 @@ NLIST = 32
 PQ_M = 16
 NPY_ROWS = 3_000
 NPY_DIM = 64
-
-
-@dataclass(frozen=True)
-class Done:
-    """Exit code and output of one in-process `nobackfill` run."""
-
-    returncode: int
-    stdout: str
-    stderr: str
-
-
-def cli(*args: str | int | Path) -> Done:
-    """Run `nobackfill ARGS` in this process through service.cli.main (exit code 2 on our errors)."""
-    out, err = io.StringIO(), io.StringIO()
-    code: int | str | None = 0
-    argv = sys.argv
-    sys.argv = ["nobackfill", *map(str, args)]
-    try:
-        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-            cli_module.main()
-    except SystemExit as exc:
-        code = exc.code
-    finally:
-        sys.argv = argv
-    return Done(code if isinstance(code, int) else 1, out.getvalue(), err.getvalue())
 
 
 def ok(*args: str | int | Path) -> Done:

@@ -107,20 +107,3 @@ def publish_files(moves: list[tuple[Path, Path]]) -> None:
         moves[-1][1].unlink(missing_ok=True)
     for tmp, final in moves:
         os.replace(tmp, final)
-
-
-def publish_dir(tmp: Path, final: Path) -> None:
-    """Move a finished temporary folder to `final`, replacing a folder there only after it is complete."""
-    if final.is_dir() and not any(final.iterdir()):
-        final.rmdir()
-    if not final.exists():
-        os.rename(tmp, final)
-        return
-    trash = final.parent / f".{final.name}.old-{uuid.uuid4().hex[:8]}"
-    os.rename(final, trash)
-    try:
-        os.rename(tmp, final)
-    except BaseException:
-        os.rename(trash, final)
-        raise
-    shutil.rmtree(trash, ignore_errors=True)

@@ -27,7 +27,8 @@ from typing import Any, Literal
 import numpy as np
 
 import service
-from service.bulk.atomic import discard, make_parents, publish_dir, remove_empty, temp_dir
+from service.atomic_dir import replace_dir
+from service.bulk.atomic import discard, make_parents, remove_empty, temp_dir
 from service.bulk.encode import check_modality, encode_batch, load_encoder
 from service.bulk.npy_writer import NpyWriter
 from service.bulk.pairs import Pairs
@@ -147,7 +148,7 @@ def build_support(
             nobackfill_version=service.__version__,
         )
         (tmp / MODELS_JSON).write_text(json.dumps(content, indent=2) + "\n", encoding="utf-8")
-        publish_dir(tmp, out)
+        replace_dir(tmp, out)
     except BaseException:
         if tmp is not None:
             discard(tmp)

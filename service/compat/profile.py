@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import shutil
 import tempfile
 from collections.abc import Mapping
@@ -41,6 +40,7 @@ import numpy.typing as npt
 from safetensors import SafetensorError
 from safetensors.numpy import load_file, save_file
 
+from service.atomic_dir import replace_dir
 from service.compat.psp import correction_matrix
 from service.errors import ArtifactError
 
@@ -304,31 +304,11 @@ def save_profile(
         (tmp / PROFILE_JSON).write_text(json.dumps(saved.metadata(), indent=2) + "\n")
         for name, data in (extra_files or {}).items():
             (tmp / name).write_bytes(data)
-        _publish(tmp, target)
+        replace_dir(tmp, target)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     return saved
-
-
-def _publish(tmp: Path, target: Path) -> None:
-    """Move the finished temporary folder onto target with renames (the old one kept until the end)."""
-    if target.is_dir():
-        if not any(target.iterdir()):
-            target.rmdir()
-            os.rename(tmp, target)
-            return
-        backup = Path(tempfile.mkdtemp(prefix=f".{target.name}.old-", dir=target.parent))
-        backup.rmdir()
-        os.rename(target, backup)
-        try:
-            os.rename(tmp, target)
-        except BaseException:
-            os.rename(backup, target)
-            raise
-        shutil.rmtree(backup, ignore_errors=True)
-        return
-    os.rename(tmp, target)
 
 
 def load_profile(directory: Path | str, *, old_dim: int | None = None, new_dim: int | None = None) -> CompatProfile:

@@ -62,15 +62,16 @@ class SentenceTransformerEncoder:
         """Unit float32 [len(batch), dim] rows; InputError for any modality but text."""
         if modality != "text":
             raise InputError(f"model {self.model_id!r} ({BACKEND}) encodes text only, not {modality}")
-        with self.runtime.run():
-            rows = self.model.encode(
-                batch,
-                batch_size=max(1, len(batch)),
-                convert_to_tensor=True,
-                normalize_embeddings=False,
-                show_progress_bar=False,
+        with self.runtime.run():  # unit_rows inside too: on CUDA it must read the rows on this encoder's stream
+            return unit_rows(
+                self.model.encode(
+                    batch,
+                    batch_size=max(1, len(batch)),
+                    convert_to_tensor=True,
+                    normalize_embeddings=False,
+                    show_progress_bar=False,
+                )
             )
-        return unit_rows(rows)
 
     def warmup(self) -> None:
         """Encode one short text (text is the only modality)."""

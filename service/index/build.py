@@ -23,6 +23,7 @@ import numpy.typing as npt
 from tqdm import tqdm  # type: ignore[import-untyped]
 
 import service
+from service.atomic_dir import replace_dir
 from service.errors import InputError
 from service.index.artifact import FORMAT_VERSION, INDEX_NAME, META_NAME, edges_sha256, sha256_file, write_meta
 from service.index.coarse import TwoLevel, assign_two_level, train_two_level
@@ -62,15 +63,7 @@ def _make_temp(out: Path) -> Path:
 def _publish(tmp: Path, out: Path, force: bool) -> None:
     """Move the finished build to `out`, replacing an old gallery there only with force."""
     check_output(out, force)
-    if out.is_dir() and not (out / META_NAME).is_file():
-        out.rmdir()  # empty, by check_output
-    if out.exists():
-        trash = out.parent / f".{out.name}.old-{uuid.uuid4().hex[:8]}"
-        out.rename(trash)
-        tmp.rename(out)
-        shutil.rmtree(trash, ignore_errors=True)
-    else:
-        tmp.rename(out)
+    replace_dir(tmp, out)
 
 
 class _Trained:

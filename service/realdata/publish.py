@@ -13,13 +13,13 @@ cannot wipe a user's folder.
 
 from __future__ import annotations
 
-import os
 import shutil
 import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+from service.atomic_dir import replace_dir
 from service.errors import InputError
 
 
@@ -57,19 +57,6 @@ def staging(out: Path, marker: str, force: bool) -> Iterator[Path]:
 
 
 def _replace(tmp: Path, out: Path, marker: str, force: bool) -> None:
-    """Rename `tmp` onto `out`; an old `out` is moved aside first and deleted only once tmp is in place."""
+    """Rename `tmp` onto `out` (an old `out` is moved aside first and deleted only once tmp is in place)."""
     check_output(out, marker, force)  # again: something may have appeared while we were writing
-    if out.is_dir() and not any(out.iterdir()):
-        out.rmdir()
-    if not out.exists():
-        os.rename(tmp, out)
-        return
-    backup = Path(tempfile.mkdtemp(prefix=f".{out.name}.old-", dir=out.parent))
-    backup.rmdir()
-    os.rename(out, backup)
-    try:
-        os.rename(tmp, out)
-    except BaseException:
-        os.rename(backup, out)
-        raise
-    shutil.rmtree(backup, ignore_errors=True)
+    replace_dir(tmp, out)

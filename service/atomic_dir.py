@@ -1,0 +1,33 @@
+"""Publish a finished folder under its final name with renames, so readers see the old one or the new one.
+
+    build everything in `tmp` (a sibling of `final`: same file system, so renames are atomic)
+    replace_dir(tmp, final)
+        no `final`, or an empty one   -> rename tmp to final
+        an existing `final`           -> rename it aside, rename tmp to final, then delete the old one
+                                         (restored if the second rename fails)
+Callers decide beforehand whether replacing `final` is allowed (--force and the like).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import uuid
+from pathlib import Path
+
+
+def replace_dir(tmp: Path, final: Path) -> None:
+    """Rename the complete folder `tmp` onto `final`; an old `final` is deleted only once `tmp` is in place."""
+    if final.is_dir() and not any(final.iterdir()):
+        final.rmdir()
+    if not final.exists():
+        os.rename(tmp, final)
+        return
+    old = final.parent / f".{final.name}.old-{uuid.uuid4().hex[:8]}"
+    os.rename(final, old)
+    try:
+        os.rename(tmp, final)
+    except BaseException:
+        os.rename(old, final)
+        raise
+    shutil.rmtree(old, ignore_errors=True)
