@@ -2,16 +2,12 @@
 
 from __future__ import annotations
 
-import base64
-import binascii
-import io
-
 import numpy as np
-from PIL import Image, UnidentifiedImageError
 
 from service.api.schemas import QueryIn
 from service.encoders.base import Embeddings
 from service.errors import InputError
+from service.images import verify_image
 from service.pipeline import Query
 
 
@@ -19,15 +15,7 @@ def check_image(i: int, payload: str, max_bytes: int) -> None:
     """Refuse a payload that is not strict base64 of a decodable image within the size limit."""
     if len(payload) > max_bytes * 4 // 3 + 4:
         raise InputError(f"queries[{i}].image_b64 is over the {max_bytes}-byte limit")
-    try:
-        raw = base64.b64decode(payload, validate=True)
-    except (binascii.Error, ValueError) as exc:
-        raise InputError(f"queries[{i}].image_b64 is not valid base64") from exc
-    try:
-        with Image.open(io.BytesIO(raw)) as image:
-            image.verify()
-    except (UnidentifiedImageError, OSError, SyntaxError, ValueError) as exc:
-        raise InputError(f"queries[{i}].image_b64 is not a readable image") from exc
+    verify_image(payload, f"queries[{i}].image_b64")
 
 
 def _vector(values: list[float] | None) -> Embeddings | None:

@@ -12,7 +12,6 @@ Text is truncated at the text tower's position limit (/v1/info says how long tha
 from __future__ import annotations
 
 import base64
-import binascii
 import io
 from pathlib import Path
 from typing import Any
@@ -20,17 +19,15 @@ from typing import Any
 from service.encoders.base import Embeddings, Modality
 from service.encoders.identity import weights_fingerprint
 from service.encoders.torch_runtime import (
-    LOADING,
     TorchRuntime,
-    go_offline,
-    import_failure,
-    load_failure,
+    loading,
     model_folder,
     model_id,
     quiet_transformers,
     unit_rows,
 )
 from service.errors import InputError
+from service.images import rgb_image
 from service.settings import EncoderSettings
 
 BACKEND = "clip"
@@ -83,7 +80,7 @@ class ClipEncoder:
             return unit_rows(_features(self.model.get_text_features(**tokens)))
 
     def _images(self, batch: list[str]) -> Embeddings:
-        images = [decode_image(i, payload) for i, payload in enumerate(batch)]
+        images = [rgb_image(payload, f"image {i}") for i, payload in enumerate(batch)]
         pixels = self.image_processor(images=images, return_tensors="pt")["pixel_values"]
         with self.runtime.run():
             pixels = pixels.to(self.device, dtype=self.runtime.dtype)
@@ -114,41 +111,20 @@ def _features(output: Any) -> Any:
     return output if hasattr(output, "ndim") else output.pooler_output
 
 
-def decode_image(i: int, payload: str) -> Any:
-    """An RGB PIL image from base64 file bytes; InputError naming item i when it is not one."""
-    from PIL import Image, UnidentifiedImageError
-
-    try:
-        raw = base64.b64decode(payload, validate=True)
-    except (binascii.Error, ValueError) as exc:
-        raise InputError(f"image {i} is not valid base64") from exc
-    try:
-        with Image.open(io.BytesIO(raw)) as image:
-            return image.convert("RGB")
-    except (UnidentifiedImageError, OSError, SyntaxError, ValueError) as exc:
-        raise InputError(f"image {i} is not a readable image ({type(exc).__name__})") from exc
-
-
 def clip_encoder(settings: EncoderSettings, device: str) -> ClipEncoder:
     """Load settings.path as a CLIP-family model with its tokenizer and PIL image processor on `device`."""
     folder = model_folder(settings, BACKEND)
     fingerprint = weights_fingerprint(folder)
-    go_offline()
     runtime = TorchRuntime(settings, device)
-    with LOADING:
-        try:
-            from transformers import AutoImageProcessor, AutoModel, AutoTokenizer
-        except ImportError as exc:
-            raise import_failure(BACKEND, exc) from exc
+    with loading(BACKEND, folder):
+        from transformers import AutoImageProcessor, AutoModel, AutoTokenizer
+
         quiet_transformers()
-        try:
-            model = AutoModel.from_pretrained(str(folder), local_files_only=True, dtype=runtime.dtype)
-            tokenizer = AutoTokenizer.from_pretrained(str(folder), local_files_only=True)
-            image_processor = AutoImageProcessor.from_pretrained(  # type: ignore[no-untyped-call]
-                str(folder), local_files_only=True, use_fast=False
-            )
-        except Exception as exc:  # the library raises whatever its loaders raise: one line, the folder named
-            raise load_failure(folder, exc) from exc
+        model = AutoModel.from_pretrained(str(folder), local_files_only=True, dtype=runtime.dtype)
+        tokenizer = AutoTokenizer.from_pretrained(str(folder), local_files_only=True)
+        image_processor = AutoImageProcessor.from_pretrained(  # type: ignore[no-untyped-call]
+            str(folder), local_files_only=True, use_fast=False
+        )
     if not (hasattr(model, "get_text_features") and hasattr(model, "get_image_features")):
         raise InputError(
             f"the model in {folder} ({type(model).__name__}) is not CLIP-family (no text and image towers)"

@@ -18,11 +18,8 @@ from typing import Any
 from service.encoders.base import Embeddings, Modality
 from service.encoders.identity import weights_fingerprint
 from service.encoders.torch_runtime import (
-    LOADING,
     TorchRuntime,
-    go_offline,
-    import_failure,
-    load_failure,
+    loading,
     model_folder,
     model_id,
     quiet_transformers,
@@ -97,18 +94,12 @@ def sentence_transformer_encoder(settings: EncoderSettings, device: str) -> Sent
     """Load settings.path as a SentenceTransformer on `device` (offline, inference only)."""
     folder = model_folder(settings, BACKEND)
     fingerprint = weights_fingerprint(folder)
-    go_offline()
     runtime = TorchRuntime(settings, device)
-    with LOADING:
-        try:
-            from sentence_transformers import SentenceTransformer
-        except ImportError as exc:
-            raise import_failure(BACKEND, exc) from exc
+    with loading(BACKEND, folder):
+        from sentence_transformers import SentenceTransformer
+
         quiet_transformers()
-        try:
-            model = SentenceTransformer(str(folder), device=device, local_files_only=True)
-        except Exception as exc:  # the library raises whatever its loaders raise: one line, the folder named
-            raise load_failure(folder, exc) from exc
+        model = SentenceTransformer(str(folder), device=device, local_files_only=True)
     model.eval()
     if runtime.cuda and settings.fp16:
         model.half()

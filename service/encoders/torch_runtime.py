@@ -78,6 +78,25 @@ def load_failure(folder: Path, exc: Exception) -> InputError:
     return InputError(f"cannot load the model in {folder}: {type(exc).__name__}: {first}")
 
 
+@contextlib.contextmanager
+def loading(backend: str, folder: Path) -> Iterator[None]:
+    """Import the model library and load a folder: offline, one load at a time, failures in one line.
+
+    An ImportError names the extra to install (or says why the installed library broke); anything
+    else the library raises names the folder.
+    """
+    go_offline()
+    with LOADING:
+        try:
+            yield
+        except ImportError as exc:
+            raise import_failure(backend, exc) from exc
+        except InputError:
+            raise
+        except Exception as exc:  # the libraries raise whatever their loaders raise
+            raise load_failure(folder, exc) from exc
+
+
 class TorchRuntime:
     """Device, dtype, thread count and CUDA stream of one encoder; `run()` wraps each batch."""
 
