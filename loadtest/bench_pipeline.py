@@ -27,19 +27,13 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import statistics
-import subprocess
-import sys
 import time
-from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+from benchlib import Baseline, cli, percentiles, table, time_one, write_identity_profile
 
-from service.compat.profile import CompatProfile, save_profile
-from service.encoders.base import Encoder
-from service.encoders.batcher import MicroBatcher
 from service.encoders.registry import create_encoder
 from service.encoders.synthetic import SyntheticNewEncoder
 from service.index.gallery import Gallery
@@ -49,11 +43,6 @@ from service.settings import CacheSettings, CompatSettings, EncoderSettings, Ind
 ROOT = Path("artifacts/bench")
 DTYPES = ("float16", "float32")
 COARSE = ("flat", "hnsw")
-
-
-def cli(*args: str | Path) -> None:
-    """Run a `nobackfill` subcommand, failing loudly."""
-    subprocess.run([sys.executable, "-m", "service.cli", *map(str, args)], check=True)
 
 
 def prepare(size: int, old_gallery: Path | None) -> dict[str, Path]:
@@ -74,31 +63,13 @@ def prepare(size: int, old_gallery: Path | None) -> dict[str, Path]:
         )
     paths["reindexed"] = base / "reindexed-profile"
     if not (paths["reindexed"] / "profile.json").exists():
-        write_identity_profile(paths["reindexed"])
+        new = SyntheticNewEncoder()
+        write_identity_profile(paths["reindexed"], new.model_id, new.dim)
     if not (paths["profile"] / "profile.json").exists():
         if not (paths["support"] / "old_query.npy").exists():
             cli("synth", "support", "--n", "20000", "--out", paths["support"])
         cli("fit", paths["support"], "--out", paths["profile"], "--force")
     return paths
-
-
-def write_identity_profile(path: Path) -> None:
-    """The profile of a re-indexed service: the new model on both sides, R = I, serving mode `old`."""
-    new = SyntheticNewEncoder()
-    identity = CompatProfile(
-        head="aligned",
-        old_model_id=new.model_id,
-        new_model_id=new.model_id,
-        old_dim=new.dim,
-        new_dim=new.dim,
-        alphas={},
-        params={},
-        fit_on="none: re-indexed baseline",
-        folds=0,
-        fit_report={},
-        tensors={"R": np.eye(new.dim, dtype=np.float32)},
-    )
-    save_profile(identity, path, overwrite=True)
 
 
 def encoder_settings(backend: str, args: argparse.Namespace, batching: bool = True) -> EncoderSettings:
@@ -131,36 +102,6 @@ def caption(item: int, variant: int) -> str:
     return f"item-{item:010d} caption-{variant}"
 
 
-def percentiles(samples: Sequence[float]) -> dict[str, float]:
-    """p50 / p99 in milliseconds."""
-    ordered = sorted(samples)
-    return {
-        "p50_ms": 1000 * statistics.median(ordered),
-        "p99_ms": 1000 * ordered[min(len(ordered) - 1, int(0.99 * len(ordered)))],
-    }
-
-
-class Baseline:
-    """A re-indexed system: the new encoder behind the same batcher, searching a new-model gallery."""
-
-    def __init__(self, encoder: Encoder, gallery: Gallery, args: argparse.Namespace) -> None:
-        self.batcher = MicroBatcher(encoder, 32, args.max_wait_ms, name="new")
-        self.gallery = gallery
-        self.nprobe = args.nprobe
-
-    async def search(self, text: str) -> None:
-        """Encode and search, as the pipeline does (search on a worker thread)."""
-        rows = await self.batcher.encode([text], "text")
-        await asyncio.to_thread(self.gallery.search, rows, 10, self.nprobe)
-
-
-async def time_one(call: Any) -> float:
-    """Seconds one awaited call takes."""
-    start = time.perf_counter()
-    await call
-    return time.perf_counter() - start
-
-
 async def latency_rows(paths: dict[str, Path], args: argparse.Namespace, size: int) -> list[dict[str, Any]]:
     """Baseline vs slerp (warm, cold concurrent, cold sequential), interleaved query by query."""
     rng = np.random.default_rng(size)
@@ -187,7 +128,7 @@ async def latency_rows(paths: dict[str, Path], args: argparse.Namespace, size: i
     )
     new_encoder = create_encoder(encoder_settings("synthetic-new", args), "new")
     # The same coarse quantizer choice as the pipelines ("auto"), so only the transform differs.
-    baseline = Baseline(new_encoder, Gallery.load(paths["new"], coarse="auto"), args)
+    baseline = Baseline(new_encoder, Gallery.load(paths["new"], coarse="auto"), args.nprobe, args.max_wait_ms)
     await baseline.batcher.start()
     samples: dict[str, list[float]] = {"bare": [], "service": [], "warm": [], "cold": [], "sequential": []}
     try:
@@ -237,7 +178,7 @@ async def latency_rows(paths: dict[str, Path], args: argparse.Namespace, size: i
 async def throughput(paths: dict[str, Path], args: argparse.Namespace, batching: bool, size: int) -> float:
     """Queries per second with 32 concurrent clients on a cold cache."""
     pipeline = await Pipeline.build(settings_for(paths, args, cache=CacheSettings(lru_size=0), batching=batching))
-    per_client = max(args.queries // 32, 4)
+    per_client: int = max(args.queries // 32, 4)
 
     async def client(c: int) -> None:
         for j in range(per_client):
@@ -276,15 +217,6 @@ async def warm_rows(
             await pipeline.aclose()
         rows.append({"size": size, column: value, **percentiles(times), "hit@10": hits / len(items)})
     return rows
-
-
-def table(rows: list[dict[str, Any]]) -> str:
-    """A markdown table of dict rows."""
-    keys = list(rows[0])
-    lines = ["| " + " | ".join(keys) + " |", "|" + "---|" * len(keys)]
-    for row in rows:
-        lines.append("| " + " | ".join(f"{v:.3f}" if isinstance(v, float) else str(v) for v in row.values()) + " |")
-    return "\n".join(lines)
 
 
 async def main() -> None:

@@ -1,14 +1,24 @@
-"""Locust load test for POST /v1/search against a gallery of the synthetic world.
+"""Locust load test for POST /v1/search, against the synthetic world or with real query texts.
 
 Run: `locust -f loadtest/locustfile.py --headless --host http://127.0.0.1:8000` (nothing else is
-required). Queries are captions of random gallery items (`item-0000001234 caption-7`); a chosen
-share repeats earlier queries so the old-embedding cache hits. Because the synthetic world knows
-the ground truth, each answer is also scored: did the query's own item come back in the top 10?
+required). By default queries are captions of random gallery items (`item-0000001234 caption-7`);
+a chosen share repeats earlier queries so the old-embedding cache hits. Because the synthetic world
+knows the ground truth, each answer is also scored: did the query's own item come back in the top 10?
 That hit@10, per mode, is printed at the end and written to `--hit-report` as JSON.
+
+`--queries-file A.jsonl,B.jsonl` sends real texts instead (a JSONL `query` field, or one text per
+line): fresh queries walk the files' texts in one shuffled order (so they repeat only once all are
+used), hot repeats come from the first `--hot-set` of that order. A JSONL row's `target_id`, when
+present, is the gallery id that scores hit@10 (the real corpus's gallery ids are its corpus ids).
+
+`--user-rate R` paces each user at R requests per second (Locust's constant_throughput): with U
+users the offered load is U x R requests per second, as long as a request takes less than U / (U x R)
+seconds; 0 (the default) is a closed loop, each user sending its next request when the last returns.
 """
 
 from __future__ import annotations
 
+import itertools
 import json
 import random
 import threading
@@ -16,7 +26,7 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
-from locust import events, task
+from locust import constant_throughput, events, task
 from locust.contrib.fasthttp import FastHttpUser
 
 K = 10
@@ -35,6 +45,8 @@ def _add_arguments(parser: Any) -> None:
     parser.add_argument("--gallery-size", type=int, default=0, help="items in the gallery (0: ask /v1/info)")
     parser.add_argument("--hit-report", default="loadtest/results/hit_at_10.json", help="where to write hit@10")
     parser.add_argument("--think-time", type=float, default=0.0, help="max seconds a user waits between requests")
+    parser.add_argument("--user-rate", type=float, default=0.0, help="requests/s per user (0: closed loop)")
+    parser.add_argument("--queries-file", default="", help="real query texts: JSONL or text files, comma separated")
 
 
 def parse_mix(text: str) -> tuple[list[str], list[float]]:
@@ -75,10 +87,57 @@ HITS = HitCounter()
 GALLERY: dict[str, int] = {}
 
 
+class QueryTexts:
+    """Real query texts from files, walked in one shuffled order shared by all users of this process."""
+
+    def __init__(self, spec: str) -> None:
+        rows: list[tuple[int | None, str]] = []
+        for name in filter(None, (part.strip() for part in spec.split(","))):
+            path = Path(name)
+            for line in path.read_text(encoding="utf-8").splitlines():
+                if not line.strip():
+                    continue
+                if path.suffix == ".jsonl":
+                    row = json.loads(line)
+                    target = row.get("target_id")
+                    rows.append((int(target) if target is not None else None, str(row["query"])))
+                else:
+                    rows.append((None, line))
+        if not rows:
+            raise ValueError(f"--queries-file {spec!r} holds no query")
+        random.Random(0).shuffle(rows)
+        self.rows = rows
+        self.counter = itertools.count()
+        self.lock = threading.Lock()
+
+    def fresh(self) -> tuple[int | None, str]:
+        """The next text of the shuffled order (cycling once every text was sent)."""
+        with self.lock:
+            return self.rows[next(self.counter) % len(self.rows)]
+
+    def hot(self, rng: random.Random, hot_set: int) -> tuple[int | None, str]:
+        """One of the first hot_set texts."""
+        return self.rows[rng.randrange(min(hot_set, len(self.rows)))]
+
+
+TEXTS: dict[str, QueryTexts] = {}
+
+
+@events.test_start.add_listener
+def _load_query_texts(environment: Any, **_: Any) -> None:
+    """Read --queries-file once per process."""
+    spec = environment.parsed_options.queries_file if environment.parsed_options else ""
+    if spec:
+        TEXTS["real"] = QueryTexts(spec)
+
+
 @events.test_start.add_listener
 def _learn_gallery_size(environment: Any, **_: Any) -> None:
     """Use --gallery-size, or ask the service how many items its gallery holds."""
-    size = environment.parsed_options.gallery_size if environment.parsed_options else 0
+    options = environment.parsed_options
+    if options and options.queries_file:
+        return  # real texts: no synthetic item ids to draw
+    size = options.gallery_size if options else 0
     if not size:
         import urllib.request
 
@@ -108,14 +167,22 @@ class SearchUser(FastHttpUser):
         self.batch_sizes, self.batch_weights = parse_mix(options.batch_mix if options else "1:1")
         self.modes, self.mode_weights = parse_mix(options.mode_mix if options else "slerp:1")
         self.think_time = options.think_time if options else 0.0
+        rate = options.user_rate if options else 0.0
+        self.pace = constant_throughput(rate) if rate > 0 else None
         self.rng = random.Random()
 
     def wait_time(self) -> float:
-        """Seconds to pause between requests: uniform in [0, --think-time] (0: closed loop)."""
+        """Seconds to pause: paced at --user-rate, else uniform in [0, --think-time] (0: closed loop)."""
+        if self.pace is not None:
+            return self.pace(self)
         return self.rng.uniform(0, self.think_time) if self.think_time else 0.0
 
-    def next_query(self) -> tuple[int, str]:
-        """(item id, caption): a hot repeat with probability repeat_ratio, else a fresh caption."""
+    def next_query(self) -> tuple[int | None, str]:
+        """(relevant gallery id or None, text): a hot repeat with probability repeat_ratio, else a fresh one."""
+        texts = TEXTS.get("real")
+        if texts is not None:
+            repeat = self.rng.random() < self.repeat_ratio
+            return texts.hot(self.rng, self.hot_set) if repeat else texts.fresh()
         size = GALLERY.get("size", 1)
         if self.rng.random() < self.repeat_ratio:
             hot = self.rng.randrange(min(self.hot_set, size))
@@ -142,5 +209,6 @@ class SearchUser(FastHttpUser):
                 response.failure(f"expected {len(picks)} results of {K} ids")
                 return
             for (item, _), result in zip(picks, results, strict=True):
-                HITS.add(mode, item in result["ids"])
+                if item is not None:
+                    HITS.add(mode, item in result["ids"])
             response.success()

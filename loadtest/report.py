@@ -54,6 +54,59 @@ def stage_means_ms(text: str) -> dict[str, float]:
     return {stage: 1000 * sums[stage] / counts[stage] for stage in sums if counts.get(stage)}
 
 
+def mean_batch_sizes(text: str) -> dict[str, float]:
+    """Mean encoder batch size per encoder (old / new) from the batch-size histogram of one scrape."""
+    sums: dict[str, float] = {}
+    counts: dict[str, float] = {}
+    for family in text_string_to_metric_families(text):
+        if family.name != "nobackfill_encoder_batch_size":
+            continue
+        for sample in family.samples:
+            encoder = sample.labels.get("encoder", "?")
+            if sample.name.endswith("_sum"):
+                sums[encoder] = sample.value
+            elif sample.name.endswith("_count"):
+                counts[encoder] = sample.value
+    return {encoder: sums[encoder] / counts[encoder] for encoder in sums if counts.get(encoder)}
+
+
+def read_pairs(path: Path) -> dict[str, list[float]]:
+    """`name v1 v2 ...` lines (a /proc/stat line, run.sh's CPU snapshots, /usr/bin/time's output) as a dict."""
+    out: dict[str, list[float]] = {}
+    if not path.exists():
+        return out
+    for line in path.read_text().splitlines():
+        name, *values = line.split()
+        if values:
+            out[name] = [float(v) for v in values]
+    return out
+
+
+def cpu_lines(results: Path) -> list[str]:
+    """Cores used during the Locust run by the whole box, the service and Locust itself (when recorded)."""
+    start, end = read_pairs(results / "cpu-start.txt"), read_pairs(results / "cpu-end.txt")
+    if "time" not in start or "time" not in end:
+        return []
+    wall = end["time"][0] - start["time"][0]
+    cores = end.get("cores", [1.0])[0]
+    ticks = end.get("ticks_per_s", [100.0])[0]
+    lines = [f"CPU over the {wall:.0f} s Locust run ({cores:.0f} cores on the box):", ""]
+    if "cpu" in start and "cpu" in end:
+        deltas = [b - a for a, b in zip(start["cpu"], end["cpu"], strict=False)]
+        idle = deltas[3] + (deltas[4] if len(deltas) > 4 else 0.0)  # idle + iowait
+        busy = 1 - idle / sum(deltas) if sum(deltas) else 0.0
+        lines.append(f"- whole box: {busy * cores:.2f} cores busy ({100 * busy:.0f} %)")
+    if "service" in start and "service" in end:
+        used = (sum(end["service"]) - sum(start["service"])) / ticks
+        lines.append(f"- service process: {used / wall:.2f} cores ({used:.0f} CPU-s)")
+    timed = read_pairs(results / "locust-time.txt")
+    if "locust_user" in timed:
+        used = timed["locust_user"][0] + timed["locust_sys"][0]
+        span = timed["locust_wall"][0]
+        lines.append(f"- Locust: {used / span:.2f} cores ({used:.0f} CPU-s over its {span:.0f} s, start-up included)")
+    return [*lines, ""]
+
+
 def scrapes(path: Path) -> list[tuple[float, str]]:
     """(unix time, exposition text) for each periodic scrape."""
     if not path.exists():
@@ -145,6 +198,9 @@ def main() -> None:
     lines += [f"| {mode} | {r['queries']} | {r['hit@10']:.3f} |" for mode, r in hit_report.items()]
     lines += ["", "Mean time per stage (ms, service histograms):", ""]
     lines += [f"- {stage}: {ms:.3f}" for stage, ms in sorted(stage_means_ms(final).items())]
+    batches = mean_batch_sizes(final)
+    lines += ["", "Mean encoder batch size: " + ", ".join(f"{e} {b:.2f}" for e, b in sorted(batches.items()))]
+    lines += ["", *cpu_lines(results)]
     pngs = [name for name in [*images, cache_png] if name]
     lines += [""] + [f"![{name}]({os.path.relpath(results / name, args.out.parent)})" for name in pngs]
     args.out.write_text("\n".join(lines) + "\n")

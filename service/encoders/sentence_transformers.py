@@ -101,6 +101,7 @@ def sentence_transformer_encoder(settings: EncoderSettings, device: str) -> Sent
         quiet_transformers()
         model = SentenceTransformer(str(folder), device=device, local_files_only=True)
     model.eval()
-    if runtime.cuda and settings.fp16:
-        model.half()
+    # The runtime's dtype, whatever the checkpoint holds: transformers loads a float16 checkpoint (and
+    # model2vec saves static models) in float16, which on CPU is slow and not what /v1/info reports.
+    model.to(runtime.dtype)
     return SentenceTransformerEncoder(model, folder, runtime, model_id(settings, folder), fingerprint)
