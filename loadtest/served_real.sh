@@ -11,7 +11,8 @@
 #   loadtest/served_real.sh [--real artifacts/real] [--users 16] [--duration 60s] [--out loadtest/results/served-real]
 #
 # Threads: the new encoder on every core and the static old one on 1 (NOBACKFILL_NEW__THREADS /
-# NOBACKFILL_OLD__THREADS in the environment win); the bare encoder gets the new encoder's count.
+# NOBACKFILL_OLD__THREADS / NOBACKFILL_NEW__REPLICAS in the environment win); the bare encoder, one
+# SentenceTransformer, always gets every core (BARE_THREADS overrides): the strongest single encoder.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 BIN=${BIN:-.venv/bin}
@@ -28,6 +29,7 @@ while [ $# -gt 0 ]; do
 done
 export NOBACKFILL_NEW__THREADS=${NOBACKFILL_NEW__THREADS:-$(nproc)} NOBACKFILL_OLD__THREADS=${NOBACKFILL_OLD__THREADS:-1}
 export HF_HUB_OFFLINE=1
+BARE_THREADS=${BARE_THREADS:-$(nproc)}
 REDIS_URL=redis://127.0.0.1:6379/$DB
 MIX=(--mode-mix slerp:1 --batch-mix 1:1 --repeat-ratio 0)
 mkdir -p "$OUT"
@@ -35,7 +37,7 @@ flush() { redis-cli -n "$DB" flushdb >/dev/null 2>&1 || true; }
 bare() {
   "$BIN/python" loadtest/bench_encoder.py --model "$REAL/models/all-MiniLM-L6-v2" \
     --queries "$REAL/corpus/test.jsonl,$REAL/corpus/support.jsonl" --metrics "$OUT/closed/metrics-final.txt" \
-    --threads "$NOBACKFILL_NEW__THREADS" --json "$1"
+    --threads "$BARE_THREADS" --json "$1"
 }
 
 flush

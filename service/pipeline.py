@@ -105,13 +105,19 @@ def _rows_by_modality(queries: list[Query]) -> dict[Modality, slice | list[int]]
     return {m: [i for i, q in enumerate(queries) if q.modality == m] for m in sorted(modalities)}
 
 
-def _create_encoder(settings: Settings, role: Literal["old", "new"]) -> Encoder:
-    """The configured encoder for `role`; a failure names the settings that chose it, in one line."""
+def _create_encoders(settings: Settings, role: Literal["old", "new"]) -> list[Encoder]:
+    """The configured encoder for `role`, one copy per replica; a failure names its settings, in one line."""
     encoder_settings = settings.old if role == "old" else settings.new
     try:
-        return create_encoder(encoder_settings, role)
+        return [create_encoder(encoder_settings, role) for _ in range(encoder_settings.replicas)]
     except NobackfillError as exc:
         raise type(exc)(f"{role} encoder ({encoder_line(encoder_settings, role)}): {exc.message}") from exc
+
+
+def _warm(replicas: list[Encoder]) -> None:
+    """Warm every copy of a model (every modality it serves: the backend's warmup does each)."""
+    for encoder in replicas:
+        encoder.warmup()
 
 
 def cache_model_key(encoder: Encoder) -> str:
@@ -159,10 +165,11 @@ class Pipeline:
     @classmethod
     async def build(cls, settings: Settings) -> Pipeline:
         """Load encoders, gallery and profile (off the event loop), check they fit, start the batchers."""
-        old_encoder, new_encoder = await asyncio.gather(
-            asyncio.to_thread(_create_encoder, settings, "old"),
-            asyncio.to_thread(_create_encoder, settings, "new"),
+        old_replicas, new_replicas = await asyncio.gather(
+            asyncio.to_thread(_create_encoders, settings, "old"),
+            asyncio.to_thread(_create_encoders, settings, "new"),
         )
+        old_encoder, new_encoder = old_replicas[0], new_replicas[0]
         gallery, profile, _, _ = await asyncio.gather(
             asyncio.to_thread(
                 Gallery.load,
@@ -171,21 +178,21 @@ class Pipeline:
                 graph_ef=settings.index.coarse_ef,
             ),
             asyncio.to_thread(load_profile, settings.compat.profile_dir),
-            asyncio.to_thread(old_encoder.warmup),
-            asyncio.to_thread(new_encoder.warmup),
+            asyncio.to_thread(_warm, old_replicas),
+            asyncio.to_thread(_warm, new_replicas),
         )
         check_compatible(profile, old_encoder, new_encoder, gallery, settings)
         default_mode(settings, profile)  # refuses a configured default the profile cannot serve
         cache = create_cache(settings.cache, cache_model_key(old_encoder), old_encoder.dim)
         old = MicroBatcher(
-            old_encoder,
+            old_replicas,
             settings.old.max_batch_size,
             settings.old.max_wait_ms,
             name="old",
             batching=settings.old.batching,
         )
         new = MicroBatcher(
-            new_encoder,
+            new_replicas,
             settings.new.max_batch_size,
             settings.new.max_wait_ms,
             name="new",
@@ -470,8 +477,8 @@ class Pipeline:
         """What /v1/info reports: models, dims, devices, profile, gallery."""
         profile = self.profile
         return {
-            "old_model": describe(self.old.encoder),
-            "new_model": describe(self.new.encoder),
+            "old_model": {**describe(self.old.encoder), "replicas": len(self.old.replicas)},
+            "new_model": {**describe(self.new.encoder), "replicas": len(self.new.replicas)},
             "profile": {
                 "id": profile.profile_id,
                 "head": profile.head,

@@ -36,6 +36,10 @@ class EncoderSettings(BaseModel):
     fp16: bool = True
     # Torch threads of this encoder's worker on CPU; unset: the cores split between the two encoders.
     threads: int | None = Field(None, ge=1)
+    # Copies of the model, each on its own worker thread, running batches side by side.  On a CPU
+    # box N one-thread copies out-run one N-thread copy (no barrier waits between threads that
+    # share the cores with the event loop and the other encoder); each copy costs the model's memory.
+    replicas: int = Field(1, ge=1)
     max_batch_size: int = Field(32, ge=1)
     max_wait_ms: float = Field(2.0, ge=0)
     # Off only for benchmarks: every call then runs alone on the encoder.

@@ -355,3 +355,46 @@ async def test_batch_size_queue_wait_and_depth_are_recorded() -> None:
     assert sample("nobackfill_stage_duration_seconds_count", {"stage": "queue_wait"}) - waits_before == 2
     assert sample("nobackfill_encoder_queue_depth", {"encoder": "metrics-test"}) == 0
     assert sample("nobackfill_encoder_batch_duration_seconds_count", {"encoder": "metrics-test"}) >= 1
+
+
+# -- replicas: copies of one model, each on its own worker thread --------------------------------
+
+
+async def test_replicas_run_batches_side_by_side() -> None:
+    first, second = FakeEncoder(gated=True), FakeEncoder(gated=True)
+    batcher = MicroBatcher([first, second], 4, 0.0, name="test")
+    await batcher.start()
+    a = asyncio.ensure_future(batcher.encode(["a1", "a2"]))
+    await wait_entered(first)
+    b = asyncio.ensure_future(batcher.encode(["b1"]))
+    await wait_entered(second)  # the second batch started while the first is still running
+    c = asyncio.ensure_future(batcher.encode(["c1"]))
+    d = asyncio.ensure_future(batcher.encode(["d1"]))
+    await asyncio.sleep(0.05)
+    assert batcher.queue_depth == 2  # both replicas busy: c and d wait, and will share a batch
+    first.gate.set()
+    second.gate.set()
+    rows = await asyncio.gather(a, b, c, d)
+    for got, items in zip(rows, (["a1", "a2"], ["b1"], ["c1"], ["d1"]), strict=True):
+        np.testing.assert_array_equal(got, np.stack([expected(i, "text") for i in items]))
+    batches = sorted(items for _, items in first.calls + second.calls)
+    assert batches == [["a1", "a2"], ["b1"], ["c1", "d1"]]
+    assert len(first.threads | second.threads) == 2 and first.threads != second.threads
+    await batcher.stop()
+
+
+async def test_stop_without_drain_fails_running_and_pending_calls_on_every_replica() -> None:
+    first, second = FakeEncoder(gated=True), FakeEncoder(gated=True)
+    batcher = MicroBatcher([first, second], 1, 0.0, name="test")
+    await batcher.start()
+    calls = [asyncio.ensure_future(batcher.encode([f"x{i}"])) for i in range(3)]
+    await wait_entered(first)
+    await wait_entered(second)
+    stopping = asyncio.ensure_future(batcher.stop(drain=False))
+    await asyncio.sleep(0.05)
+    first.gate.set()
+    second.gate.set()
+    await stopping
+    outcomes = await asyncio.gather(*calls, return_exceptions=True)
+    assert all(isinstance(o, NotReady) for o in outcomes), outcomes
+    assert not batcher.running

@@ -1,17 +1,20 @@
-"""Per-encoder micro-batching: concurrent `encode` calls coalesce into batches on a dedicated thread.
+"""Per-encoder micro-batching: concurrent `encode` calls coalesce into batches on dedicated threads.
 
     callers ──encode(items, modality)──► pending entries, one deque per modality
-                                              │  collector task (event loop): oldest entry's modality,
-                                              │  fill up to max_batch_size, wait <= max_wait_ms
+                                              │  collector task (event loop): wait for an idle replica,
+                                              │  take the oldest entry's modality, fill up to
+                                              │  max_batch_size, wait <= max_wait_ms
                                               ▼
-                           single-thread executor "encoder-{name}" ── encoder.encode(batch, modality)
+                 one single-thread executor per replica "encoder-{name}-{i}" ── replica.encode(batch, modality)
                                               │
                          rows sliced back to each caller's future (event loop)
 
-Each batcher owns one worker thread, so the old and the new encoder run at the same time (torch
-and time.sleep release the GIL) and the event loop never runs model code. A call larger than
-`max_batch_size` is split into chunks; entries are never split further, so a batch holds whole
-entries of one modality. An encoder exception fails the callers of that batch only.
+Each replica (a copy of the model; one by default) owns one worker thread, so the old and the new
+encoder run at the same time (torch and time.sleep release the GIL), several replicas of one model
+run batches side by side, and the event loop never runs model code.  With one replica a batch is
+formed only when the previous one has finished, so it collects whatever arrived meanwhile.
+A call larger than `max_batch_size` is split into chunks; entries are never split further, so a
+batch holds whole entries of one modality.  An encoder exception fails the callers of that batch only.
 The batcher's `name` labels its metrics (`old` / `new`): keep it to a fixed set.
 """
 
@@ -22,7 +25,7 @@ import contextlib
 import logging
 import time
 from collections import deque
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
@@ -50,16 +53,19 @@ class MicroBatcher:
 
     def __init__(
         self,
-        encoder: Encoder,
+        encoder: Encoder | Sequence[Encoder],
         max_batch_size: int,
         max_wait_ms: float,
         name: str,
         *,
         batching: bool = True,
     ) -> None:
-        if max_batch_size < 1 or max_wait_ms < 0:
-            raise ValueError("max_batch_size must be >= 1 and max_wait_ms >= 0")
-        self.encoder = encoder
+        replicas = [encoder] if isinstance(encoder, Encoder) else list(encoder)
+        if not replicas or max_batch_size < 1 or max_wait_ms < 0:
+            raise ValueError("need >= 1 encoder replica, max_batch_size >= 1 and max_wait_ms >= 0")
+        # The first replica speaks for all of them (dim, model id, device): they are copies of one model.
+        self.encoder = replicas[0]
+        self.replicas = replicas
         self.name = name
         self.max_batch_size = max_batch_size
         self.max_wait_s = max_wait_ms / 1000
@@ -68,7 +74,9 @@ class MicroBatcher:
         self._pending: dict[Modality, deque[_Entry]] = {}
         self._depth = 0
         self._wakeup = asyncio.Event()
-        self._executor: ThreadPoolExecutor | None = None
+        self._executors: list[ThreadPoolExecutor] = []
+        self._idle: asyncio.Queue[int] = asyncio.Queue()
+        self._running: set[asyncio.Task[None]] = set()
         self._collector: asyncio.Task[None] | None = None
         self._accepting = False
         self._draining = False
@@ -87,9 +95,15 @@ class MicroBatcher:
         """Create the worker thread and the collector task; idempotent."""
         if self._accepting:
             return
-        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"encoder-{self.name}")
-        # A fresh event per start: asyncio primitives bind to the loop that first uses them.
+        self._executors = [
+            ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"encoder-{self.name}-{i}")
+            for i in range(len(self.replicas))
+        ]
+        # Fresh primitives per start: asyncio primitives bind to the loop that first uses them.
         self._wakeup = asyncio.Event()
+        self._idle = asyncio.Queue()
+        for i in range(len(self.replicas)):
+            self._idle.put_nowait(i)
         self._draining = False
         self._accepting = True
         self._collector = asyncio.create_task(self._collect_forever(), name=f"batcher-{self.name}")
@@ -106,11 +120,14 @@ class MicroBatcher:
             await collector
         else:
             collector.cancel()
+            for task in list(self._running):
+                task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await collector
+            await asyncio.gather(*self._running, return_exceptions=True)
             self._fail_pending(NotReady(f"encoder {self.name!r} stopped"))
-        executor, self._executor = self._executor, None
-        if executor is not None:
+        executors, self._executors = self._executors, []
+        for executor in executors:
             # shutdown(wait=True) blocks until a running batch ends: do that wait off the loop.
             await asyncio.to_thread(executor.shutdown, True)
 
@@ -166,13 +183,19 @@ class MicroBatcher:
         while True:
             if not self._depth:
                 if self._draining:
+                    await asyncio.gather(*self._running, return_exceptions=True)
                     return
                 self._wakeup.clear()
                 await self._wakeup.wait()
                 continue
-            batch = await self._next_batch()
-            if batch:
-                await self._run(batch)
+            replica = await self._idle.get()  # a batch is formed only once a replica can take it
+            batch = await self._next_batch() if self._depth else []
+            if not batch:
+                self._idle.put_nowait(replica)
+                continue
+            task = asyncio.create_task(self._run(batch, replica), name=f"batch-{self.name}-{replica}")
+            self._running.add(task)
+            task.add_done_callback(self._running.discard)
 
     async def _next_batch(self) -> list[_Entry]:
         """Take entries of the oldest entry's modality, waiting up to max_wait for the batch to fill."""
@@ -202,9 +225,14 @@ class MicroBatcher:
             size += len(entry.items)
         return batch
 
-    async def _run(self, batch: list[_Entry]) -> None:
-        """Encode one batch on the worker thread and hand each entry its rows (or the exception)."""
-        assert self._executor is not None
+    async def _run(self, batch: list[_Entry], replica: int) -> None:
+        """Encode one batch on a replica's worker thread and hand each entry its rows (or the exception)."""
+        try:
+            await self._encode_batch(batch, replica)
+        finally:
+            self._idle.put_nowait(replica)
+
+    async def _encode_batch(self, batch: list[_Entry], replica: int) -> None:
         modality = batch[0].modality
         items = [item for entry in batch for item in entry.items]
         started = time.perf_counter()
@@ -214,7 +242,8 @@ class MicroBatcher:
         metrics.ENCODER_BATCH_SIZE.labels(encoder=self.name).observe(len(items))
         loop = asyncio.get_running_loop()
         try:
-            rows = await loop.run_in_executor(self._executor, self.encoder.encode, items, modality)
+            encoder = self.replicas[replica]
+            rows = await loop.run_in_executor(self._executors[replica], encoder.encode, items, modality)
             rows = np.asarray(rows, dtype=np.float32)
             if rows.ndim != 2 or rows.shape[0] != len(items):
                 raise RuntimeError(f"encoder {self.name!r} returned shape {rows.shape} for a batch of {len(items)}")
