@@ -38,36 +38,31 @@ def cache_counts(text: str) -> tuple[float, float]:
     return hits, misses
 
 
-def stage_means_ms(text: str) -> dict[str, float]:
-    """Mean time per stage (ms) from the stage histogram of one scrape."""
+def histogram_means(text: str, family_name: str, label: str) -> dict[str, float]:
+    """Mean of one histogram per value of `label` (sum / count) from one scrape."""
     sums: dict[str, float] = {}
     counts: dict[str, float] = {}
     for family in text_string_to_metric_families(text):
-        if family.name != "nobackfill_stage_duration_seconds":
+        if family.name != family_name:
             continue
         for sample in family.samples:
-            stage = sample.labels.get("stage", "?")
+            key = sample.labels.get(label, "?")
             if sample.name.endswith("_sum"):
-                sums[stage] = sample.value
+                sums[key] = sample.value
             elif sample.name.endswith("_count"):
-                counts[stage] = sample.value
-    return {stage: 1000 * sums[stage] / counts[stage] for stage in sums if counts.get(stage)}
+                counts[key] = sample.value
+    return {key: sums[key] / counts[key] for key in sums if counts.get(key)}
+
+
+def stage_means_ms(text: str) -> dict[str, float]:
+    """Mean time per stage (ms) from the stage histogram of one scrape."""
+    means = histogram_means(text, "nobackfill_stage_duration_seconds", "stage")
+    return {stage: 1000 * mean for stage, mean in means.items()}
 
 
 def mean_batch_sizes(text: str) -> dict[str, float]:
     """Mean encoder batch size per encoder (old / new) from the batch-size histogram of one scrape."""
-    sums: dict[str, float] = {}
-    counts: dict[str, float] = {}
-    for family in text_string_to_metric_families(text):
-        if family.name != "nobackfill_encoder_batch_size":
-            continue
-        for sample in family.samples:
-            encoder = sample.labels.get("encoder", "?")
-            if sample.name.endswith("_sum"):
-                sums[encoder] = sample.value
-            elif sample.name.endswith("_count"):
-                counts[encoder] = sample.value
-    return {encoder: sums[encoder] / counts[encoder] for encoder in sums if counts.get(encoder)}
+    return histogram_means(text, "nobackfill_encoder_batch_size", "encoder")
 
 
 def read_pairs(path: Path) -> dict[str, list[float]]:
