@@ -1,6 +1,7 @@
 """Publish a finished folder under its final name with renames, so readers see the old one or the new one.
 
-    build everything in `tmp` (a sibling of `final`: same file system, so renames are atomic)
+    tmp = sibling_dir(final)          a fresh hidden folder beside `final` (same file system: renames are atomic)
+    ... write everything into tmp ...
     replace_dir(tmp, final)
         no `final`, or an empty one   -> rename tmp to final
         an existing `final`           -> rename it aside, rename tmp to final, then delete the old one
@@ -14,6 +15,19 @@ import os
 import shutil
 import uuid
 from pathlib import Path
+
+from service.errors import InputError
+
+
+def sibling_dir(final: Path) -> Path:
+    """Create a fresh hidden folder beside `final` to build it in; InputError naming the folder on failure."""
+    try:
+        final.parent.mkdir(parents=True, exist_ok=True)
+        tmp = final.parent / f".{final.name}.tmp-{uuid.uuid4().hex[:8]}"
+        tmp.mkdir()
+    except OSError as exc:
+        raise InputError(f"cannot write to {final.parent}: {exc.strerror or exc}") from exc
+    return tmp
 
 
 def replace_dir(tmp: Path, final: Path) -> None:

@@ -77,17 +77,6 @@ def temp_json(final: Path, content: dict[str, Any]) -> Path:
     return tmp
 
 
-def temp_dir(final: Path) -> Path:
-    """Create a hidden sibling folder of `final` to write into; InputError naming the folder on failure."""
-    try:
-        final.parent.mkdir(parents=True, exist_ok=True)
-        tmp = _sibling(final)
-        tmp.mkdir()
-    except OSError as exc:
-        raise InputError(f"cannot write to {final.parent}: {exc.strerror or exc}") from exc
-    return tmp
-
-
 def discard(path: Path) -> None:
     """Remove a temporary file or folder, quietly (it is only ever one of ours)."""
     if path.is_dir():

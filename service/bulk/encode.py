@@ -10,7 +10,8 @@ OUT.json (the `X.json` of DESIGN.md section 3) describes OUT.npy: the model iden
 model_id, fingerprint, dim), count, modality, dtype, the input and what was skipped (line and reason
 per skipped input, so rows can be lined back up with the input).  `sidecar_identity` reads it back
 for `gallery build --from-npy`.  What a model returns is checked before it is written: the shape,
-finiteness and a non-zero norm; rows are re-normalised in float32 (fp16 models are off by ~1e-3).
+finiteness and a non-zero norm; rows are written as the encoder returned them (float32), so they
+match what the service computes for the same input.
 """
 
 from __future__ import annotations

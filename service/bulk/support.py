@@ -27,8 +27,8 @@ from typing import Any, Literal
 import numpy as np
 
 import service
-from service.atomic_dir import replace_dir
-from service.bulk.atomic import discard, make_parents, remove_empty, temp_dir
+from service.atomic_dir import replace_dir, sibling_dir
+from service.bulk.atomic import discard, make_parents, remove_empty
 from service.bulk.encode import check_modality, encode_batch, load_encoder
 from service.bulk.npy_writer import NpyWriter
 from service.bulk.pairs import Pairs
@@ -110,7 +110,7 @@ def build_support(
     created = make_parents(out)
     tmp: Path | None = None
     try:
-        tmp = temp_dir(out)
+        tmp = sibling_dir(out)
         identities: list[ModelIdentity] = []
         sides: tuple[tuple[Literal["old", "new"], ModelSource], ...] = (("old", old), ("new", new))
         for role, side in sides:

@@ -17,7 +17,6 @@ A plug-in cannot replace a built-in name.  `register_backend` does the same from
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Callable
 from importlib.metadata import entry_points
 from typing import Literal
@@ -26,8 +25,6 @@ from service.encoders.base import Encoder, fingerprint_of, resolve_device
 from service.encoders.identity import ModelIdentity
 from service.errors import InputError
 from service.settings import EncoderSettings
-
-log = logging.getLogger(__name__)
 
 Role = Literal["old", "new"]
 BackendFactory = Callable[[EncoderSettings, str], Encoder]

@@ -11,7 +11,6 @@ from __future__ import annotations
 import os
 import shutil
 import time
-import uuid
 from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
@@ -23,7 +22,7 @@ import numpy.typing as npt
 from tqdm import tqdm  # type: ignore[import-untyped]
 
 import service
-from service.atomic_dir import replace_dir
+from service.atomic_dir import replace_dir, sibling_dir
 from service.errors import InputError
 from service.index.artifact import FORMAT_VERSION, INDEX_NAME, META_NAME, edges_sha256, sha256_file, write_meta
 from service.index.coarse import TwoLevel, assign_two_level, train_two_level
@@ -47,17 +46,6 @@ def check_output(out: Path, force: bool) -> None:
     if any(out.iterdir()):
         # Even --force only ever replaces a gallery: never wipe a folder we did not write.
         raise InputError(f"{out} exists, is not empty and is not a gallery; refusing to overwrite it")
-
-
-def _make_temp(out: Path) -> Path:
-    """Create the hidden sibling folder the build writes into; InputError if that is impossible."""
-    try:
-        out.parent.mkdir(parents=True, exist_ok=True)
-        tmp = out.parent / f".{out.name}.tmp-{uuid.uuid4().hex[:8]}"
-        tmp.mkdir()
-    except OSError as exc:
-        raise InputError(f"cannot write to {out.parent}: {exc.strerror or exc}") from exc
-    return tmp
 
 
 def _publish(tmp: Path, out: Path, force: bool) -> None:
@@ -148,7 +136,7 @@ def build_gallery(
     """Build the gallery of `source` into folder `out` and return its gallery.json contents."""
     check_output(out, force)
     started = time.monotonic()
-    tmp = _make_temp(out)
+    tmp = sibling_dir(out)
     try:
         log(f"sampling {params.train_size:,} of {source.ntotal:,} vectors for training")
         sample = source.rows(sample_positions(source.ntotal, params.train_size, params.seed))

@@ -14,6 +14,7 @@ from typing import Any, Protocol
 import numpy as np
 import numpy.typing as npt
 
+from service.encoders.identity import ModelIdentity
 from service.errors import InputError
 
 Rows = npt.NDArray[np.float32]
@@ -71,12 +72,7 @@ class SyntheticSource:
         self.ntotal = size
         self.dim = self.encoder.dim
         self.model_id = self.encoder.model_id
-        self.old_model: dict[str, Any] = {
-            "backend": f"synthetic-{model}",
-            "model_id": self.model_id,
-            "fingerprint": None,
-            "dim": self.dim,
-        }
+        self.old_model = ModelIdentity(f"synthetic-{model}", self.model_id, None, self.dim).as_dict()
 
     def describe(self) -> dict[str, Any]:
         """Provenance: item range, view and the world's parameters."""

@@ -14,12 +14,11 @@ cannot wipe a user's folder.
 from __future__ import annotations
 
 import shutil
-import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from service.atomic_dir import replace_dir
+from service.atomic_dir import replace_dir, sibling_dir
 from service.errors import InputError
 
 
@@ -41,11 +40,7 @@ def check_output(out: Path, marker: str, force: bool) -> None:
 def staging(out: Path, marker: str, force: bool) -> Iterator[Path]:
     """A fresh hidden sibling of `out` to write into; renamed onto `out` when the block succeeds."""
     check_output(out, marker, force)
-    try:
-        out.parent.mkdir(parents=True, exist_ok=True)
-        tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
-    except OSError as exc:
-        raise InputError(f"cannot write to {out.parent}: {exc.strerror or exc}") from exc
+    tmp = sibling_dir(out)
     try:
         yield tmp
         if not (tmp / marker).is_file():
