@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.extra.numpy import arrays
 
-from service.compat.interpolation import adaptive_alpha, adaptive_nlerp, angle, nlerp, slerp
+from service.compat.interpolation import adaptive_alpha, angle, nlerp, slerp
 from service.compat.procrustes import align, fit_rotation, normalize_rows, pad, thin_rotation
 
 SHAPES = [(12, 8), (8, 12), (10, 10)]  # (d_new, d_old): both padding directions and none
@@ -128,7 +128,9 @@ def test_blends_are_unit_and_finite(u: np.ndarray, data: st.DataObject, alpha: f
     other = data.draw(rows.filter(lambda a: a.shape == u.shape) | st.just(-u) | st.just(u) | st.just(u + noise))
     if not np.all(np.linalg.norm(other.astype(np.float64), axis=1) > 1e-3):
         other = u
-    for out in (slerp(u, other, alpha), nlerp(u, other, alpha), adaptive_nlerp(u, other, 0.5, 2.0, 0.3)[0]):
+    cos = np.sum(_unit(u.astype(np.float64)) * _unit(other.astype(np.float64)), axis=1)
+    adaptive = nlerp(u, other, adaptive_alpha(cos, 0.5, 2.0, 0.3))
+    for out in (slerp(u, other, alpha), nlerp(u, other, alpha), adaptive):
         assert out.dtype == np.float32 and out.shape == u.shape
         assert np.isfinite(out).all()
         np.testing.assert_allclose(np.linalg.norm(out, axis=1), 1.0, atol=1e-5)

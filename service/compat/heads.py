@@ -29,8 +29,8 @@ import numpy.typing as npt
 
 from service.compat import procrustes_blend, psp
 from service.compat.interpolation import adaptive_alpha, geometry, slerp_on
-from service.compat.procrustes import normalize_rows
 from service.compat.profile import ADAPTER_HEADS, ALPHA_MODES, CLASS_HEADS, CompatProfile
+from service.compat.rows import normalize_rows
 from service.errors import InputError, UnsupportedMode
 
 Array = npt.NDArray[np.float32]
@@ -122,11 +122,11 @@ def _rotation_head(
     theta = pair.theta.astype(np.float32) if pair is not None else np.zeros(n, np.float32)
     if mode == "old":
         assert u_raw is not None
-        return Transformed(procrustes_blend.unit_queries(u_raw), theta, 0.0, np.zeros(n, np.float32))
+        return Transformed(normalize_rows(u_raw), theta, 0.0, np.zeros(n, np.float32))
     if mode == "aligned":
         assert v_raw is not None
-        head = pair.head if pair is not None else v_raw @ profile.rotation_block
-        return Transformed(procrustes_blend.unit_queries(head), theta, 1.0, np.ones(n, np.float32))
+        q = pair.aligned() if pair is not None else procrustes_blend.aligned(v_raw, profile.rotation_block)
+        return Transformed(q, theta, 1.0, np.ones(n, np.float32))
     assert pair is not None
     if mode == "adaptive":
         params = _mode_params(profile, mode, modality)

@@ -8,15 +8,19 @@ Degenerate pairs (theta = angle(u, v)):
   is the exact limit of SLERP there, so it is returned (u itself when u == v).
 - theta ~ pi (v ~ -u): every great circle through u and -u is a shortest arc.  Rule: travel along
   a deterministic direction w orthogonal to u, namely the standard basis axis e_j with the smallest
-  |u_j| (lowest index on ties) with its u-component removed.  So alpha = 0 gives u, alpha = 1 gives
-  -u ~ v, and the same input always gives the same output.
+  |u_j| (lowest index on ties) among the first `axes` coordinates (all by default) with its
+  u-component removed.  So alpha = 0 gives u, alpha = 1 gives -u ~ v, and the same input always
+  gives the same output.  A caller that keeps only a leading block of each row (the old coordinates
+  of a padded blend) passes that block's width, so the whole arc stays inside the block instead of
+  leaving through a padding axis (where u is 0, so it would win the argmin) and coming back as -u.
 - NLERP whose blend cancels ((1-a) u + a v ~ 0, i.e. v ~ -u at a ~ 0.5) returns the SLERP point
   of the same row, which follows the rule above.
 
 Adaptive NLERP (002_..., Appendix N): the weight moves with the agreement of the two endpoints,
     alpha_i = clip(a + b * (cos_i - c_ref), 0, 1),   cos_i = u_i . v_i,
 with c_ref the median cosine on the support set and (a, b) chosen on the support grid by
-`selection.py`.  b > 0 trusts the new model more where the two models agree.
+`selection.py`.  b > 0 trusts the new model more where the two models agree.  The served blend is
+NLERP with these per-row weights (heads.py / procrustes_blend.py).
 """
 
 from __future__ import annotations
@@ -26,6 +30,8 @@ from dataclasses import dataclass
 import numpy as np
 import numpy.typing as npt
 
+from service.compat.rows import normalize_rows
+
 Array = npt.NDArray[np.float32]
 AlphaLike = float | npt.NDArray[np.floating]
 
@@ -34,11 +40,9 @@ _EPS = 1e-30
 
 
 def _unit64(x: npt.NDArray[np.floating]) -> npt.NDArray[np.float64]:
-    """Rows as float64 unit vectors; zero rows stay zero."""
-    x64 = np.asarray(x, dtype=np.float64)
-    assert x64.ndim == 2, f"expected [n, d] rows, got shape {x64.shape}"
-    norms = np.linalg.norm(x64, axis=1, keepdims=True)
-    out: npt.NDArray[np.float64] = x64 / np.maximum(norms, _EPS)
+    """Rows [n, d] as float64 unit vectors (rows.normalize_rows); zero rows stay zero."""
+    assert np.ndim(x) == 2, f"expected [n, d] rows, got shape {np.shape(x)}"
+    out: npt.NDArray[np.float64] = normalize_rows(x, np.float64)
     return out
 
 
@@ -51,17 +55,18 @@ def _alpha_column(alpha: AlphaLike, n: int) -> npt.NDArray[np.float64]:
     return a.reshape(n, 1)
 
 
-def _orthogonal_fallback(u: npt.NDArray[np.float64]) -> npt.NDArray[np.float64]:
-    """Deterministic unit direction orthogonal to each row of u (axis of smallest |u_j|, deflated)."""
+def _orthogonal_fallback(u: npt.NDArray[np.float64], axes: int | None = None) -> npt.NDArray[np.float64]:
+    """Deterministic unit direction orthogonal to each row of u (axis of smallest |u_j|, j < axes, deflated)."""
     n, d = u.shape
-    if d == 1:
-        # No orthogonal direction exists on the 0-sphere; stay on u (documented degenerate case).
+    k = d if axes is None else max(1, min(axes, d))
+    if k == 1:
+        # With one axis to turn in, no orthogonal direction exists: stay on u (documented degenerate case).
         return u.copy()
-    j = np.argmin(np.abs(u), axis=1)
+    j = np.argmin(np.abs(u[:, :k]), axis=1)
     w = np.zeros_like(u)
     w[np.arange(n), j] = 1.0
     w -= u * u[np.arange(n), j][:, None]
-    out: npt.NDArray[np.float64] = w / np.maximum(np.linalg.norm(w, axis=1, keepdims=True), _EPS)
+    out: npt.NDArray[np.float64] = normalize_rows(w, np.float64)
     return out
 
 
@@ -77,7 +82,7 @@ class Geometry:
     near_zero: npt.NDArray[np.bool_]
 
 
-def geometry(u: npt.NDArray[np.floating], v: npt.NDArray[np.floating]) -> Geometry:
+def geometry(u: npt.NDArray[np.floating], v: npt.NDArray[np.floating], axes: int | None = None) -> Geometry:
     """Decompose v = cos(theta) u + sin(theta) w per row, with the degenerate rules of this module."""
     assert np.shape(u) == np.shape(v), f"u {np.shape(u)} and v {np.shape(v)} differ"
     u64, v64 = _unit64(u), _unit64(v)
@@ -91,7 +96,7 @@ def geometry(u: npt.NDArray[np.floating], v: npt.NDArray[np.floating]) -> Geomet
     near_pi = degenerate & (cos <= 0)
     w = perp / np.maximum(sin, _EPS)[:, None]
     if near_pi.any():
-        w[near_pi] = _orthogonal_fallback(u64[near_pi])
+        w[near_pi] = _orthogonal_fallback(u64[near_pi], axes)
         theta[near_pi] = np.pi
     return Geometry(u=u64, v=v64, w=w, theta=theta, cos=cos, near_zero=near_zero)
 
@@ -106,9 +111,11 @@ def _finish(q: npt.NDArray[np.float64]) -> Array:
     return _unit64(q).astype(np.float32)
 
 
-def slerp(u: npt.NDArray[np.floating], v: npt.NDArray[np.floating], alpha: AlphaLike) -> Array:
+def slerp(
+    u: npt.NDArray[np.floating], v: npt.NDArray[np.floating], alpha: AlphaLike, axes: int | None = None
+) -> Array:
     """Spherical interpolation: the point at angle alpha * theta from u on the arc to v (unit rows)."""
-    return slerp_on(geometry(u, v), alpha)
+    return slerp_on(geometry(u, v, axes), alpha)
 
 
 def slerp_on(g: Geometry, alpha: AlphaLike) -> Array:
@@ -124,7 +131,9 @@ def slerp_on(g: Geometry, alpha: AlphaLike) -> Array:
     return _finish(q)
 
 
-def nlerp(u: npt.NDArray[np.floating], v: npt.NDArray[np.floating], alpha: AlphaLike) -> Array:
+def nlerp(
+    u: npt.NDArray[np.floating], v: npt.NDArray[np.floating], alpha: AlphaLike, axes: int | None = None
+) -> Array:
     """Normalised linear interpolation normalise((1-alpha) u + alpha v) of unit rows (unit rows out)."""
     u64, v64 = _unit64(u), _unit64(v)
     a = _alpha_column(alpha, u64.shape[0])
@@ -133,19 +142,10 @@ def nlerp(u: npt.NDArray[np.floating], v: npt.NDArray[np.floating], alpha: Alpha
     if cancelled.any():
         idx = np.flatnonzero(cancelled)
         a_sub = a[idx, 0]
-        q[idx] = slerp(u64[idx], v64[idx], a_sub).astype(np.float64)
+        q[idx] = slerp(u64[idx], v64[idx], a_sub, axes).astype(np.float64)
     return _finish(q)
 
 
 def adaptive_alpha(cos: npt.NDArray[np.floating], a: float, b: float, c_ref: float) -> npt.NDArray[np.float32]:
     """Per-query weight clip(a + b * (cos - c_ref), 0, 1) from the endpoint agreement cos = u . v."""
     return np.clip(a + b * (np.asarray(cos, dtype=np.float64) - c_ref), 0.0, 1.0).astype(np.float32)
-
-
-def adaptive_nlerp(
-    u: npt.NDArray[np.floating], v: npt.NDArray[np.floating], a: float, b: float, c_ref: float
-) -> tuple[Array, npt.NDArray[np.float32]]:
-    """NLERP with the per-query weight of `adaptive_alpha`; returns (unit rows, per-row alpha)."""
-    cos = np.sum(_unit64(u) * _unit64(v), axis=1)
-    alpha = adaptive_alpha(cos, a, b, c_ref)
-    return nlerp(u, v, alpha), alpha

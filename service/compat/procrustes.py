@@ -14,9 +14,11 @@ import numpy as np
 import numpy.typing as npt
 import torch
 
+# The compat layer's one row normaliser, re-exported: callers have always imported it from here.
+from service.compat.rows import normalize_rows as normalize_rows
+
 Array = npt.NDArray[np.float32]
 
-_EPS = 1e-12
 _GRAM_RCOND = 1e-8  # eigenvalues of M^T M are squared singular values: cond(M) up to 1e4 stays exact
 
 
@@ -30,14 +32,6 @@ def pad(x: npt.NDArray[np.floating], d: int) -> Array:
         return np.ascontiguousarray(x, dtype=np.float32)
     out = np.zeros((x.shape[0], d), dtype=np.float32)
     out[:, :k] = x
-    return out
-
-
-def normalize_rows(x: npt.NDArray[np.floating]) -> Array:
-    """L2-normalise rows to float32; all-zero rows stay zero (callers validate them away)."""
-    x = np.asarray(x, dtype=np.float32)
-    norms = np.linalg.norm(x, axis=-1, keepdims=True)
-    out: Array = (x / np.maximum(norms, _EPS)).astype(np.float32, copy=False)
     return out
 
 

@@ -10,9 +10,18 @@ over a re-indexed system, that is a fraction of the general interpolation code. 
     SLERP:  b_v = sin(a theta) / sin(theta),  b_u = cos(a theta) - b_v cos(theta)
     NLERP:  b_v = a,                          b_u = 1 - a
 Rows with sin(theta) < 1e-3 (theta within 0.06 degrees of 0 or pi, where the scalar form loses
-digits) and NLERP blends that cancel go through interpolation.py on the folded rows
-[u, 0] / [v_head, |v past d_old|], whose geometry is the padded one, so they follow its documented
-degenerate rules; that padding norm carries R's float32 error (~1e-3 where the true one is ~0).
+digits) and NLERP blends that cancel go through interpolation.py on folded rows, so they follow its
+documented degenerate rules:
+- near 0: [u, 0] / [v_head, |v past d_old|], whose geometry is the padded one; that padding norm
+  carries R's float32 error (~1e-3 where the true one is ~0);
+- near pi: u / v_head alone.  Within 0.06 degrees of antipodal, v's padding is no larger than that
+  same float32 error, and keeping it would make it the direction of travel: the arc would leave the
+  old coordinates, and the served (truncated) query would jump from u to -u at alpha ~ 0.5 (NaN
+  exactly there).  Without it the arc turns inside the old coordinates (fallback axis included).
+Guards, so no finite non-zero input gives NaN: a blend whose first d_old coordinates hold less than
+_LOST of its padded length (v mapped wholly past d_old, e.g. `aligned` or alpha = 1 with such a v)
+has no direction of its own in the gallery's space -- it scores every gallery row ~0 -- and serves
+the old query u instead (the first axis e_0 where no old query was given).
 """
 
 from __future__ import annotations
@@ -23,11 +32,14 @@ import numpy as np
 import numpy.typing as npt
 
 from service.compat import interpolation
+from service.compat.rows import normalize_rows
 
 Array = npt.NDArray[np.float32]
 F64 = npt.NDArray[np.float64]
 
 _FALLBACK_SIN = 1e-3
+# Old-coordinate length below which a padded-unit blend is R's float32 rounding (~1e-6), not a direction.
+_LOST = 1e-5
 
 
 def _row_dots(a: npt.NDArray[np.floating], b: npt.NDArray[np.floating]) -> F64:
@@ -36,11 +48,21 @@ def _row_dots(a: npt.NDArray[np.floating], b: npt.NDArray[np.floating]) -> F64:
     return out
 
 
-def unit_queries(x: npt.NDArray[np.floating]) -> Array:
-    """Rows scaled to unit length, as float32 query rows for the gallery (callers refused zero rows)."""
-    x64 = np.asarray(x, dtype=np.float64)
-    out: Array = (x64 / np.sqrt(_row_dots(x64, x64))[:, None]).astype(np.float32)
+def unit_queries(q: npt.NDArray[np.floating], fallback: npt.NDArray[np.floating] | None = None) -> Array:
+    """Unit float32 rows of q [n, d_old] (blends of unit padded length); lost rows take fallback's direction or e_0."""
+    out: Array = normalize_rows(q, np.float32, _LOST)
+    lost = ~out.any(axis=1)
+    if lost.any():
+        rows = normalize_rows(fallback[lost]) if fallback is not None else np.zeros((int(lost.sum()), q.shape[1]))
+        rows[~rows.any(axis=1), 0] = 1.0  # no fallback, or a zero one: the first axis
+        out[lost] = rows
     return out
+
+
+def aligned(new: npt.NDArray[np.floating], block: Array, old: npt.NDArray[np.floating] | None = None) -> Array:
+    """Unit `aligned` rows: the old coordinates of v = pad(new) R / |new| (see the guard above for lost rows)."""
+    new64 = np.asarray(new, dtype=np.float64)
+    return unit_queries((new64 @ block) / np.sqrt(_row_dots(new64, new64))[:, None], old)
 
 
 @dataclass(frozen=True)
@@ -77,13 +99,22 @@ class Pair:
         return q
 
     def _folded(self, rows: npt.NDArray[np.bool_]) -> tuple[F64, F64]:
-        """u and v of some rows in the folded space (one coordinate for v's padding)."""
+        """u and v of some rows in the folded space (one coordinate for v's padding, except near pi)."""
         u = self.old[rows] / self.old_norm[rows, None]
         v = self.head[rows] / self.new_norm[rows, None]
         if not self.padded:
             return u, v
-        tail = np.sqrt(np.maximum(0.0, 1.0 - _row_dots(v, v)))
+        # Near pi the padding norm is float32 noise that would steer the arc out of the old coordinates.
+        tail = np.where(self.cos[rows] > 0, np.sqrt(np.maximum(0.0, 1.0 - _row_dots(v, v))), 0.0)
         return np.hstack([u, np.zeros((len(u), 1))]), np.hstack([v, tail[:, None]])
+
+    def _finish(self, q: npt.NDArray[np.floating]) -> Array:
+        """Unit query rows from blends of unit padded length, the old query standing in for lost rows."""
+        return unit_queries(q, self.old)
+
+    def aligned(self) -> Array:
+        """Unit `aligned` rows (v's old coordinates)."""
+        return self._finish(self.head / self.new_norm[:, None])
 
     def slerp(self, alpha: float) -> Array:
         """Unit SLERP(u, v; alpha) query rows."""
@@ -93,8 +124,8 @@ class Pair:
         q = self._combine(np.cos(phi) - b_v * self.cos, b_v)
         if degenerate.any():
             u, v = self._folded(degenerate)
-            q[degenerate] = interpolation.slerp(u, v, alpha)[:, : q.shape[1]]
-        return unit_queries(q)
+            q[degenerate] = interpolation.slerp(u, v, alpha, axes=q.shape[1])[:, : q.shape[1]]
+        return self._finish(q)
 
     def nlerp(self, alpha: F64) -> Array:
         """Unit NLERP(u, v; alpha) query rows for a per-row alpha."""
@@ -102,7 +133,8 @@ class Pair:
         # |(1 - a) u + a v|^2 over every padded coordinate; ~0 only where v ~ -u and a ~ 1/2.
         norm2 = (1.0 - alpha) ** 2 + alpha**2 + 2.0 * alpha * (1.0 - alpha) * self.cos
         cancelled = norm2 < 1e-12
+        q /= np.sqrt(np.where(cancelled, 1.0, norm2))[:, None]  # unit padded length, as _finish expects
         if cancelled.any():
             u, v = self._folded(cancelled)
-            q[cancelled] = interpolation.nlerp(u, v, alpha[cancelled])[:, : q.shape[1]]
-        return unit_queries(q)
+            q[cancelled] = interpolation.nlerp(u, v, alpha[cancelled], axes=q.shape[1])[:, : q.shape[1]]
+        return self._finish(q)

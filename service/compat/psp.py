@@ -32,6 +32,8 @@ from typing import Literal
 import numpy as np
 import numpy.typing as npt
 
+from service.compat.rows import normalize_rows
+
 F32 = npt.NDArray[np.float32]
 F64 = npt.NDArray[np.float64]
 Mode = Literal["psp", "lsp"]
@@ -174,8 +176,6 @@ def _rows(x: npt.NDArray[np.floating]) -> F64:
 
 
 def _unit(x: npt.NDArray[np.floating]) -> F32:
-    """L2-normalise float64 rows to float32; zero rows stay zero."""
-    a = np.asarray(x, dtype=np.float64)
-    n = np.linalg.norm(a, axis=1, keepdims=True)
-    out: F32 = np.where(n > _EPS, a / np.maximum(n, _EPS), 0.0).astype(np.float32)
+    """L2-normalise float64 rows to float32; rows at rounding-noise length (<= _EPS) become zero rows."""
+    out: F32 = normalize_rows(x, np.float32, _EPS)
     return out
