@@ -221,10 +221,12 @@ def digits(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     }
 
 
+DIGITS_IDS = ("--old-model-id", "digits-old", "--new-model-id", "digits-new")
+
+
 def test_psp_fit_eval_show(digits: dict[str, Any]) -> None:
     out = digits["root"] / "psp"
-    ids = ("--old-model-id", "digits-old", "--new-model-id", "digits-new")
-    run_cli("fit", digits["support"], "--out", out, "--head", "psp", *ids)
+    run_cli("fit", digits["support"], "--out", out, "--head", "psp", *DIGITS_IDS)
     profile = load_profile(out)
     assert profile.modes() == ["psp"] and (profile.old_dim, profile.new_dim) == (5, 10)
     assert profile.classes == {"old_classes": 5, "new_classes": 10, "top_k": None, "class_map": None}
@@ -255,7 +257,8 @@ def test_psp_fit_eval_show(digits: dict[str, Any]) -> None:
 
 def test_lsp_with_top_k_and_class_map(digits: dict[str, Any]) -> None:
     out = digits["root"] / "lsp"
-    run_cli("fit", digits["support"], "--out", out, "--head", "lsp", "--top-k", "3", "--class-map", "0,1,2,3,4")
+    lsp = ("--head", "lsp", "--top-k", "3", "--class-map", "0,1,2,3,4")
+    run_cli("fit", digits["support"], "--out", out, *lsp, *DIGITS_IDS)
     profile = load_profile(out)
     assert profile.modes() == ["lsp"] and profile.top_k == 3 and profile.class_map == [0, 1, 2, 3, 4]
     rows = eval_rows(out, digits["test"])
@@ -273,7 +276,7 @@ def test_psp_fit_refusals(digits: dict[str, Any]) -> None:
         (("--class-map", "0,1,2"), "class_map"),
         (("--class-map", "a,b"), "comma-separated integers"),
     ):
-        done = run_cli("fit", digits["support"], "--out", out, "--head", "psp", *args, check=False)
+        done = run_cli("fit", digits["support"], "--out", out, "--head", "psp", *args, *DIGITS_IDS, check=False)
         assert done.returncode == 2 and message in done.stderr, done.stderr
         assert not out.exists()
 

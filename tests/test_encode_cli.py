@@ -457,14 +457,17 @@ def test_support_build_then_fit_takes_the_model_ids(tmp_path: Path) -> None:
     profile = json.loads((tmp_path / "profile" / "profile.json").read_text())
     assert (profile["old_model_id"], profile["new_model_id"]) == ("synthetic-old", "synthetic-new")
     assert profile["models"] == {"old": models["old"], "new": models["new"]}
-    # Without models.json the ids are guessed (and said so) unless given; given ids override models.json's.
+    # Without models.json fit refuses to guess: both ids must be given; given ids override models.json's.
     bare = tmp_path / "bare"
     shutil.copytree(support, bare)
     (bare / "models.json").unlink()
-    fit = cli("fit", bare, "--out", tmp_path / "p2", "--folds", 3, "--old-model-id", "mine")
-    assert fit.returncode == 0 and "--new-model-id: recording the guessed ids" in fit.stderr
+    refused = error_line(cli("fit", bare, "--out", tmp_path / "p2", "--folds", 3, "--old-model-id", "mine"))
+    assert f"{bare / 'models.json'}: missing; pass --new-model-id" in refused
+    assert not (tmp_path / "p2").exists()
+    fit = cli("fit", bare, "--out", tmp_path / "p2", "--folds", 3, "--old-model-id", "mine", "--new-model-id", "v2")
+    assert fit.returncode == 0, fit.stderr
     profile = json.loads((tmp_path / "p2" / "profile.json").read_text())
-    assert (profile["old_model_id"], profile["new_model_id"]) == ("mine", "synthetic-new") and "models" not in profile
+    assert (profile["old_model_id"], profile["new_model_id"]) == ("mine", "v2") and "models" not in profile
     fit = cli("fit", support, "--out", tmp_path / "p3", "--folds", 3, "--new-model-id", "v2")
     profile = json.loads((tmp_path / "p3" / "profile.json").read_text())
     assert profile["new_model_id"] == profile["models"]["new"]["model_id"] == "v2"

@@ -11,11 +11,15 @@ something to recover.  Rows are written unnormalised on purpose (the loaders mus
 from __future__ import annotations
 
 import argparse
+import json
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import numpy.typing as npt
+
+from service.bulk.support import models_json
+from service.encoders.identity import MODELS_JSON, ModelIdentity
 
 Array = npt.NDArray[np.float32]
 
@@ -77,8 +81,12 @@ def write_split(
     *,
     new_target: bool = True,
     chunk: int = 20000,
+    model_ids: tuple[str, str] = ("standin-old", "standin-new"),
 ) -> Path:
-    """Write old/new query and target .npy files for n items (query row i relevant to target row i)."""
+    """Write old/new query and target .npy files for n items (query row i relevant to target row i).
+
+    models.json names the stand-in models (backend `standin`, no weights) so `fit` records them.
+    """
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     rng = np.random.default_rng(seed)
@@ -96,6 +104,9 @@ def write_split(
         if name == "new_target" and not new_target:
             continue
         np.save(out / f"{name}.npy", np.concatenate(blocks))
+    old = ModelIdentity("standin", model_ids[0], None, world.a_old.shape[1])
+    new = ModelIdentity("standin", model_ids[1], None, world.w2_new.shape[1])
+    (out / MODELS_JSON).write_text(json.dumps(models_json(old, new, "text", "text", n)))
     return out
 
 

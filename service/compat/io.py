@@ -9,11 +9,17 @@ Layout (rows may be unnormalised; they are L2-normalised by whoever uses them):
     target_ids.npy  [m] int64    optional; default 0..m-1 (so row i is relevant to row i)
 Every problem raises InputError with one line naming the file.  Files load with allow_pickle=False.
 Only numpy is imported here, so bad input is refused before torch loads.
+
+All-zero rows are real data, not corruption: a lexical or static old model embeds any input with no
+known token as zero.  Such a row has no direction, so by default the pair it belongs to is dropped
+(a query pair when either side is zero, a target when its old row, or its new row, is zero) and the
+count per file is kept in `Split.zero_rows`; `strict=True` refuses them instead.  NaN / inf rows are
+always refused.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -45,6 +51,7 @@ class Split:
     new_target: Array | None
     query_ids: IdArray
     target_ids: IdArray
+    zero_rows: dict[str, int] = field(default_factory=dict)  # file -> all-zero rows dropped (only files with some)
 
     @property
     def old_dim(self) -> int:
@@ -55,6 +62,13 @@ class Split:
     def new_dim(self) -> int:
         """Dimension of the new model."""
         return int(self.new_query.shape[1])
+
+    def zero_rows_line(self) -> str | None:
+        """One line saying how many all-zero rows were dropped from which file, or None when none were."""
+        if not self.zero_rows:
+            return None
+        per_file = ", ".join(f"{n} in {name}" for name, n in self.zero_rows.items())
+        return f"{self.path}: dropped the pairs of {sum(self.zero_rows.values())} all-zero row(s) ({per_file})"
 
 
 def default_ids(n: int) -> IdArray:
@@ -76,8 +90,8 @@ def _load(path: Path) -> npt.NDArray[np.generic]:
     return arr
 
 
-def load_embeddings(path: Path) -> Array:
-    """Load a [rows, dim] float array, refusing empty, non-finite and all-zero rows."""
+def load_embeddings(path: Path, *, allow_zero: bool = False) -> Array:
+    """Load a [rows, dim] float array, refusing empty and non-finite rows (and all-zero ones unless allowed)."""
     arr = _load(path)
     if arr.ndim != 2:
         raise InputError(f"{path}: expected a 2-d [rows, dim] array, got shape {arr.shape}")
@@ -91,11 +105,16 @@ def load_embeddings(path: Path) -> Array:
         bad = np.flatnonzero(~finite)
         raise InputError(f"{path}: {len(bad)} row(s) with NaN/inf values (first: row {bad[0]})")
     # A zero row has no direction; float32 overflow to inf in the norm is caught as non-finite above.
-    zero = ~np.any(out != 0, axis=1)
-    if zero.any():
+    zero = _zero_rows(out)
+    if zero.any() and not allow_zero:
         bad = np.flatnonzero(zero)
-        raise InputError(f"{path}: {len(bad)} all-zero row(s) (first: row {bad[0]})")
+        raise InputError(f"{path}: {len(bad)} all-zero row(s) (first: row {bad[0]}; --strict refuses them)")
     return out
+
+
+def _zero_rows(arr: Array) -> npt.NDArray[np.bool_]:
+    """Mask of the rows that are all zero."""
+    return ~np.any(arr != 0, axis=1)
 
 
 def load_ids(path: Path, rows: int, paired_with: str) -> IdArray:
@@ -126,8 +145,12 @@ def load_split(
     require_new_target: bool = False,
     old_dim: int | None = None,
     new_dim: int | None = None,
+    strict: bool = False,
 ) -> Split:
-    """Load and validate a support / test folder; dims are checked against a profile when given."""
+    """Load and validate a support / test folder; dims are checked against a profile when given.
+
+    All-zero rows drop their pair (counted per file in zero_rows), or are refused with `strict`.
+    """
     root = Path(directory)
     if not root.is_dir():
         raise InputError(f"{root}: not a directory")
@@ -138,14 +161,15 @@ def load_split(
     if require_new_target and not paths["new_target.npy"].is_file():
         raise InputError(f"{paths['new_target.npy']}: missing (needed to fit on target rows)")
 
-    old_query = load_embeddings(paths["old_query.npy"])
-    new_query = load_embeddings(paths["new_query.npy"])
+    allow_zero = not strict
+    old_query = load_embeddings(paths["old_query.npy"], allow_zero=allow_zero)
+    new_query = load_embeddings(paths["new_query.npy"], allow_zero=allow_zero)
     _check_rows(old_query, paths["old_query.npy"], new_query, paths["new_query.npy"])
-    old_target = load_embeddings(paths["old_target.npy"])
+    old_target = load_embeddings(paths["old_target.npy"], allow_zero=allow_zero)
     _check_dim(old_target, paths["old_target.npy"], old_query.shape[1], "old_query.npy")
     new_target: Array | None = None
     if paths["new_target.npy"].is_file():
-        new_target = load_embeddings(paths["new_target.npy"])
+        new_target = load_embeddings(paths["new_target.npy"], allow_zero=allow_zero)
         _check_rows(old_target, paths["old_target.npy"], new_target, paths["new_target.npy"])
         _check_dim(new_target, paths["new_target.npy"], new_query.shape[1], "new_query.npy")
     if old_dim is not None:
@@ -160,4 +184,34 @@ def load_split(
     target_ids = (
         load_ids(paths["target_ids.npy"], m, "old_target.npy") if paths["target_ids.npy"].is_file() else default_ids(m)
     )
-    return Split(root, old_query, new_query, old_target, new_target, query_ids, target_ids)
+    split = Split(root, old_query, new_query, old_target, new_target, query_ids, target_ids)
+    return split if strict else _without_zero_rows(split)
+
+
+def _without_zero_rows(split: Split) -> Split:
+    """The split minus every pair with an all-zero row; InputError when no query pair or target is left."""
+    named = {"old_query.npy": split.old_query, "new_query.npy": split.new_query, "old_target.npy": split.old_target}
+    if split.new_target is not None:
+        named["new_target.npy"] = split.new_target
+    zero = {name: _zero_rows(arr) for name, arr in named.items()}
+    counts = {name: int(mask.sum()) for name, mask in zero.items() if mask.any()}
+    if not counts:
+        return split
+    q_keep = ~(zero["old_query.npy"] | zero["new_query.npy"])
+    t_keep = ~zero["old_target.npy"]
+    if "new_target.npy" in zero:
+        t_keep &= ~zero["new_target.npy"]
+    if not q_keep.any() or not t_keep.any():
+        side = "query" if not q_keep.any() else "target"
+        raise InputError(f"{split.path}: every {side} pair has an all-zero row; nothing is left to use")
+    new_target = None if split.new_target is None else split.new_target[t_keep]
+    return Split(
+        split.path,
+        split.old_query[q_keep],
+        split.new_query[q_keep],
+        split.old_target[t_keep],
+        new_target,
+        split.query_ids[q_keep],
+        split.target_ids[t_keep],
+        counts,
+    )
