@@ -7,6 +7,9 @@ the clauses are joined into one line, so `nobackfill serve` refuses to start wit
               `gallery build` recorded them, == the old encoder's
     profile   old_dim / new_dim == the encoders'; old / new model ids == the encoders';
               fingerprints, when `fit` recorded them (from models.json), == the encoders'
+    profile vs gallery   the old model the profile was fitted for == the one that made the gallery
+              (checked directly too: an `external` old encoder only declares an id, so the two
+              artifacts may both agree with it by name and still disagree on weights)
 A fingerprint is compared only when both sides know one (synthetic and external encoders have none).
 """
 
@@ -70,6 +73,9 @@ def check_compatible(
         clauses = _disagreements(encoder, dim, *_recorded(block))
         if clauses:
             problems.append(f"{encoder_name} vs the {artifact}: {', '.join(clauses)}")
+    between = _between_artifacts(_recorded(checks[1][3]), _recorded(gallery_block))
+    if between:
+        problems.append(f"the {profile_name} vs the {gallery_name}: {', '.join(between)}")
     if problems:
         raise ArtifactError("encoders, profile and gallery disagree: " + "; ".join(problems))
 
@@ -84,4 +90,17 @@ def _disagreements(encoder: Encoder, dim: int, model_id: str | None, fingerprint
     actual = fingerprint_of(encoder)
     if fingerprint is not None and actual is not None and fingerprint != actual:
         clauses.append(f"weights sha256 {_short(actual)} where it records {_short(fingerprint)}")
+    return clauses
+
+
+def _between_artifacts(
+    profile_old: tuple[str | None, str | None], gallery_old: tuple[str | None, str | None]
+) -> list[str]:
+    """Where the profile's old model and the gallery's differ (id, then weights), unknowns passing."""
+    clauses = []
+    (p_id, p_fp), (g_id, g_fp) = profile_old, gallery_old
+    if p_id is not None and g_id is not None and p_id != g_id:
+        clauses.append(f"fitted for old model {p_id!r} where the gallery was made by {g_id!r}")
+    if p_fp is not None and g_fp is not None and p_fp != g_fp:
+        clauses.append(f"old weights sha256 {_short(p_fp)} where the gallery records {_short(g_fp)}")
     return clauses
