@@ -73,7 +73,7 @@ def standin(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
 
 def test_adapter_profile_contents_and_eval(standin: dict[str, Path]) -> None:
     meta = json.loads((standin["adapter"] / PROFILE_JSON).read_text())
-    assert meta["head"] == "adapter" and meta["format_version"] == 2 and meta["classes"] is None
+    assert meta["head"] == "adapter" and meta["format_version"] == 3 and meta["classes"] is None
     assert meta["adapter"]["format"] == "mkp-adapter/1" and meta["adapter"]["config"]["epochs"] == 2
     assert meta["adapter"]["config"]["batch_size"] == 128 and meta["alphas"] == {"text": 1.0}
     profile = load_profile(standin["adapter"])
@@ -183,6 +183,7 @@ def test_format_1_profiles_still_load(tmp_path: Path) -> None:
     meta["format_version"] = 1
     del meta["adapter"], meta["classes"]
     (tmp_path / "p" / PROFILE_JSON).write_text(json.dumps(meta))
+    (tmp_path / "p" / "manifest.json").unlink()  # format 1 predates manifests
     loaded = load_profile(tmp_path / "p")
     assert loaded.head == "slerp" and loaded.adapter is None and loaded.classes is None
     assert loaded.modes() == ["old", "aligned", "slerp", "nlerp", "adaptive"]

@@ -17,6 +17,7 @@ from service.compat.io import Split, load_split
 from service.compat.procrustes import align, normalize_rows, pad
 from service.compat.profile import FORMAT_VERSION, TENSORS, CompatProfile, load_profile, save_profile
 from service.errors import ArtifactError, InputError, UnsupportedMode
+from service.manifest import MANIFEST_NAME, write_manifest
 
 
 @pytest.fixture(scope="module")
@@ -77,13 +78,19 @@ def test_profile_round_trip(tmp_path: Path, support: Split, fitted: selection.Fi
     assert (tmp_path / "p" / "note.txt").read_bytes() == b"hi"
     meta = json.loads((tmp_path / "p" / "profile.json").read_text())
     assert meta["format_version"] == FORMAT_VERSION and meta["tensors_sha256"] == saved.tensors_sha256
+    manifest = json.loads((tmp_path / "p" / MANIFEST_NAME).read_text())
+    assert sorted(manifest["files"]) == ["note.txt", "profile.json", "tensors.safetensors"]
+    assert manifest["files"]["tensors.safetensors"]["sha256"] == saved.tensors_sha256
     assert not list(tmp_path.glob(".p.*")), "no temporary folder left behind"
 
 
 def test_checksum_mismatch_refused(tmp_path: Path, support: Split, fitted: selection.FitResult) -> None:
     save_profile(_profile(support, fitted), tmp_path / "p")
     save_file({"R": np.eye(12, dtype=np.float32)}, str(tmp_path / "p" / TENSORS))
-    with pytest.raises(ArtifactError, match="sha256"):
+    with pytest.raises(ArtifactError, match=r"tensors\.safetensors: .*manifest\.json"):
+        load_profile(tmp_path / "p")
+    write_manifest(tmp_path / "p")  # re-signed: profile.json's tensors_sha256 still disagrees
+    with pytest.raises(ArtifactError, match=r"tensors\.safetensors: sha256 .*profile\.json"):
         load_profile(tmp_path / "p")
 
 
@@ -110,6 +117,9 @@ def test_missing_and_bad_format(tmp_path: Path, support: Split, fitted: selectio
     meta = json.loads((tmp_path / "p" / "profile.json").read_text())
     meta["format_version"] = 99
     (tmp_path / "p" / "profile.json").write_text(json.dumps(meta))
+    with pytest.raises(ArtifactError, match=r"profile\.json: .*manifest\.json"):
+        load_profile(tmp_path / "p")
+    write_manifest(tmp_path / "p")
     with pytest.raises(ArtifactError, match="format_version"):
         load_profile(tmp_path / "p")
 

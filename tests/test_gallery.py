@@ -141,7 +141,7 @@ def npy_gallery(npy_file: Path, tmp_path_factory: pytest.TempPathFactory) -> Pat
 
 
 def test_build_writes_a_complete_fingerprinted_gallery(built: Path) -> None:
-    assert sorted(p.name for p in built.iterdir()) == ["gallery.json", "index.faiss"]
+    assert sorted(p.name for p in built.iterdir()) == ["gallery.json", "index.faiss", "manifest.json"]
     no_leftovers(built.parent)
     meta = json.loads((built / "gallery.json").read_text())
     index = built / "index.faiss"

@@ -17,15 +17,35 @@ Modes served (modes()): a Procrustes head serves old, aligned, slerp, nlerp, ada
 old and adapter; adapter+slerp serves old, adapter and adapter+slerp; psp serves psp, lsp serves lsp
 (their gallery holds the old model's PSP / LSP features and a query needs only new-model logits).
 Format 2 added the adapter / PSP heads and the `adapter` / `classes` keys; format 1 files (Procrustes
-only) still load.  Loading verifies the checksum, the format version and every shape, and builds the
-adapter once so a corrupt one is refused at load time, not at the first query.  Saving goes through a
-temporary sibling folder and one rename, so a failed write leaves nothing behind.
+only) still load.  Format 3 added manifest.json (service/manifest.py): the size and sha256 of every
+other file of the folder, profile.json included, so an edited alpha is refused like a flipped byte.
+Saving goes through a temporary sibling folder and one rename, so a failed write leaves nothing
+behind; the manifest is written last, over whatever else the folder holds (extra_files too).
+
+Loading refuses, with one ArtifactError line naming the file:
+    a file missing, truncated, edited or added    manifest.json (before anything is parsed)
+    manifest.json missing from a format-3 folder  (deleting it must not switch the check off)
+    tensors.safetensors whose sha256 differs from profile.json's tensors_sha256
+    a format version, head or field of the wrong type ("8" or 8.5 for a dim, true for a count)
+    tensors: not finite float32; R not square of side max(d_old, d_new) or not orthogonal
+    parameters: alphas and slerp / nlerp / adapter+slerp alpha outside [0, 1]; adaptive a outside
+      [0, 1], b not finite, |c_ref| > 1; any parameter not finite; a blend head without its own
+      parameters for a modality it has an alpha for
+    adapter: meta not as adapter.meta() writes it, dims not the profile's, tensors that do not
+      rebuild the net (built once here, so a corrupt one is refused at load, not at the first query)
+    psp / lsp: class counts not integers >= 2 matching the dims, bad top_k / class_map, wrong P_tk
+Folders written before manifests (formats 1 and 2, no manifest.json) still load, with one warning:
+refusing them would take every deployed profile down with the upgrade that brings manifests, and
+their tensors stay covered by tensors_sha256 while every field of profile.json is range-checked;
+the gap left is an in-range edit of profile.json.  Re-saving (save_profile) writes format 3.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import logging
+import math
 import shutil
 import tempfile
 from collections.abc import Mapping
@@ -43,12 +63,14 @@ from safetensors.numpy import load_file, save_file
 from service.atomic_dir import replace_dir
 from service.compat.psp import correction_matrix
 from service.errors import ArtifactError
+from service.manifest import MANIFEST_NAME, sha256_of, verify_manifest, write_manifest
 
 if TYPE_CHECKING:
     from service.compat.adapter import TrainedAdapter
 
-FORMAT_VERSION = 2
-READABLE_VERSIONS = (1, 2)
+FORMAT_VERSION = 3
+READABLE_VERSIONS = (1, 2, 3)
+MANIFEST_SINCE = 3  # from this format on, a folder without manifest.json is refused
 PROFILE_JSON = "profile.json"
 TENSORS = "tensors.safetensors"
 PROCRUSTES_HEADS = ("slerp", "nlerp", "adaptive", "aligned")
@@ -70,6 +92,9 @@ HEAD_MODES: dict[str, tuple[str, ...]] = {
 ADAPTER_PREFIX = "adapter."
 _ORTHO_TOL = 1e-3
 _PTK_TOL = 1e-5
+_MAX_HIDDEN = 1 << 16  # an adapter wider than this is a corrupt meta block, not a trained net
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True, eq=False)
@@ -189,37 +214,56 @@ def _canonical(obj: Any) -> str:
     return json.dumps(obj, sort_keys=True, separators=(",", ":"))
 
 
-def _sha256(path: Path) -> str:
-    """Hex sha256 of a file, streamed."""
-    h = hashlib.sha256()
-    with path.open("rb") as fh:
-        for block in iter(lambda: fh.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
-
-
-def _validate(profile: CompatProfile, where: Path | str) -> None:
-    """Shapes, finiteness and value ranges of a profile; ArtifactError naming `where` on failure."""
+def _validate(profile: CompatProfile, meta_where: Path | str, tensors_where: Path | str) -> None:
+    """Shapes, finiteness and ranges of a profile; one ArtifactError line naming profile.json or the tensors file."""
     if profile.head not in HEADS:
-        raise ArtifactError(f"{where}: unknown head {profile.head!r} (known: {', '.join(HEADS)})")
+        raise ArtifactError(f"{meta_where}: unknown head {profile.head!r} (known: {', '.join(HEADS)})")
     if profile.old_dim < 1 or profile.new_dim < 1:
-        raise ArtifactError(f"{where}: dims must be positive, got {profile.old_dim} / {profile.new_dim}")
+        raise ArtifactError(f"{meta_where}: dims must be positive, got {profile.old_dim} / {profile.new_dim}")
     for name, t in profile.tensors.items():
         if t.dtype != np.float32 or not np.isfinite(t).all():
-            raise ArtifactError(f"{where}: tensor {name} must be finite float32")
+            raise ArtifactError(f"{tensors_where}: tensor {name} must be finite float32")
+    _validate_params(profile, meta_where)
     if profile.head in PROCRUSTES_HEADS:
-        _validate_rotation(profile, where)
+        _validate_rotation(profile, tensors_where)
     elif profile.head in ADAPTER_HEADS:
-        _validate_adapter(profile, where)
+        _validate_adapter(profile, meta_where, tensors_where)
     else:
-        _validate_classes(profile, where)
+        _validate_classes(profile, meta_where, tensors_where)
+
+
+def _validate_params(profile: CompatProfile, where: Path | str) -> None:
+    """alphas and every head's fitted parameters: finite, in range, and present for the profile's own head."""
+
+    def unit_interval(value: float, what: str) -> None:
+        if not (math.isfinite(value) and 0.0 <= value <= 1.0):
+            raise ArtifactError(f"{where}: {what} is {value}, outside [0, 1]")
+
     for modality, alpha in profile.alphas.items():
-        if not 0.0 <= float(alpha) <= 1.0:
-            raise ArtifactError(f"{where}: alpha {alpha} for modality {modality!r} is outside [0, 1]")
+        unit_interval(float(alpha), f"alpha for modality {modality!r}")
     for modality, modes in profile.params.items():
         for mode, p in modes.items():
-            if mode in ("slerp", "nlerp", "adapter+slerp") and not 0.0 <= float(p.get("alpha", -1.0)) <= 1.0:
-                raise ArtifactError(f"{where}: {mode} alpha for modality {modality!r} is missing or outside [0, 1]")
+            what = f"{mode} parameters for modality {modality!r}"
+            bad = [k for k, v in p.items() if not math.isfinite(float(v))]
+            if bad:
+                raise ArtifactError(f"{where}: {what}: {', '.join(bad)} not finite")
+            if mode in ("slerp", "nlerp", "adapter+slerp"):
+                if "alpha" not in p:
+                    raise ArtifactError(f"{where}: {what} lack alpha")
+                unit_interval(float(p["alpha"]), f"the {mode} alpha for modality {modality!r}")
+            elif mode == "adaptive":
+                missing = [k for k in ("a", "b", "c_ref") if k not in p]
+                if missing:
+                    raise ArtifactError(f"{where}: {what} lack {', '.join(missing)}")
+                unit_interval(float(p["a"]), f"the adaptive a for modality {modality!r}")
+                if not abs(float(p["c_ref"])) <= 1.0:  # a cosine
+                    raise ArtifactError(
+                        f"{where}: the adaptive c_ref for modality {modality!r} is {p['c_ref']}, not a cosine"
+                    )
+    own = profile.head if profile.head in ALPHA_MODES else None
+    for modality in profile.alphas:
+        if own is not None and own not in profile.params.get(modality, {}):
+            raise ArtifactError(f"{where}: no {own} parameters for modality {modality!r}, which has an alpha")
 
 
 def _validate_rotation(profile: CompatProfile, where: Path | str) -> None:
@@ -237,47 +281,79 @@ def _validate_rotation(profile: CompatProfile, where: Path | str) -> None:
         raise ArtifactError(f"{where}: R is not orthogonal (max |R^T R - I| = {err:.2e})")
 
 
-def _validate_adapter(profile: CompatProfile, where: Path | str) -> None:
-    """An adapter head: meta present, dims agree, and the net rebuilds from the tensors."""
+def _validate_adapter(profile: CompatProfile, meta_where: Path | str, tensors_where: Path | str) -> None:
+    """An adapter head: meta as adapter.meta() writes it, dims agree, and the net rebuilds from the tensors."""
     meta = profile.adapter
     if not isinstance(meta, dict):
-        raise ArtifactError(f"{where}: head {profile.head} needs the adapter description in profile.json")
-    dims = (meta.get("old_dim"), meta.get("new_dim"))
+        raise ArtifactError(f"{meta_where}: head {profile.head} needs the adapter description in profile.json")
+    try:
+        dims = (_count(meta.get("old_dim"), "adapter old_dim"), _count(meta.get("new_dim"), "adapter new_dim"))
+        hidden = _count(meta.get("hidden"), "adapter hidden")
+        if hidden > _MAX_HIDDEN:
+            raise ValueError(f"adapter hidden {hidden} exceeds {_MAX_HIDDEN}")
+        config = meta.get("config", {})
+        if not isinstance(config, dict):
+            raise TypeError("adapter config must be an object")
+        odd = [k for k, v in config.items() if isinstance(v, float) and not math.isfinite(v)]
+        if odd:
+            raise ValueError(f"adapter config {', '.join(odd)} not finite")
+    except (TypeError, ValueError) as exc:
+        raise ArtifactError(f"{meta_where}: bad adapter block ({exc})") from exc
     if dims != (profile.old_dim, profile.new_dim):
         raise ArtifactError(
-            f"{where}: adapter maps {dims[1]} -> {dims[0]}, but the profile is {profile.new_dim} -> {profile.old_dim}"
+            f"{meta_where}: adapter maps {dims[1]} -> {dims[0]}, "
+            f"but the profile is {profile.new_dim} -> {profile.old_dim}"
         )
     try:
         profile.adapter_model  # noqa: B018 (builds and caches the net; raises on bad tensors)
     except ArtifactError as exc:
-        raise ArtifactError(f"{where}: {exc.message}") from exc
-    if profile.head == "adapter+slerp":
-        for modality in profile.alphas:
-            if "adapter+slerp" not in profile.params.get(modality, {}):
-                raise ArtifactError(f"{where}: no adapter+slerp alpha for modality {modality!r}")
+        raise ArtifactError(f"{tensors_where}: {exc.message}") from exc
 
 
-def _validate_classes(profile: CompatProfile, where: Path | str) -> None:
+def _validate_classes(profile: CompatProfile, meta_where: Path | str, tensors_where: Path | str) -> None:
     """A psp / lsp head: class counts match the dims, top_k and class_map are valid, P_tk agrees."""
     c = profile.classes
     if not isinstance(c, dict):
-        raise ArtifactError(f"{where}: head {profile.head} needs the class counts in profile.json")
+        raise ArtifactError(f"{meta_where}: head {profile.head} needs the class counts in profile.json")
     try:
-        c_old, c_new = int(c["old_classes"]), int(c["new_classes"])
+        c_old, c_new = _count(c.get("old_classes"), "old_classes"), _count(c.get("new_classes"), "new_classes")
         top_k = c.get("top_k")
         class_map = c.get("class_map")
         if (c_old, c_new) != (profile.old_dim, profile.new_dim):
             raise ValueError(f"classes {c_old} -> {c_new} differ from the dims {profile.old_dim} / {profile.new_dim}")
-        if top_k is not None and int(top_k) < 1:
-            raise ValueError(f"top_k must be >= 1, got {top_k}")
+        if top_k is not None:
+            _count(top_k, "top_k")
+        if class_map is not None and not (isinstance(class_map, list) and all(_is_int(m) for m in class_map)):
+            raise TypeError("class_map must be a list of integers")
         expected = correction_matrix(c_old, c_new, class_map)
     except (KeyError, TypeError, ValueError) as exc:
-        raise ArtifactError(f"{where}: bad class block ({exc})") from exc
+        raise ArtifactError(f"{meta_where}: bad class block ({exc})") from exc
     p = profile.tensors.get("P_tk")
     if p is None:
-        raise ArtifactError(f"{where}: tensor P_tk is missing")
+        raise ArtifactError(f"{tensors_where}: tensor P_tk is missing")
     if p.shape != expected.shape or float(np.abs(p - expected).max()) > _PTK_TOL:
-        raise ArtifactError(f"{where}: P_tk {tuple(p.shape)} is not the correction matrix for {c_old} -> {c_new}")
+        raise ArtifactError(
+            f"{tensors_where}: P_tk {tuple(p.shape)} is not the correction matrix for {c_old} -> {c_new}"
+        )
+
+
+def _is_int(value: Any) -> bool:
+    """A JSON integer (bool is an int to Python, never to a profile)."""
+    return isinstance(value, int | np.integer) and not isinstance(value, bool)
+
+
+def _count(value: Any, what: str, minimum: int = 1) -> int:
+    """A JSON integer >= minimum, or ValueError naming it (int() would take "8", 8.7 and true)."""
+    if not _is_int(value) or int(value) < minimum:
+        raise ValueError(f"{what} must be an integer >= {minimum}, got {value!r}")
+    return int(value)
+
+
+def _number(value: Any, what: str) -> float:
+    """A JSON number (finiteness is checked by _validate, which names the field)."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise TypeError(f"{what} must be a number, got {value!r}")
+    return float(value)
 
 
 def save_profile(
@@ -287,9 +363,9 @@ def save_profile(
     overwrite: bool = False,
     extra_files: Mapping[str, bytes] | None = None,
 ) -> CompatProfile:
-    """Write the profile folder atomically; returns the profile with its tensors' sha256 filled in."""
+    """Write the profile folder atomically with its manifest; returns the profile with its tensors' sha256 filled in."""
     target = Path(directory)
-    _validate(profile, target)
+    _validate(profile, target / PROFILE_JSON, target / TENSORS)
     if target.exists() and not target.is_dir():
         raise ArtifactError(f"{target}: exists and is not a directory")
     if target.is_dir() and any(target.iterdir()) and not overwrite:
@@ -299,11 +375,14 @@ def save_profile(
     try:
         tensors = {k: np.ascontiguousarray(v, dtype=np.float32) for k, v in profile.tensors.items()}
         save_file(tensors, str(tmp / TENSORS), metadata={"format_version": str(FORMAT_VERSION)})
-        sha = _sha256(tmp / TENSORS)
+        sha = sha256_of(tmp / TENSORS)
         saved = replace(profile, tensors_sha256=sha)
         (tmp / PROFILE_JSON).write_text(json.dumps(saved.metadata(), indent=2) + "\n")
         for name, data in (extra_files or {}).items():
+            if name == MANIFEST_NAME:
+                raise ArtifactError(f"{target}: {MANIFEST_NAME} is written by save_profile, not an extra file")
             (tmp / name).write_bytes(data)
+        write_manifest(tmp, known={TENSORS: sha})
         replace_dir(tmp, target)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
@@ -312,7 +391,7 @@ def save_profile(
 
 
 def load_profile(directory: Path | str, *, old_dim: int | None = None, new_dim: int | None = None) -> CompatProfile:
-    """Load and verify a profile folder (format, sha256, shapes; dims against the encoders when given)."""
+    """Load and verify a profile folder (manifest, format, sha256, parameters, shapes; dims when given)."""
     root = Path(directory)
     meta_path, tensors_path = root / PROFILE_JSON, root / TENSORS
     if not root.is_dir():
@@ -320,19 +399,28 @@ def load_profile(directory: Path | str, *, old_dim: int | None = None, new_dim: 
     for p in (meta_path, tensors_path):
         if not p.is_file():
             raise ArtifactError(f"{p}: missing")
-    try:
-        meta = json.loads(meta_path.read_text())
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise ArtifactError(f"{meta_path}: not valid JSON ({exc})") from exc
-    if not isinstance(meta, dict):
-        raise ArtifactError(f"{meta_path}: expected a JSON object")
+    digests = verify_manifest(root)  # before anything is parsed: every byte read below is the written one
+    meta = _read_json(meta_path)
     version = meta.get("format_version")
-    if version not in READABLE_VERSIONS:
+    if not _is_int(version) or version not in READABLE_VERSIONS:
         raise ArtifactError(
             f"{meta_path}: format_version {version!r} is unsupported "
             f"(this build reads {', '.join(map(str, READABLE_VERSIONS))})"
         )
-    sha = _sha256(tensors_path)
+    if digests is None:
+        if version >= MANIFEST_SINCE:
+            raise ArtifactError(
+                f"{root / MANIFEST_NAME}: missing (a format-{version} profile lists every file with its sha256)"
+            )
+        log.warning(
+            "%s: format-%s profile without %s: profile.json is not checksummed (re-save it to add one)",
+            root,
+            version,
+            MANIFEST_NAME,
+        )
+        sha = sha256_of(tensors_path)
+    else:
+        sha = digests[TENSORS] if TENSORS in digests else sha256_of(tensors_path)
     if sha != meta.get("tensors_sha256"):
         raise ArtifactError(
             f"{tensors_path}: sha256 {sha[:12]}... does not match profile.json "
@@ -342,22 +430,50 @@ def load_profile(directory: Path | str, *, old_dim: int | None = None, new_dim: 
         tensors = load_file(str(tensors_path))
     except (SafetensorError, OSError, ValueError) as exc:
         raise ArtifactError(f"{tensors_path}: unreadable safetensors file ({exc})") from exc
+    profile = _from_meta(meta, meta_path, {k: np.asarray(v) for k, v in tensors.items()}, sha)
+    _validate(profile, meta_path, tensors_path)
+    check_dims(profile, old_dim=old_dim, new_dim=new_dim)
+    return profile
+
+
+def _read_json(path: Path) -> dict[str, Any]:
+    """profile.json as a JSON object; NaN / Infinity literals are refused like any other bad token."""
+
+    def no_constants(token: str) -> Any:
+        raise ValueError(f"{token} is not a JSON number")
+
     try:
-        profile = CompatProfile(
+        meta = json.loads(path.read_text(), parse_constant=no_constants)
+    except (json.JSONDecodeError, UnicodeDecodeError, ValueError) as exc:
+        raise ArtifactError(f"{path}: not valid JSON ({exc})") from exc
+    if not isinstance(meta, dict):
+        raise ArtifactError(f"{path}: expected a JSON object")
+    return meta
+
+
+def _from_meta(
+    meta: dict[str, Any], meta_path: Path, tensors: dict[str, npt.NDArray[np.float32]], sha: str
+) -> CompatProfile:
+    """Build a CompatProfile from profile.json's fields, refusing wrong JSON types in one line."""
+    try:
+        return CompatProfile(
             head=str(meta["head"]),
             old_model_id=str(meta["old_model_id"]),
             new_model_id=str(meta["new_model_id"]),
-            old_dim=int(meta["old_dim"]),
-            new_dim=int(meta["new_dim"]),
-            alphas={str(k): float(v) for k, v in meta["alphas"].items()},
+            old_dim=_count(meta["old_dim"], "old_dim"),
+            new_dim=_count(meta["new_dim"], "new_dim"),
+            alphas={str(k): _number(v, f"alpha {k!r}") for k, v in _object(meta["alphas"]).items()},
             params={
-                str(mod): {str(mode): {str(k): float(v) for k, v in p.items()} for mode, p in modes.items()}
-                for mod, modes in meta["params"].items()
+                str(mod): {
+                    str(mode): {str(k): _number(v, f"{mode} {k} of {mod!r}") for k, v in _object(p).items()}
+                    for mode, p in _object(modes).items()
+                }
+                for mod, modes in _object(meta["params"]).items()
             },
             fit_on=str(meta["fit_on"]),
-            folds=int(meta["folds"]),
-            fit_report=dict(meta["fit_report"]),
-            tensors={k: np.asarray(v) for k, v in tensors.items()},
+            folds=_count(meta["folds"], "folds", minimum=0),
+            fit_report=_object(meta["fit_report"]),
+            tensors=tensors,
             created_at=str(meta["created_at"]),
             tensors_sha256=sha,
             # Format 1 (Procrustes only) has neither key.
@@ -367,18 +483,20 @@ def load_profile(directory: Path | str, *, old_dim: int | None = None, new_dim: 
         )
     except (KeyError, TypeError, ValueError, AttributeError) as exc:
         raise ArtifactError(f"{meta_path}: malformed field ({type(exc).__name__}: {exc})") from exc
-    _validate(profile, root)
-    check_dims(profile, old_dim=old_dim, new_dim=new_dim)
-    return profile
+
+
+def _object(value: Any) -> dict[str, Any]:
+    """A JSON object from profile.json."""
+    if not isinstance(value, dict):
+        raise TypeError(f"expected an object, got {type(value).__name__}")
+    return dict(value)
 
 
 def _optional_dict(value: Any) -> dict[str, Any] | None:
     """A JSON object or null from profile.json."""
     if value is None:
         return None
-    if not isinstance(value, dict):
-        raise TypeError(f"expected an object or null, got {type(value).__name__}")
-    return dict(value)
+    return _object(value)
 
 
 def check_dims(profile: CompatProfile, *, old_dim: int | None = None, new_dim: int | None = None) -> None:

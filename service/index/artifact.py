@@ -1,13 +1,19 @@
-"""On-disk layout of a gallery folder: `index.faiss` plus `gallery.json`, and the file fingerprint.
+"""On-disk layout of a gallery folder: `index.faiss`, `gallery.json`, `manifest.json`, and the fingerprint.
 
-The fingerprint is the sha256 of `index.faiss`; `gallery.json` is written last, so a folder without
-it is an interrupted build, never a gallery.
+The fingerprint is the sha256 of `index.faiss`, recorded in `gallery.json`.  `gallery.json` is
+written after the index, then `manifest.json` (service/manifest.py: size and sha256 of every other
+file, gallery.json included), so a folder without them is an interrupted build, never a gallery.
+gallery.json says `"manifest": "manifest.json"` from then on: deleting the manifest of such a
+gallery is refused, while galleries built before manifests (no such key) load with one warning --
+rebuilding a 10^7-row gallery to upgrade the service is not an option, and their index is still
+checked against gallery.json's sha256; what they lack is a check of gallery.json's own bytes.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import os
 import sys
 from pathlib import Path
@@ -16,6 +22,7 @@ from typing import Any
 from tqdm import tqdm  # type: ignore[import-untyped]
 
 from service.errors import ArtifactError
+from service.manifest import MANIFEST_NAME, verify_manifest, write_manifest
 
 INDEX_NAME = "index.faiss"
 META_NAME = "gallery.json"
@@ -23,6 +30,8 @@ FORMAT_VERSION = 1
 _HASH_BLOCK = 8 << 20
 _PROGRESS_MIN_BYTES = 256 << 20
 _EDGE_BYTES = 1 << 20
+
+log = logging.getLogger(__name__)
 
 
 def sha256_file(path: Path, progress: bool | None = None) -> str:
@@ -52,7 +61,8 @@ def edges_sha256(path: Path) -> str:
 
 
 def write_meta(folder: Path, meta: dict[str, Any]) -> None:
-    """Write gallery.json durably (temp file, fsync, rename) so it is either complete or absent."""
+    """Write gallery.json, then manifest.json, durably (temp file, fsync, rename); adds meta["manifest"]."""
+    meta["manifest"] = MANIFEST_NAME
     tmp = folder / (META_NAME + ".tmp")
     with tmp.open("w", encoding="utf-8") as f:
         json.dump(meta, f, indent=2, sort_keys=True)
@@ -60,6 +70,21 @@ def write_meta(folder: Path, meta: dict[str, Any]) -> None:
         f.flush()
         os.fsync(f.fileno())
     tmp.replace(folder / META_NAME)
+    # The index was hashed for gallery.json already; a 10^7-row gallery should not be read twice.
+    write_manifest(folder, known={str(meta.get("index_file", INDEX_NAME)): str(meta["sha256"])})
+
+
+def read_checked_meta(folder: Path) -> dict[str, Any]:
+    """read_meta after the manifest check of every file but the index (whose digest Gallery.load checks)."""
+    if not folder.is_dir():
+        raise ArtifactError(f"gallery {folder}: no such folder")
+    signed = verify_manifest(folder, size_only=(INDEX_NAME,))
+    meta = read_meta(folder)
+    if signed is None:
+        if meta.get("manifest"):
+            raise ArtifactError(f"{folder / MANIFEST_NAME}: missing (gallery.json says this gallery has one)")
+        log.warning("gallery %s: built without %s; gallery.json itself is not checksummed", folder, MANIFEST_NAME)
+    return meta
 
 
 def read_meta(folder: Path) -> dict[str, Any]:

@@ -1,6 +1,8 @@
 """`Gallery`: a built gallery folder, memory-mapped read-only, fingerprint-checked, searchable from many threads.
 
-Loading verifies `index.faiss` against `gallery.json` before faiss reads a byte of it:
+Loading first checks every file but the index against `manifest.json` (gallery.json included, byte
+for byte; the index by size), then verifies `index.faiss` against `gallery.json` before faiss reads
+a byte of it:
 - `verify="sha256"` (default): size, then the full sha256 (8 MiB blocks, a progress bar on a terminal
   for big files; ~1-2 s per GB, and it warms the page cache the memory-mapped search reads anyway);
 - `verify="size"`: size, and the sha256 of the first and last MiB (the faiss header, quantiser and
@@ -23,7 +25,7 @@ import numpy.typing as npt
 
 from service.errors import ArtifactError, InputError
 from service.index import graph_quantizer
-from service.index.artifact import INDEX_NAME, edges_sha256, read_meta, sha256_file
+from service.index.artifact import INDEX_NAME, edges_sha256, read_checked_meta, sha256_file
 
 Verify = Literal["sha256", "size"]
 Coarse = Literal["auto", "flat", "hnsw"]
@@ -79,7 +81,7 @@ class Gallery:
         if coarse not in ("auto", "flat", "hnsw"):
             raise InputError(f"coarse must be 'auto', 'flat' or 'hnsw', got {coarse!r}")
         folder = Path(folder)
-        meta = read_meta(folder)
+        meta = read_checked_meta(folder)
         path = folder / str(meta.get("index_file", INDEX_NAME))
         if not path.is_file():
             raise ArtifactError(f"gallery {folder}: {path.name} is missing")
