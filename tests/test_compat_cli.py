@@ -35,7 +35,8 @@ def world(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
 
 def test_fit_writes_profile_and_plot(world: dict[str, Path]) -> None:
     profile = world["profile"]
-    assert sorted(p.name for p in profile.iterdir()) == ["fit_recall.png", "profile.json", "tensors.safetensors"]
+    names = ["fit_recall.png", "manifest.json", "profile.json", "tensors.safetensors"]
+    assert sorted(p.name for p in profile.iterdir()) == names
     assert (profile / "fit_recall.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     meta = json.loads((profile / "profile.json").read_text())
     assert meta["head"] == "slerp" and meta["fit_on"] == "both" and meta["folds"] == 3
