@@ -1,16 +1,30 @@
 """One exception tree for the whole service; `api/` renders it, the CLI turns it into exit code 2.
 
-NobackfillError            500 internal
+NobackfillError            500 internal           also what any foreign exception becomes (see `translate`)
 ├── InputError             400 invalid_input      bad request body, bad files, bad arguments
+│   ├── InvalidRequest     422 invalid_request    the body does not match the request schema
 │   ├── TooManyQueries     413 too_many_queries
+│   ├── BodyTooLarge       413 body_too_large     the request body is over api.max_body_bytes
 │   └── UnsupportedMode    400 unsupported_mode   unknown mode, or one the profile lacks
 ├── ArtifactError          400 bad_artifact       profile / gallery missing, corrupt or mismatched
 ├── Unauthorized           401 unauthorized
+├── NotFound               404 not_found          no such route (the admin routes too, while they are off)
+├── MethodNotAllowed       405 method_not_allowed carries the allowed methods
+├── EncoderFailed          500 encoder_failed     a model raised or returned unusable rows
 ├── NotReady               503 not_ready
 └── Overloaded             503 overloaded         carries retry_after_s
+
+`translate` is the one place where a foreign exception (torch, faiss, redis, OSError, anything
+unexpected) enters the tree: it becomes a bare NobackfillError whose message says nothing about
+the cause (a 5xx body never carries internals); the original stays attached for the server's log.
 """
 
 from __future__ import annotations
+
+# Libraries whose exceptions we name in the server log (never in a response): the top-level package
+# of the exception's class.  Anything else is logged as "unexpected".
+_KNOWN_ORIGINS = ("torch", "faiss", "redis", "numpy", "safetensors", "PIL")
+INTERNAL_MESSAGE = "internal error; the server log has the details under this request id"
 
 
 class NobackfillError(Exception):
@@ -31,11 +45,25 @@ class InputError(NobackfillError):
     code = "invalid_input"
 
 
+class InvalidRequest(InputError):
+    """The request body or parameters do not match the published schema."""
+
+    status = 422
+    code = "invalid_request"
+
+
 class TooManyQueries(InputError):
     """A request carried more queries than the configured limit."""
 
     status = 413
     code = "too_many_queries"
+
+
+class BodyTooLarge(InputError):
+    """The request body is larger than the configured cap (refused before it is read in full)."""
+
+    status = 413
+    code = "body_too_large"
 
 
 class UnsupportedMode(InputError):
@@ -58,6 +86,31 @@ class Unauthorized(NobackfillError):
     code = "unauthorized"
 
 
+class NotFound(NobackfillError):
+    """No such route, or a route that is switched off."""
+
+    status = 404
+    code = "not_found"
+
+
+class MethodNotAllowed(NobackfillError):
+    """The route exists but not for this method; `allowed` lists the methods it takes."""
+
+    status = 405
+    code = "method_not_allowed"
+
+    def __init__(self, message: str, allowed: str = "") -> None:
+        super().__init__(message)
+        self.allowed = allowed
+
+
+class EncoderFailed(NobackfillError):
+    """An encoder raised, or returned rows that are not finite, non-zero and of its width."""
+
+    status = 500
+    code = "encoder_failed"
+
+
 class NotReady(NobackfillError):
     """The service is still loading encoders or the gallery."""
 
@@ -74,3 +127,22 @@ class Overloaded(NobackfillError):
     def __init__(self, message: str, retry_after_s: int = 1) -> None:
         super().__init__(message)
         self.retry_after_s = retry_after_s
+
+
+def origin(exc: BaseException) -> str:
+    """Which library a foreign exception comes from (torch, faiss, redis, os, ...), for the log line."""
+    package = type(exc).__module__.split(".", 1)[0]
+    if package in _KNOWN_ORIGINS:
+        return package
+    if isinstance(exc, OSError):
+        return "os"
+    return "unexpected"
+
+
+def translate(exc: BaseException) -> NobackfillError:
+    """`exc` itself when it is ours; otherwise a 500 that names nothing of the cause (chained to it)."""
+    if isinstance(exc, NobackfillError):
+        return exc
+    internal = NobackfillError(INTERNAL_MESSAGE)
+    internal.__cause__ = exc
+    return internal

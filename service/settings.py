@@ -93,11 +93,24 @@ class ApiSettings(BaseModel):
     workers: int = Field(1, ge=1)
     # Per-request access lines cost the event loop real time at hundreds of requests per second;
     # /metrics counts every request by route, mode and status either way.
+    # One access line per request (our own, with its request id; uvicorn's is always off).
     access_log: bool = False
+    # Bearer key of the search routes; unset: they are open.
     api_key: SecretStr | None = None
+    # Bearer key of the admin routes, separate from api_key; unset: the admin routes do not exist (404).
+    admin_key: SecretStr | None = None
+    # The admin reload only loads profile folders under this one (symlinks and `..` resolved first).
+    # Unset: the folder that holds compat.profile_dir, where its sibling profiles live.
+    profiles_root: Path | None = None
+    # Serve /metrics on this port (same host) instead of the main one; unset: on the main port.
+    metrics_port: int | None = Field(None, ge=1, le=65535)
     max_queries: int = Field(64, ge=1)
     max_text_chars: int = Field(2048, ge=1)
     max_image_bytes: int = Field(8 * 1024 * 1024, ge=1)
+    # Request bodies over this are refused with 413 while they are read (and at once when the
+    # Content-Length says so).  16 MiB holds one image at max_image_bytes (10.7 MiB as base64) or a
+    # full request of max_queries images of ~190 kB each, while bounding what one request can pin.
+    max_body_bytes: int = Field(16 * 1024 * 1024, ge=1024)
     max_k: int = Field(1000, ge=1)
     max_in_flight: int = Field(256, ge=1)
 

@@ -213,7 +213,8 @@ async def test_request_metrics_label_route_mode_and_status(service: Running) -> 
 
 
 async def test_api_key_guards_search_and_admin(world: World) -> None:
-    async for running in start_app(make_settings(world, api={"api_key": "s3cret"})):
+    settings = make_settings(world, api={"api_key": "s3cret", "admin_key": "adm1n"})
+    async for running in start_app(settings):
         assert (await running.search(queries=[{"text": "x"}])).status_code == 401
         assert (await running.client.post("/v1/admin/reload-profile")).status_code == 401
         ok = await running.client.post(
@@ -223,13 +224,22 @@ async def test_api_key_guards_search_and_admin(world: World) -> None:
         assert (await running.client.get("/healthz")).status_code == 200
 
 
-async def test_reload_keeps_the_old_profile_on_failure(service: Running, tmp_path: Any, world: World) -> None:
-    before = service.pipeline.profile.profile_id
-    refused = await service.client.post("/v1/admin/reload-profile", json={"profile_dir": str(tmp_path / "none")})
-    assert refused.status_code == 400 and refused.json()["error"]["code"] == "bad_artifact"
-    assert service.pipeline.profile.profile_id == before
-    reloaded = await service.client.post("/v1/admin/reload-profile", json={"profile_dir": str(world.profile_dir)})
-    assert reloaded.status_code == 200 and reloaded.json()["profile_id"] == before
+async def test_reload_keeps_the_old_profile_on_failure(tmp_path: Any, world: World) -> None:
+    settings = make_settings(world, api={"admin_key": "adm1n", "profiles_root": str(tmp_path)})
+    admin = {"Authorization": "Bearer adm1n"}
+    async for running in start_app(settings):
+        before = running.pipeline.profile.profile_id
+        missing = {"profile_dir": str(tmp_path / "none")}
+        refused = await running.client.post("/v1/admin/reload-profile", json=missing, headers=admin)
+        assert refused.status_code == 400 and refused.json()["error"]["code"] == "bad_artifact"
+        assert running.pipeline.profile.profile_id == before
+        outside = await running.client.post(
+            "/v1/admin/reload-profile", json={"profile_dir": str(world.profile_dir)}, headers=admin
+        )
+        assert outside.status_code == 400 and "profiles root" in outside.json()["error"]["message"]
+        assert running.pipeline.profile.profile_id == before
+        reloaded = await running.client.post("/v1/admin/reload-profile", headers=admin)
+        assert reloaded.status_code == 200 and reloaded.json()["profile_id"] == before
 
 
 async def test_overload_gets_503_with_retry_after(world: World) -> None:

@@ -1,4 +1,4 @@
-"""The FastAPI app factory: lifespan loads the pipeline, one handler renders every error."""
+"""The FastAPI app factory: lifespan loads the pipeline; boundary.py renders every error."""
 
 from __future__ import annotations
 
@@ -10,38 +10,36 @@ import signal
 import time
 from collections.abc import AsyncIterator
 
-from fastapi import FastAPI, Request, Response
+from fastapi import FastAPI
 from fastapi.exceptions import RequestValidationError
+from starlette.exceptions import HTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from service import __version__, metrics
+from service.api import admin
+from service.api.boundary import BodyLimit, RequestBoundary, reraise_in_tree
+from service.api.metrics_server import MetricsServer
 from service.api.responses import OrjsonResponse
-from service.api.routes import router
-from service.errors import NobackfillError, Overloaded
+from service.api.routes import metrics_router, router
+from service.errors import NobackfillError
 from service.pipeline import Pipeline
 from service.settings import Settings
 
 log = logging.getLogger("nobackfill")
 
 
-def _error(status: int, code: str, message: str, headers: dict[str, str] | None = None) -> OrjsonResponse:
-    """The one error shape."""
-    return OrjsonResponse({"error": {"code": code, "message": message}}, status_code=status, headers=headers)
+def _ensure_log_handler() -> None:
+    """Give the service's loggers a stderr handler when nothing else (uvicorn, pytest) routes them.
 
-
-async def _on_service_error(_: Request, exc: Exception) -> Response:
-    """Render a NobackfillError with its own status and code."""
-    assert isinstance(exc, NobackfillError)
-    headers = {"Retry-After": str(exc.retry_after_s)} if isinstance(exc, Overloaded) else None
-    return _error(exc.status, exc.code, exc.message, headers)
-
-
-async def _on_validation_error(_: Request, exc: Exception) -> Response:
-    """Render a malformed body as 422 in the same shape, naming the first bad field."""
-    assert isinstance(exc, RequestValidationError)
-    first = exc.errors()[0] if exc.errors() else {"loc": (), "msg": "invalid request"}
-    where = ".".join(str(part) for part in first.get("loc", ()) if part != "body")
-    return _error(422, "invalid_request", f"{where}: {first.get('msg')}" if where else str(first.get("msg")))
+    uvicorn configures only its own loggers, so without this our warnings reach Python's last-resort
+    handler bare and the info lines (access, reloads) are dropped.
+    """
+    if log.handlers or logging.getLogger().handlers:
+        return
+    handler = logging.StreamHandler()
+    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    log.addHandler(handler)
+    log.setLevel(logging.INFO)
 
 
 def _install_sighup(app: FastAPI) -> None:
@@ -50,12 +48,17 @@ def _install_sighup(app: FastAPI) -> None:
     async def reload() -> None:
         pipeline: Pipeline | None = getattr(app.state, "pipeline", None)
         if pipeline is None:
+            log.warning("SIGHUP: ignored, the service is still loading")
             return
+        current = pipeline.profile.profile_id
+        log.info("SIGHUP: reloading the profile from %s", pipeline.settings.compat.profile_dir)
         try:
             profile = await pipeline.reload_profile()
-            log.info("SIGHUP: profile %s loaded", profile.profile_id)
+            log.info("SIGHUP: profile %s loaded (was %s)", profile.profile_id, current)
         except NobackfillError as exc:
-            log.error("SIGHUP: profile reload refused, keeping the current one: %s", exc.message)
+            log.error("SIGHUP: profile reload refused, keeping profile %s: %s", current, exc.message)
+        except Exception:  # a foreign failure must not kill the signal task silently
+            log.exception("SIGHUP: profile reload failed, keeping profile %s", current)
 
     loop = asyncio.get_running_loop()
     with contextlib.suppress(NotImplementedError, RuntimeError, ValueError):
@@ -129,8 +132,12 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         app.state.tasks = set()
         metrics.BUILD_INFO.info({"version": __version__})
+        metrics_server = None
         try:
             app.state.pipeline = await Pipeline.build(settings)
+            if settings.api.metrics_port is not None:
+                metrics_server = MetricsServer(settings.api.host, settings.api.metrics_port)
+                await metrics_server.start()
         except NobackfillError as exc:
             app.state.startup_refusal = exc.message
             raise
@@ -138,6 +145,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         try:
             yield
         finally:
+            if metrics_server is not None:
+                await metrics_server.stop()
             pipeline: Pipeline = app.state.pipeline
             app.state.pipeline = None
             await pipeline.aclose()
@@ -152,10 +161,20 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     )
     app.state.settings = settings
     app.state.pipeline = None
-    app.add_exception_handler(NobackfillError, _on_service_error)
-    app.add_exception_handler(RequestValidationError, _on_validation_error)
+    # FastAPI's own errors are handed on as ours; RequestBoundary renders everything, in one place.
+    app.add_exception_handler(HTTPException, reraise_in_tree)
+    app.add_exception_handler(RequestValidationError, reraise_in_tree)
 
+    # Added innermost first: RequestMetrics sees the status the boundary sends, BodyLimit's 413 is
+    # rendered by the boundary like any other error.
+    app.add_middleware(BodyLimit, max_bytes=settings.api.max_body_bytes)
+    app.add_middleware(RequestBoundary, access_log_on=settings.api.access_log)
     app.add_middleware(RequestMetrics)
     app.add_middleware(OneLineStartupRefusal)
     app.include_router(router)
+    if settings.api.metrics_port is None:
+        app.include_router(metrics_router)
+    if settings.api.admin_key is not None:  # no admin key: the admin routes do not exist
+        app.include_router(admin.router)
+    _ensure_log_handler()
     return app

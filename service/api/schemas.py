@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
@@ -80,13 +80,30 @@ class ReloadRequest(BaseModel):
 
 
 class ErrorBody(BaseModel):
-    """The one error shape: {"error": {"code", "message"}}."""
+    """What went wrong: a stable code, a message for people, the request id (also in X-Request-ID)."""
 
     code: str
     message: str
+    request_id: str
 
 
 class ErrorResponse(BaseModel):
-    """Envelope of ErrorBody."""
+    """The one error shape, for every status: {"error": {"code", "message", "request_id"}}."""
 
     error: ErrorBody
+
+
+_ERROR_MEANINGS = {
+    400: "Bad input (invalid_input, unsupported_mode, bad_artifact).",
+    401: "Missing or wrong key (unauthorized).",
+    404: "No such route (not_found).",
+    413: "Too many queries (too_many_queries) or a body over the cap (body_too_large).",
+    422: "The body does not match this schema (invalid_request).",
+    500: "Internal failure (internal, encoder_failed); details only in the server log.",
+    503: "Still loading (not_ready) or full (overloaded, with Retry-After).",
+}
+
+
+def error_responses(*statuses: int) -> dict[int | str, dict[str, Any]]:
+    """OpenAPI `responses` entries for these error statuses, all in the ErrorResponse shape."""
+    return {status: {"model": ErrorResponse, "description": _ERROR_MEANINGS[status]} for status in statuses}
