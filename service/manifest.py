@@ -108,9 +108,7 @@ def verify_manifest(folder: Path, size_only: Collection[str] = ()) -> dict[str, 
         return None
     for name in _files(folder):
         if name not in files:
-            raise ArtifactError(
-                f"{folder / name}: not listed in {MANIFEST_NAME} (added after the artifact was written)"
-            )
+            raise ArtifactError(f"{folder / name}: not in {MANIFEST_NAME} (added after the artifact was written)")
     for name, entry in sorted(files.items()):
         path = folder / name
         if not path.is_file():
