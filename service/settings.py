@@ -67,7 +67,8 @@ class IndexSettings(BaseModel):
 
     gallery_dir: Path = ARTIFACTS / "gallery"
     nprobe: int = Field(16, ge=1)
-    omp_threads: int | None = None
+    # FAISS's threads per search are OpenMP's: OMP_NUM_THREADS caps them (no setting of ours, which
+    # would have to change process-wide OpenMP state under concurrent searches).
     # How each search picks its nprobe lists: "flat" scans every centroid exactly; "hnsw" searches a
     # graph built over them at load (4-8x faster at 10^7 items, see index/graph_quantizer.py);
     # "auto" uses the graph on CPU from 4,096 lists up.  coarse_ef: the graph's efSearch.
