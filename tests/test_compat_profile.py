@@ -55,8 +55,7 @@ def test_fit_report_contents(fitted: selection.FitResult, support: Split) -> Non
     assert (
         0 < rep["residual_angle_deg"]["p5"] <= rep["residual_angle_deg"]["median"] <= rep["residual_angle_deg"]["p95"]
     )
-    best = max(r["recall@1"] for r in rep["support_recall"]["slerp"])
-    assert rep["chosen"]["slerp"]["recall@1"] == best
+    assert rep["chosen"]["slerp"] == selection.choose(rep["support_recall"]["slerp"], rep["criterion"])
     assert fitted.rotation.shape == (12, 12)
 
 

@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
@@ -459,13 +459,48 @@ def _batches(n: int, batch_size: int, gen: torch.Generator) -> list[Tensor]:
     return parts
 
 
+class LiveMap:
+    """h as it is during training, usable as a row map between epochs (eval mode while applied, no grad)."""
+
+    def __init__(self, net: AdapterMLP, device: torch.device) -> None:
+        self.net = net
+        self.device = device
+
+    def apply(self, new: npt.NDArray[np.floating]) -> F32:
+        """Map rows [n, d_new] to unit rows [n, d_old] with the current weights."""
+        x = np.ascontiguousarray(new, dtype=np.float32)
+        out = np.empty((len(x), self.net.fc2.out_features), dtype=np.float32)
+        was_training = self.net.training
+        self.net.eval()
+        try:
+            with torch.inference_mode():
+                for s in range(0, len(x), _APPLY_CHUNK):
+                    chunk = F.normalize(torch.from_numpy(x[s : s + _APPLY_CHUNK]).to(self.device), dim=-1)
+                    out[s : s + _APPLY_CHUNK] = self.net(chunk).float().cpu().numpy()
+        finally:
+            self.net.train(was_training)
+        return out
+
+
+EpochHook = Callable[[int, LiveMap], None]
+
+
 def train_adapter(
     new: npt.NDArray[np.floating],
     old: npt.NDArray[np.floating],
     config: AdapterConfig | None = None,
     progress: bool = True,
+    *,
+    on_epoch: EpochHook | None = None,
+    stop_after: int | None = None,
 ) -> TrainedAdapter:
-    """Fit h (and its inverse g) on support pairs new [n, d_new] / old [n, d_old]; seeded, AdamW, cosine LR."""
+    """Fit h (and its inverse g) on support pairs new [n, d_new] / old [n, d_old]; seeded, AdamW, cosine LR.
+
+    on_epoch(e, live) runs after epoch e (1-based) with h as it is then, e.g. to score held-out rows.
+    stop_after ends training after that many epochs of the config.epochs schedule (the learning rate
+    follows the full schedule), so a run stopped at epoch e equals the first e epochs of a full run:
+    what early stopping chose on the folds is what the final adapter gets.
+    """
     cfg = config or AdapterConfig()
     new32, old32 = np.ascontiguousarray(new, np.float32), np.ascontiguousarray(old, np.float32)
     assert new32.ndim == 2 and old32.ndim == 2, "expected 2-d arrays"
@@ -474,6 +509,7 @@ def train_adapter(
     assert np.isfinite(new32).all() and np.isfinite(old32).all(), "support pairs contain NaN/inf"
     n, d_new = new32.shape
     d_old = old32.shape[1]
+    run_epochs = cfg.epochs if stop_after is None else max(1, min(cfg.epochs, stop_after))
     device = resolve_device(cfg.device)
     new_t, old_t = torch.from_numpy(new32), torch.from_numpy(old32)
 
@@ -496,8 +532,8 @@ def train_adapter(
         history: list[dict[str, float]] = []
         h.train()
         g.train()
-        bar = tqdm(total=total, desc="adapter", unit="step", disable=not progress, leave=False)
-        for epoch in range(cfg.epochs):
+        bar = tqdm(total=run_epochs * steps_per_epoch, desc="adapter", unit="step", disable=not progress, leave=False)
+        for epoch in range(run_epochs):
             sums: dict[str, Tensor] = {}
             for rows in _batches(n, cfg.batch_size, gen):
                 x_new = F.normalize(new_t.index_select(0, rows).to(device, non_blocking=True), dim=-1)
@@ -518,10 +554,13 @@ def train_adapter(
             # One host sync per epoch: per-step .item() calls would stall a GPU pipeline.
             history.append({k: float(v) / steps_per_epoch for k, v in sums.items()})
             bar.set_postfix(epoch=epoch + 1, loss=f"{history[-1]['total']:.4f}")
+            if on_epoch is not None:
+                on_epoch(epoch + 1, LiveMap(h, device))
         bar.close()
     report = {
         "pairs": n,
-        "steps": total,
+        "epochs": run_epochs,
+        "steps": run_epochs * steps_per_epoch,
         "seconds": round(time.perf_counter() - started, 3),
         "device": str(device),
         "autocast": str(amp).removeprefix("torch.") if amp is not None else "fp32",

@@ -28,7 +28,7 @@ no cheap "subtract the fold" trick, so its cost is (folds + 1) trainings.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Generic, Literal, Protocol, TypeVar
 
@@ -37,7 +37,7 @@ import numpy.typing as npt
 
 from service.compat.arcsearch import PathSummary, summarise_blends, summarise_path
 from service.compat.io import Split
-from service.compat.metrics import KS, recall_at_k, relevance
+from service.compat.metrics import KS, relevance
 from service.compat.procrustes import (
     aligned_old_coords,
     complete_rotation,
@@ -48,6 +48,7 @@ from service.compat.procrustes import (
 from service.errors import InputError
 
 FitOn = Literal["query", "target", "both"]
+EvalGallery = Literal["fold", "support"]
 F32 = npt.NDArray[np.float32]
 F64 = npt.NDArray[np.float64]
 I64 = npt.NDArray[np.int64]
@@ -137,22 +138,32 @@ def support_pairs(split: Split, fit_on: FitOn) -> tuple[F32, F32, list[str]]:
 
 
 def _assign_folds(split: Split, folds: int, rng: np.random.Generator) -> tuple[I64, I64]:
-    """Fold of every query row and every target row, drawn per id so relevant pairs share a fold.
+    """Fold of every query row and every target row, drawn per id so relevant pairs share a fold."""
+    return _assign_joint([split], folds, rng)[0]
+
+
+def _assign_joint(splits: Sequence[Split], folds: int, rng: np.random.Generator) -> list[tuple[I64, I64]]:
+    """Folds of the query and target rows of several splits, drawn per id over all of them at once.
 
     Query ids are dealt round-robin over a random permutation first, so every fold gets queries;
-    ids that only targets carry (distractors) are dealt the same way afterwards.
+    ids that only targets carry (distractors) are dealt the same way afterwards.  An id shared by
+    two splits (the same item's text and image pairs) lands in one fold, so no fold's R has seen
+    another modality's view of a held-out item.
     """
-    q_ids = np.unique(split.query_ids)
-    t_only = np.setdiff1d(np.unique(split.target_ids), q_ids)
+    q_ids = np.unique(np.concatenate([s.query_ids for s in splits]))
+    t_only = np.setdiff1d(np.unique(np.concatenate([s.target_ids for s in splits])), q_ids)
     ids = np.concatenate([q_ids, t_only])
     fold_of = np.empty(len(ids), dtype=np.int64)
     fold_of[: len(q_ids)][rng.permutation(len(q_ids))] = np.arange(len(q_ids)) % folds
     fold_of[len(q_ids) :][rng.permutation(len(t_only))] = np.arange(len(t_only)) % folds
     order = np.argsort(ids)
     sorted_ids = ids[order]
-    q = fold_of[order[np.searchsorted(sorted_ids, split.query_ids)]]
-    t = fold_of[order[np.searchsorted(sorted_ids, split.target_ids)]]
-    return q, t
+    out = []
+    for s in splits:
+        q = fold_of[order[np.searchsorted(sorted_ids, s.query_ids)]]
+        t = fold_of[order[np.searchsorted(sorted_ids, s.target_ids)]]
+        out.append((q, t))
+    return out
 
 
 def _total(mats: Sequence[F64]) -> F64:
@@ -185,10 +196,37 @@ def _score_fold(split: Split, r: F32, q_rows: I64, t_rows: I64) -> _Held:
     return _Held(summary, theta, cos)
 
 
-def _recalls(held: Sequence[_Held], lam_of: Callable[[_Held], npt.NDArray[np.floating]]) -> dict[int, float]:
-    """Recall@K averaged over folds for the weights lam_of(held) -> per-query lam."""
-    per_fold = [recall_at_k(h.summary.ranks(lam_of(h)), KS) for h in held]
-    return {k: float(np.mean([f[k] for f in per_fold])) for k in KS}
+def _fold_scores(held: Sequence[_Held], lam_of: Callable[[_Held], npt.NDArray[np.floating]]) -> list[F64]:
+    """Per fold, per held-out query: hit@1, hit@5, hit@10 and reciprocal rank (0 past rank 10), [n, 4]."""
+    out = []
+    for h in held:
+        rank = h.summary.ranks(lam_of(h))
+        hits = [rank < k for k in KS]
+        rr = np.where(rank < max(KS), 1.0 / (rank.astype(np.float64) + 1.0), 0.0)
+        out.append(np.stack([*hits, rr], axis=1).astype(np.float64))
+    return out
+
+
+def _se(per_fold: F64, per_query: F64) -> float:
+    """Standard error of a fold-averaged score: the spread over folds, or over queries for a single fold."""
+    if len(per_fold) > 1:
+        return float(np.std(per_fold, ddof=1) / np.sqrt(len(per_fold)))
+    return float(np.std(per_query, ddof=1) / np.sqrt(len(per_query))) if len(per_query) > 1 else 0.0
+
+
+def _curve_row(keys: dict[str, float], scores: Sequence[F64]) -> dict[str, float]:
+    """One point of a support curve: fold-averaged R@1/5/10, MRR@10, their mean, and standard errors."""
+    means = np.stack([s.mean(axis=0) for s in scores])  # [folds, 4]
+    everything = np.concatenate(scores)
+    mean3_fold = means[:, :3].mean(axis=1)
+    mean3_query = everything[:, :3].mean(axis=1)
+    row = {**keys, **{f"recall@{k}": float(means[:, i].mean()) for i, k in enumerate(KS)}}
+    row["mrr@10"] = float(means[:, 3].mean())
+    row["mean@1-10"] = float(mean3_fold.mean())
+    row["se@1"] = _se(means[:, 0], everything[:, 0])
+    row["se_mrr@10"] = _se(means[:, 3], everything[:, 3])
+    row["se_mean@1-10"] = _se(mean3_fold, mean3_query)
+    return row
 
 
 def _slerp_weights(alpha: float) -> Callable[[_Held], F64]:
@@ -206,14 +244,66 @@ def _adaptive_weights(a: float, b: float, c_ref: float) -> Callable[[_Held], F64
     return lambda h: np.clip(a + b * (h.cos - c_ref), 0.0, 1.0)
 
 
-def _row(alpha: float, rec: dict[int, float]) -> dict[str, float]:
-    """One line of the support-recall curve."""
-    return {"alpha": alpha, **{f"recall@{k}": rec[k] for k in KS}}
+# criterion -> (score read off a curve row, its standard error, "centre of the one-SE set" or arg-max)
+_CRITERIA: dict[str, tuple[str, str, bool]] = {
+    "r1": ("recall@1", "se@1", False),
+    "mean": ("mean@1-10", "se_mean@1-10", False),
+    "mrr": ("mrr@10", "se_mrr@10", False),
+    "r1-1se": ("recall@1", "se@1", True),
+    "mean-1se": ("mean@1-10", "se_mean@1-10", True),
+    "mrr-1se": ("mrr@10", "se_mrr@10", True),
+}
+CRITERIA: tuple[str, ...] = tuple(_CRITERIA)
+DEFAULT_CRITERION = "mean-1se"
+CRITERION_TEXT = {
+    "r1": "arg-max of R@1",
+    "mean": "arg-max of the mean of R@1, R@5, R@10",
+    "mrr": "arg-max of MRR@10",
+    "r1-1se": "centre of the weights within one standard error of the best R@1",
+    "mean-1se": "centre of the weights within one standard error of the best mean of R@1/5/10",
+    "mrr-1se": "centre of the weights within one standard error of the best MRR@10",
+}
 
 
-def _best(rows: list[dict[str, float]], tiebreak: Callable[[dict[str, float]], Any]) -> dict[str, float]:
-    """Highest Recall@1, then @5, then @10, then the tiebreak key (larger is preferred)."""
-    return max(rows, key=lambda r: (r["recall@1"], r["recall@5"], r["recall@10"], tiebreak(r)))
+def check_criterion(criterion: str) -> None:
+    """Refuse an unknown selection criterion (InputError listing the known ones)."""
+    if criterion not in _CRITERIA:
+        raise InputError(f"--criterion must be one of {', '.join(CRITERIA)}, not {criterion!r}")
+
+
+def choose(rows: Sequence[dict[str, float]], criterion: str, weight: str = "alpha") -> dict[str, float]:
+    """The row a criterion picks from a 1-d curve (`weight` names its grid key); ties: R@1, @5, @10, smaller weight.
+
+    One-SE rules: the rows whose score is within one standard error of the best form a plateau the data
+    cannot tell apart; its median weight is chosen (the lower one of an even count), so noise moving
+    the arg-max along a flat top does not move the choice.  The standard error is the median over the
+    grid of each row's: one row's spread over 5 folds is itself noisy.  When the plateau reaches weight 0
+    the data cannot tell the blend from the old system, so weight 0 it is: never below old -> old.
+    """
+    check_criterion(criterion)
+    score, _, plateau = _CRITERIA[criterion]
+    best = max(rows, key=lambda r: (r[score], r["recall@1"], r["recall@5"], r["recall@10"], -r[weight]))
+    if not plateau:
+        return best
+    near = sorted((r for r in rows if r[score] >= best[score] - curve_se(rows, criterion)), key=lambda r: r[weight])
+    return near[0] if near[0][weight] == 0.0 else near[(len(near) - 1) // 2]
+
+
+def curve_se(rows: Sequence[dict[str, float]], criterion: str) -> float:
+    """The standard error a one-SE rule uses on this curve: the median of its rows' standard errors."""
+    return float(np.median([r[_CRITERIA[criterion][1]] for r in rows]))
+
+
+def choose_adaptive(rows: Sequence[dict[str, float]], criterion: str) -> dict[str, float]:
+    """The (a, b) a criterion picks on the adaptive grid: arg-max, or the one-SE set's smallest |b| and centre a."""
+    check_criterion(criterion)
+    score, _, plateau = _CRITERIA[criterion]
+    best = max(rows, key=lambda r: (r[score], r["recall@1"], r["recall@5"], r["recall@10"], -abs(r["b"]), -r["a"]))
+    if not plateau:
+        return best
+    near = [r for r in rows if r[score] >= best[score] - curve_se(rows, criterion)]
+    flattest = min(abs(r["b"]) for r in near)
+    return choose([r for r in near if abs(r["b"]) == flattest], criterion, weight="a") if len(near) > 1 else best
 
 
 def _check_fit_args(split: Split, fit_on: str, folds: int, same_set: bool) -> None:
@@ -234,11 +324,21 @@ def _sample_rows(rows: I64, cap: int, rng: np.random.Generator) -> I64:
 
 
 def _report_basics(
-    split: Split, blocks: Sequence[_Block], held: Sequence[_Held], fit_on: FitOn, folds: int, same_set: bool
+    split: Split,
+    blocks: Sequence[_Block],
+    held: Sequence[_Held],
+    fit_on: FitOn,
+    folds: int,
+    same_set: bool,
+    criterion: str,
+    eval_gallery: EvalGallery = "fold",
 ) -> dict[str, Any]:
     """The fit-report fields every head shares: how alpha was selected and on which rows."""
+    gallery = "all support targets" if same_set or eval_gallery == "support" else "old targets of the held-out fold"
     return {
         "selection": "same-set" if same_set else "cross-fit",
+        "criterion": criterion,
+        "criterion_text": CRITERION_TEXT[criterion],
         "folds": 1 if same_set else folds,
         "fit_on": fit_on,
         "fit_blocks": [b.name for b in blocks],
@@ -246,8 +346,35 @@ def _report_basics(
         "support_queries": len(split.old_query),
         "support_targets": len(split.old_target),
         "eval_queries": int(sum(h.summary.n_queries for h in held)),
-        "eval_gallery": "all support targets" if same_set else "old targets of the held-out fold",
+        "eval_gallery": gallery,
     }
+
+
+def head_choice(report: dict[str, Any]) -> tuple[str, str]:
+    """The blend the cross-fitted curves favour, and why: NLERP / adaptive only when it beats SLERP by > 1 SE.
+
+    Scores are the criterion's, at each mode's chosen point; the margin is the standard error of the
+    SLERP curve (curve_se).
+    """
+    criterion = report.get("criterion", DEFAULT_CRITERION)
+    score = _CRITERIA[criterion][0]
+    chosen = report["chosen"]
+    base = chosen["slerp"]
+    se = curve_se(report["support_recall"]["slerp"], criterion)
+    margins = {m: chosen[m][score] - base[score] for m in ("nlerp", "adaptive") if m in chosen}
+    mode, gain = max(margins.items(), key=lambda kv: kv[1], default=("slerp", 0.0))
+    if gain > se:
+        return mode, f"{mode} beats slerp on the cross-fitted {score} by {gain:.4f} (> the standard error {se:.4f})"
+    return "slerp", f"no blend beats slerp on the cross-fitted {score} by more than the standard error {se:.4f}"
+
+
+@dataclass(frozen=True)
+class MultiFit:
+    """One R over every modality's pairs; per modality the chosen parameters and the fit report."""
+
+    rotation: npt.NDArray[np.float32]
+    params: dict[str, dict[str, dict[str, float]]]
+    reports: dict[str, dict[str, Any]]
 
 
 def fit(
@@ -258,69 +385,125 @@ def fit(
     same_set: bool = False,
     max_eval_queries: int = MAX_EVAL_QUERIES,
     seed: int = 0,
+    criterion: str = DEFAULT_CRITERION,
+    eval_gallery: EvalGallery = "fold",
 ) -> FitResult:
     """Fit R on the support split and choose the SLERP / NLERP weights and the adaptive (a, b, c_ref)."""
-    _check_fit_args(split, fit_on, folds, same_set)
+    multi = fit_modalities(
+        {"text": split},
+        fit_on=fit_on,
+        folds=folds,
+        same_set=same_set,
+        max_eval_queries=max_eval_queries,
+        seed=seed,
+        criterion=criterion,
+        eval_gallery=eval_gallery,
+    )
+    return FitResult(rotation=multi.rotation, params=multi.params["text"], report=multi.reports["text"])
+
+
+def fit_modalities(
+    splits: Mapping[str, Split],
+    *,
+    fit_on: FitOn = "both",
+    folds: int = 5,
+    same_set: bool = False,
+    max_eval_queries: int = MAX_EVAL_QUERIES,
+    seed: int = 0,
+    criterion: str = DEFAULT_CRITERION,
+    eval_gallery: EvalGallery = "fold",
+) -> MultiFit:
+    """Fit one R on the pairs of every modality's split; choose each modality's blend weights on its own folds.
+
+    Folds are drawn per id over all splits together; fold f's R never sees fold f's rows of any split,
+    and each modality is scored on its own held-out queries against its own held-out (or whole) gallery.
+    """
+    if not splits:
+        raise InputError("no support set given")
+    check_criterion(criterion)
+    if eval_gallery not in ("fold", "support"):
+        raise InputError(f"eval gallery must be fold or support, not {eval_gallery!r}")
+    names = list(splits)
+    for s in splits.values():
+        _check_fit_args(s, fit_on, folds, same_set)
     rng = np.random.default_rng(seed)
-    blocks = _fit_blocks(split, fit_on)
-    held: list[_Held] = []
-    oof_cos = np.empty(0)
+    blocks = {m: _fit_blocks(s, fit_on) for m, s in splits.items()}
+    held: dict[str, list[_Held]] = {m: [] for m in names}
+    oof_cos: dict[str, F64] = {}
     if same_set:
-        m_total = _total([cross_covariance(b.new, b.old) for b in blocks])
-        r_thin = thin_rotation(m_total)
-        q_rows = np.arange(len(split.old_query))
-        q_rows = _sample_rows(q_rows, max_eval_queries, rng)
-        held.append(_score_fold(split, r_thin, q_rows, np.arange(len(split.old_target))))
-        final_cos = _cosines(split.old_query, split.new_query, r_thin)
-        c_ref = float(np.median(final_cos))
+        r_thin = thin_rotation(_total([cross_covariance(b.new, b.old) for m in names for b in blocks[m]]))
+        for m, s in splits.items():
+            q_rows = _sample_rows(np.arange(len(s.old_query)), max_eval_queries, rng)
+            held[m].append(_score_fold(s, r_thin, q_rows, np.arange(len(s.old_target))))
     else:
-        q_fold, t_fold = _assign_folds(split, folds, rng)
-        fold_of = {"query": q_fold, "target": t_fold}
-        per_fold_m = [_total([_block_cov(b, fold_of[b.name] == f) for b in blocks]) for f in range(folds)]
+        assigned = dict(zip(names, _assign_joint([splits[m] for m in names], folds, rng), strict=True))
+        fold_of = {m: {"query": q, "target": t} for m, (q, t) in assigned.items()}
+        per_fold_m = [
+            _total([_block_cov(b, fold_of[m][b.name] == f) for m in names for b in blocks[m]]) for f in range(folds)
+        ]
         m_total = _total(per_fold_m)
         r_thin = thin_rotation(m_total)
-        cos_parts = []
+        cos_parts: dict[str, list[F64]] = {m: [] for m in names}
         for f in range(folds):
             # R for fold f never sees fold f's rows: subtract its cross-covariance from the total.
             r_f = thin_rotation(m_total - per_fold_m[f])
-            q_all = np.flatnonzero(q_fold == f)
-            cos_parts.append(_cosines(split.old_query[q_all], split.new_query[q_all], r_f))
-            q_rows = q_all
-            q_rows = _sample_rows(q_rows, max_eval_queries, rng)
-            held.append(_score_fold(split, r_f, q_rows, np.flatnonzero(t_fold == f)))
-        oof_cos = np.concatenate(cos_parts)
-        c_ref = float(np.median(oof_cos))
-        final_cos = _cosines(split.old_query, split.new_query, r_thin)
+            for m, s in splits.items():
+                q_fold, t_fold = assigned[m]
+                q_all = np.flatnonzero(q_fold == f)
+                cos_parts[m].append(_cosines(s.old_query[q_all], s.new_query[q_all], r_f))
+                q_rows = _sample_rows(q_all, max_eval_queries, rng)
+                t_rows = np.arange(len(s.old_target)) if eval_gallery == "support" else np.flatnonzero(t_fold == f)
+                held[m].append(_score_fold(s, r_f, q_rows, t_rows))
+        oof_cos = {m: np.concatenate(parts) for m, parts in cos_parts.items()}
     # Only the [d_new, d_old] block of R is ever read; the completion makes the stored R square.
     r_final = complete_rotation(r_thin)
+    params: dict[str, dict[str, dict[str, float]]] = {}
+    reports: dict[str, dict[str, Any]] = {}
+    for m, s in splits.items():
+        final_cos = _cosines(s.old_query, s.new_query, r_thin)
+        c_ref = float(np.median(final_cos if same_set else oof_cos[m]))
+        params[m], curves = _choose_blends(held[m], c_ref, criterion)
+        report: dict[str, Any] = {
+            **_report_basics(s, blocks[m], held[m], fit_on, folds, same_set, criterion, eval_gallery),
+            "alpha_grid": list(ALPHA_GRID),
+            "slope_grid": list(SLOPE_GRID),
+            **curves,
+            "residual_angle_deg": angle_stats(np.arccos(final_cos)),
+        }
+        if len(splits) > 1:
+            report["fit_rows_all_modalities"] = int(sum(len(b.new) for n in names for b in blocks[n]))
+        if not same_set:
+            report["residual_angle_deg_out_of_fold"] = angle_stats(np.arccos(oof_cos[m]))
+        best_head, why = head_choice(report)
+        report["best_head"] = {"head": best_head, "why": why}
+        reports[m] = report
+    return MultiFit(rotation=r_final, params=params, reports=reports)
 
-    slerp_rows = [_row(a, _recalls(held, _slerp_weights(a))) for a in ALPHA_GRID]
-    nlerp_rows = [_row(a, _recalls(held, _nlerp_weights(a))) for a in ALPHA_GRID]
-    adaptive_rows = []
-    for b in SLOPE_GRID:
-        for a in ALPHA_GRID:
-            rec = _recalls(held, _adaptive_weights(a, b, c_ref))
-            adaptive_rows.append({"a": a, "b": b, **{f"recall@{k}": rec[k] for k in KS}})
-    best_slerp = _best(slerp_rows, lambda r: -r["alpha"])
-    best_nlerp = _best(nlerp_rows, lambda r: -r["alpha"])
-    best_adaptive = _best(adaptive_rows, lambda r: (-abs(r["b"]), -r["a"]))
 
+def _choose_blends(
+    held: Sequence[_Held], c_ref: float, criterion: str
+) -> tuple[dict[str, dict[str, float]], dict[str, Any]]:
+    """SLERP / NLERP / adaptive curves over the held-out folds and the parameters the criterion picks."""
+    slerp_rows = [_curve_row({"alpha": a}, _fold_scores(held, _slerp_weights(a))) for a in ALPHA_GRID]
+    nlerp_rows = [_curve_row({"alpha": a}, _fold_scores(held, _nlerp_weights(a))) for a in ALPHA_GRID]
+    adaptive_rows = [
+        _curve_row({"a": a, "b": b}, _fold_scores(held, _adaptive_weights(a, b, c_ref)))
+        for b in SLOPE_GRID
+        for a in ALPHA_GRID
+    ]
+    best_slerp = choose(slerp_rows, criterion)
+    best_nlerp = choose(nlerp_rows, criterion)
+    best_adaptive = choose_adaptive(adaptive_rows, criterion)
     params = {
         "slerp": {"alpha": best_slerp["alpha"]},
         "nlerp": {"alpha": best_nlerp["alpha"]},
         "adaptive": {"a": best_adaptive["a"], "b": best_adaptive["b"], "c_ref": c_ref},
     }
-    report: dict[str, Any] = {
-        **_report_basics(split, blocks, held, fit_on, folds, same_set),
-        "alpha_grid": list(ALPHA_GRID),
-        "slope_grid": list(SLOPE_GRID),
+    curves = {
         "support_recall": {"slerp": slerp_rows, "nlerp": nlerp_rows},
         "chosen": {"slerp": best_slerp, "nlerp": best_nlerp, "adaptive": {**best_adaptive, "c_ref": c_ref}},
-        "residual_angle_deg": angle_stats(np.arccos(final_cos)),
     }
-    if not same_set:
-        report["residual_angle_deg_out_of_fold"] = angle_stats(np.arccos(oof_cos))
-    return FitResult(rotation=r_final, params=params, report=report)
+    return params, curves
 
 
 @dataclass(frozen=True)
@@ -360,7 +543,7 @@ def _score_mapped(split: Split, mapper: RowMap, q_rows: I64, t_rows: I64) -> _He
 
 def fit_mapped_slerp(
     split: Split,
-    fit_map: Callable[[F32, F32], M],
+    fit_map: Callable[..., M],
     *,
     mode: str = "adapter+slerp",
     fit_on: FitOn = "both",
@@ -368,44 +551,72 @@ def fit_mapped_slerp(
     same_set: bool = False,
     max_eval_queries: int = MAX_EVAL_QUERIES,
     seed: int = 0,
+    criterion: str = DEFAULT_CRITERION,
+    early_stop: bool = False,
 ) -> MappedFit[M]:
     """Choose SLERP's weight between u and a learnt map's output, cross-fitting the map like R above.
 
     fit_map(new [n, d_new], old [n, d_old]) trains a map on paired rows; it is called once per fold on
     the other folds' rows and once more on every row (the map that is kept).
+    early_stop (cross-fit only): fit_map also takes on_epoch= (a hook called with the map after every
+    epoch) and stop_after= (epochs to run); every epoch of every fold map is scored on its held-out
+    fold, the fewest epochs within one standard error of the best held-out score are chosen, and the
+    final map is trained for that many.  The score is the criterion's at the chosen weight (`mode`
+    adapter+slerp) or at weight 1 (`mode` adapter: the map alone).  The report also scores Procrustes
+    (R fitted on the same folds) on the same held-out queries, and says when the map loses to it.
     """
     _check_fit_args(split, fit_on, folds, same_set)
+    check_criterion(criterion)
     rng = np.random.default_rng(seed)
     blocks = _fit_blocks(split, fit_on)
     held: list[_Held] = []
+    by_epoch: list[list[_Held]] = []  # [fold][epoch]
+    procrustes: list[_Held] = []
     fold_seconds: list[float] = []
     oof_cos = np.empty(0)
+    stopping: dict[str, Any] | None = None
     if not same_set:
         q_fold, t_fold = _assign_folds(split, folds, rng)
         fold_of = {"query": q_fold, "target": t_fold}
+        per_fold_m = [_total([_block_cov(b, fold_of[b.name] == f) for b in blocks]) for f in range(folds)]
+        m_total = _total(per_fold_m)
         cos_parts = []
         for f in range(folds):
+            q_rows = _sample_rows(np.flatnonzero(q_fold == f), max_eval_queries, rng)
+            t_rows = np.flatnonzero(t_fold == f)
+            epochs_f: list[_Held] = []
+
+            def hook(
+                _: int, live: RowMap, q_rows: I64 = q_rows, t_rows: I64 = t_rows, out: list[_Held] = epochs_f
+            ) -> None:
+                out.append(_score_mapped(split, live, q_rows, t_rows))
+
             started = time.perf_counter()
             # The fold-f map never sees fold f's rows, neither its queries nor its targets.
-            mapper_f = fit_map(*_stack(blocks, [fold_of[b.name] != f for b in blocks]))
+            pairs = _stack(blocks, [fold_of[b.name] != f for b in blocks])
+            mapper_f = fit_map(*pairs, on_epoch=hook) if early_stop else fit_map(*pairs)
             fold_seconds.append(round(time.perf_counter() - started, 3))
-            q_all = np.flatnonzero(q_fold == f)
-            cos_parts.append(_mapped_cos(split, mapper_f, q_all)[2])
-            q_rows = q_all
-            q_rows = _sample_rows(q_rows, max_eval_queries, rng)
-            held.append(_score_mapped(split, mapper_f, q_rows, np.flatnonzero(t_fold == f)))
+            cos_parts.append(_mapped_cos(split, mapper_f, np.flatnonzero(q_fold == f))[2])
+            held.append(_score_mapped(split, mapper_f, q_rows, t_rows))
+            by_epoch.append(epochs_f)
+            procrustes.append(_score_fold(split, thin_rotation(m_total - per_fold_m[f]), q_rows, t_rows))
         oof_cos = np.concatenate(cos_parts)
-    mapper = fit_map(*_stack(blocks))
+        if early_stop:
+            stopping = _early_stop(by_epoch, criterion, mode)
+            held = [epochs[stopping["epochs"] - 1] for epochs in by_epoch]
+    if stopping is not None:
+        mapper = fit_map(*_stack(blocks), stop_after=stopping["epochs"])
+    else:
+        mapper = fit_map(*_stack(blocks))
     if same_set:
-        q_rows = np.arange(len(split.old_query))
-        q_rows = _sample_rows(q_rows, max_eval_queries, rng)
+        q_rows = _sample_rows(np.arange(len(split.old_query)), max_eval_queries, rng)
         held.append(_score_mapped(split, mapper, q_rows, np.arange(len(split.old_target))))
     final_cos = _mapped_cos(split, mapper, np.arange(len(split.old_query)))[2]
 
-    rows = [_row(a, _recalls(held, _slerp_weights(a))) for a in ALPHA_GRID]
-    best = _best(rows, lambda r: -r["alpha"])
+    rows = [_curve_row({"alpha": a}, _fold_scores(held, _slerp_weights(a))) for a in ALPHA_GRID]
+    best = choose(rows, criterion)
     report: dict[str, Any] = {
-        **_report_basics(split, blocks, held, fit_on, folds, same_set),
+        **_report_basics(split, blocks, held, fit_on, folds, same_set, criterion),
         "alpha_grid": list(ALPHA_GRID),
         "support_recall": {mode: rows},
         "chosen": {mode: best},
@@ -414,4 +625,65 @@ def fit_mapped_slerp(
     if not same_set:
         report["residual_angle_deg_out_of_fold"] = angle_stats(np.arccos(oof_cos))
         report["fold_fit_seconds"] = fold_seconds
+        report["versus_procrustes"] = _versus_procrustes(held, procrustes, rows, criterion, mode)
+    if stopping is not None:
+        report["early_stopping"] = stopping
     return MappedFit(mapper=mapper, alpha=float(best["alpha"]), report=report)
+
+
+def _epoch_score(held: Sequence[_Held], criterion: str, mode: str) -> dict[str, float]:
+    """Held-out score of one epoch: the map alone (alpha 1) or SLERP at the weight the criterion picks."""
+    if mode != "adapter+slerp":
+        return _curve_row({"alpha": 1.0}, _fold_scores(held, _slerp_weights(1.0)))
+    return choose([_curve_row({"alpha": a}, _fold_scores(held, _slerp_weights(a))) for a in ALPHA_GRID], criterion)
+
+
+def _early_stop(by_epoch: Sequence[Sequence[_Held]], criterion: str, mode: str) -> dict[str, Any]:
+    """The fewest epochs whose held-out score is within one standard error of the best epoch's."""
+    score = _CRITERIA[criterion][0]
+    n_epochs = min(len(e) for e in by_epoch)
+    curve = [
+        {"epoch": e + 1, **_epoch_score([epochs[e] for epochs in by_epoch], criterion, mode)} for e in range(n_epochs)
+    ]
+    best = max(curve, key=lambda r: r[score])
+    se = curve_se(curve, criterion)
+    chosen = min((r for r in curve if r[score] >= best[score] - se), key=lambda r: r["epoch"])
+    return {
+        "epochs": int(chosen["epoch"]),
+        "max_epochs": n_epochs,
+        "score": score,
+        "rule": "fewest epochs within one standard error of the best held-out epoch",
+        "curve": curve,
+    }
+
+
+def _versus_procrustes(
+    held: Sequence[_Held], procrustes: Sequence[_Held], rows: Sequence[dict[str, float]], criterion: str, mode: str
+) -> dict[str, Any]:
+    """Held-out R@1 of the map against Procrustes on the same queries: alone (weight 1) and blended by SLERP."""
+    map_alone = _curve_row({"alpha": 1.0}, _fold_scores(held, _slerp_weights(1.0)))
+    r_alone = _curve_row({"alpha": 1.0}, _fold_scores(procrustes, _slerp_weights(1.0)))
+    r_rows = [_curve_row({"alpha": a}, _fold_scores(procrustes, _slerp_weights(a))) for a in ALPHA_GRID]
+    map_slerp, r_slerp = choose(rows, criterion), choose(r_rows, criterion)
+    if mode == "adapter+slerp":
+        ours, theirs, what = map_slerp, r_slerp, "adapter+slerp vs Procrustes + SLERP"
+    else:
+        ours, theirs, what = map_alone, r_alone, "the adapter alone vs Procrustes alone"
+    loses = ours["recall@1"] < theirs["recall@1"]
+    verdict = (
+        f"the adapter loses to Procrustes on the held-out folds ({what}: R@1 "
+        f"{ours['recall@1']:.4f} vs {theirs['recall@1']:.4f})"
+        if loses
+        else f"the adapter beats Procrustes on the held-out folds ({what}: R@1 "
+        f"{ours['recall@1']:.4f} vs {theirs['recall@1']:.4f})"
+    )
+    return {
+        "adapter_alone_r1": map_alone["recall@1"],
+        "procrustes_alone_r1": r_alone["recall@1"],
+        "adapter_slerp_r1": map_slerp["recall@1"],
+        "adapter_slerp_alpha": map_slerp["alpha"],
+        "procrustes_slerp_r1": r_slerp["recall@1"],
+        "procrustes_slerp_alpha": r_slerp["alpha"],
+        "adapter_loses": loses,
+        "verdict": verdict,
+    }
