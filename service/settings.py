@@ -44,6 +44,9 @@ class EncoderSettings(BaseModel):
     max_wait_ms: float = Field(2.0, ge=0)
     # Off only for benchmarks: every call then runs alone on the encoder.
     batching: bool = True
+    # A batch with no answer after this long fails (504 encoder_timeout) and its replica is set
+    # aside until the call returns; /readyz is 503 while every replica is stuck like that.
+    timeout_s: float = Field(30.0, gt=0)
     # Simulated per-batch cost (base + per item), to give synthetic encoders a real model's latency.
     simulated_cost_ms: float = Field(0.0, ge=0)
     simulated_cost_per_item_ms: float = Field(0.0, ge=0)
@@ -60,6 +63,7 @@ class CacheSettings(BaseModel):
     error_threshold: int = Field(3, ge=1)
     cooldown_s: float = Field(10.0, ge=0)
     lru_size: int = Field(100_000, ge=0)
+    max_connections: int = Field(64, ge=1)  # per process (per node for a cluster): the pool never grows past it
 
 
 class IndexSettings(BaseModel):
@@ -92,9 +96,8 @@ class ApiSettings(BaseModel):
     host: str = "127.0.0.1"
     port: int = Field(8000, ge=1, le=65535)
     workers: int = Field(1, ge=1)
-    # Per-request access lines cost the event loop real time at hundreds of requests per second;
-    # /metrics counts every request by route, mode and status either way.
-    # One access line per request (our own, with its request id; uvicorn's is always off).
+    # One access line per request, with its request id (ours: uvicorn's own is always off).  They cost
+    # the event loop real time at hundreds of requests per second; /metrics counts every request anyway.
     access_log: bool = False
     # Bearer key of the search routes; unset: they are open.
     api_key: SecretStr | None = None

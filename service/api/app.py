@@ -19,6 +19,7 @@ from service import __version__, metrics
 from service.api import admin
 from service.api.boundary import BodyLimit, RequestBoundary, reraise_in_tree
 from service.api.metrics_server import MetricsServer
+from service.api.openapi import publish_limits
 from service.api.responses import OrjsonResponse
 from service.api.routes import metrics_router, router
 from service.errors import NobackfillError
@@ -176,5 +177,6 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         app.include_router(metrics_router)
     if settings.api.admin_key is not None:  # no admin key: the admin routes do not exist
         app.include_router(admin.router)
+    publish_limits(app, settings.api)
     _ensure_log_handler()
     return app

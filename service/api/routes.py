@@ -49,24 +49,34 @@ async def info(pipeline: PipelineDep) -> dict[str, Any]:
     return pipeline.info()
 
 
-@router.get("/healthz", responses=error_responses(500))
-async def healthz() -> dict[str, str]:
-    """Liveness: the process answers."""
-    return {"status": "ok"}
+@router.get("/healthz", responses={503: {"description": "An encoder's batcher is beyond restarting."}})
+async def healthz(request: Request) -> OrjsonResponse:
+    """Liveness: the process answers and no encoder batcher has died for good (then restart the process)."""
+    pipeline: Pipeline | None = getattr(request.app.state, "pipeline", None)
+    if pipeline is not None and not pipeline.alive:
+        return OrjsonResponse({"status": "dead", "problems": pipeline.problems()}, status_code=503)
+    return OrjsonResponse({"status": "ok"})
 
 
 @router.get("/readyz", responses={503: {"description": "Not ready: loading, or a part is down."}})
 async def readyz(request: Request) -> OrjsonResponse:
-    """200 once encoders are warm and the gallery is loaded; Redis state is reported, never fatal."""
+    """200 once encoders are warm and gallery and profile are loaded, and while both batchers serve.
+
+    503 while loading, while a batcher is stopped or every replica of one is stuck, and while draining.
+    Redis state is reported, never fatal (the cache fails open).
+    """
     pipeline: Pipeline | None = getattr(request.app.state, "pipeline", None)
     if pipeline is None:
         return OrjsonResponse({"status": "loading"}, status_code=503)
+    problems = pipeline.problems()
     redis_ok = await pipeline.cache.ping()
     return OrjsonResponse(
         {
-            "status": "ready",
+            "status": "not_ready" if problems else "ready",
+            **({"problems": problems} if problems else {}),
             "cache": {"kind": pipeline.cache.kind, "state": pipeline.cache.state(), "ping": redis_ok},
-        }
+        },
+        status_code=503 if problems else 200,
     )
 
 

@@ -49,7 +49,7 @@ def _run(settings: Settings, host: str, port: int, workers: int) -> None:
                 host=host,
                 port=port,
                 workers=workers,
-                access_log=settings.api.access_log,
+                access_log=False,  # the app writes its own access line, with the request id
             )
         finally:
             if created is not None:
@@ -57,7 +57,8 @@ def _run(settings: Settings, host: str, port: int, workers: int) -> None:
         return
     from service.api.app import create_app
 
-    uvicorn.run(create_app(settings), host=host, port=port, access_log=settings.api.access_log)
+    # access_log: the app writes its own access line, with the request id (api.access_log).
+    uvicorn.run(create_app(settings), host=host, port=port, access_log=False)
 
 
 def _multiprocess_metrics_dir() -> Path | None:
