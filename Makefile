@@ -37,7 +37,7 @@ test: $(STAMP) redis
 # schemathesis against a real `nobackfill serve` process and its own OpenAPI document: >= 1,000
 # generated cases over every route, no 5xx, no response outside the schema (`make test` runs ~150).
 fuzz: $(STAMP)
-	OMP_WAIT_POLICY=PASSIVE NOBACKFILL_FUZZ_EXAMPLES=$${NOBACKFILL_FUZZ_EXAMPLES:-300} \
+	OMP_WAIT_POLICY=PASSIVE NOBACKFILL_FUZZ_EXAMPLES=$${NOBACKFILL_FUZZ_EXAMPLES:-600} \
 	  NOBACKFILL_FUZZ_MIN_CASES=$${NOBACKFILL_FUZZ_MIN_CASES:-1000} \
 	  $(BIN)/pytest -q -p no:cacheprovider -s tests/test_fuzz.py
 

@@ -39,10 +39,14 @@ def resolve_under(root: Path, given: str) -> Path:
         raise InputError(OUTSIDE_ROOT) from None
     if not candidate.is_relative_to(root):
         raise InputError(OUTSIDE_ROOT)
+    try:  # inside the root, so saying why it is unusable reveals nothing outside it
+        candidate.is_dir()
+    except OSError as exc:
+        raise InputError(f"profile_dir cannot be read: {exc.strerror}") from None
     return candidate
 
 
-@router.post("/v1/admin/reload-profile", responses=error_responses(400, 401, 413, 422, 500, 503))
+@router.post("/v1/admin/reload-profile", responses=error_responses(400, 401, 413, 422, 500, 503, 504))
 async def reload_profile(pipeline: PipelineDep, _: AdminKey, body: ReloadRequest | None = None) -> dict[str, Any]:
     """Swap in a profile atomically; on failure the current one keeps serving and a 4xx explains why."""
     current = pipeline.profile.profile_id
@@ -52,7 +56,9 @@ async def reload_profile(pipeline: PipelineDep, _: AdminKey, body: ReloadRequest
         profile = await pipeline.reload_profile(path)
     except Exception as exc:
         reason = getattr(exc, "message", None) or type(exc).__name__  # a foreign cause: its traceback is logged too
-        log.warning("admin reload of %r refused, keeping profile %s: %s", requested or "(configured)", current, reason)
+        log.warning(
+            "admin reload of %r refused, keeping profile %s: %s", (requested or "(configured)")[:300], current, reason
+        )
         raise
     log.info("admin reload: profile %s loaded (was %s)", profile.profile_id, current)
     return {

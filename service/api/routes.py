@@ -19,7 +19,7 @@ router = APIRouter()
 metrics_router = APIRouter()
 
 
-@router.post("/v1/search", response_model=SearchResponse, responses=error_responses(400, 401, 413, 422, 500, 503))
+@router.post("/v1/search", response_model=SearchResponse, responses=error_responses(400, 401, 413, 422, 500, 503, 504))
 async def search(body: SearchRequest, request: Request, pipeline: PipelineDep, _: ApiKey) -> OrjsonResponse:
     """Search the frozen gallery with each query, through the chosen compatibility mode."""
     mode = body.mode or default_mode(pipeline.settings, pipeline.profile)

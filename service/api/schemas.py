@@ -101,6 +101,7 @@ _ERROR_MEANINGS = {
     422: "The body does not match this schema (invalid_request).",
     500: "Internal failure (internal, encoder_failed); details only in the server log.",
     503: "Still loading (not_ready) or full (overloaded, with Retry-After).",
+    504: "An encoder did not answer in time (encoder_timeout).",
 }
 
 
