@@ -11,6 +11,7 @@ NobackfillError            500 internal           also what any foreign exceptio
 ├── NotFound               404 not_found          no such route (the admin routes too, while they are off)
 ├── MethodNotAllowed       405 method_not_allowed carries the allowed methods
 ├── EncoderFailed          500 encoder_failed     a model raised or returned unusable rows
+├── EncoderTimeout         504 encoder_timeout    a model did not answer within its timeout_s
 ├── NotReady               503 not_ready
 └── Overloaded             503 overloaded         carries retry_after_s
 
@@ -105,10 +106,17 @@ class MethodNotAllowed(NobackfillError):
 
 
 class EncoderFailed(NobackfillError):
-    """An encoder raised, or returned rows that are not finite, non-zero and of its width."""
+    """An encoder raised, or returned rows that are not finite or not of its width (zero rows are data)."""
 
     status = 500
     code = "encoder_failed"
+
+
+class EncoderTimeout(NobackfillError):
+    """An encoder did not answer (or had no free replica) within its timeout_s."""
+
+    status = 504
+    code = "encoder_timeout"
 
 
 class NotReady(NobackfillError):

@@ -13,13 +13,19 @@ Names carry the `nobackfill_` prefix and their unit; every label has a small, fi
     nobackfill_encoder_batch_size{encoder}                histogram  encoder = old|new (the batcher's name)
     nobackfill_encoder_batch_duration_seconds{encoder}    histogram  one encoder.encode call on its worker
     nobackfill_encoder_queue_depth{encoder}               gauge      items waiting for a batch
-    nobackfill_cache_events_total{event}                  counter    hit|miss|error|write_error|skipped
+    nobackfill_encoder_failures_total{encoder, reason}    counter    raised|bad_rows|timeout, per failed batch
+                                                                     (timeout: also per entry left waiting)
+    nobackfill_batcher_restarts_total{encoder}            counter    the collector task died and was restarted
+    nobackfill_cache_events_total{event}                  counter    hit|miss|corrupt|error|write_error|skipped
     nobackfill_cache_breaker_open                         gauge      1 while Redis is skipped (cooling down)
     nobackfill_residual_angle_radians                     histogram  theta between u and v, per query
+    nobackfill_zero_embedding_fallbacks_total{answered_by} counter   old|new|none: an encoder gave an all-zero
+                                                                     row, the other endpoint answered alone
     nobackfill_build_info / _profile_info / _gallery_info info
 
 Cache events: `hit` and `miss` count keys (a lookup that failed or was skipped returns misses, so
-its keys count as misses too); `error`, `write_error` and `skipped` count operations.
+its keys count as misses too; so do `corrupt` values: wrong size, NaN/inf or zero, read as misses);
+`error`, `write_error` and `skipped` count operations.
 Several uvicorn workers (`nobackfill serve --workers N`) use prometheus-client's multiprocess mode:
 `serve` points PROMETHEUS_MULTIPROC_DIR at a fresh folder before the workers start, each worker
 writes its samples there, and /metrics on any worker adds them up (gauges: the sum over live
@@ -73,7 +79,7 @@ BATCH_SIZE_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)
 ANGLE_BUCKETS_RAD = (0.05, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.8, 1.0, 1.2, 1.4, math.pi / 2, 2.0, 2.5, math.pi)
 
 STAGES = ("cache_lookup", "old_encode", "new_encode", "queue_wait", "transform", "search")
-CACHE_EVENTS = ("hit", "miss", "error", "write_error", "skipped")
+CACHE_EVENTS = ("hit", "miss", "corrupt", "error", "write_error", "skipped")
 
 REQUESTS = Counter(
     "nobackfill_requests_total",
@@ -122,9 +128,21 @@ QUEUE_DEPTH = Gauge(
     multiprocess_mode="livesum",
     registry=REGISTRY,
 )
+ENCODER_FAILURES = Counter(
+    "nobackfill_encoder_failures_total",
+    "Encoder batches that failed: the model raised, returned unusable rows, or timed out.",
+    ["encoder", "reason"],
+    registry=REGISTRY,
+)
+BATCHER_RESTARTS = Counter(
+    "nobackfill_batcher_restarts_total",
+    "Times a micro-batcher's collector task died and was restarted.",
+    ["encoder"],
+    registry=REGISTRY,
+)
 CACHE_EVENTS_TOTAL = Counter(
     "nobackfill_cache_events_total",
-    "Old-embedding cache: hit/miss per key; error/write_error/skipped per operation.",
+    "Old-embedding cache: hit/miss/corrupt per key; error/write_error/skipped per operation.",
     ["event"],
     registry=REGISTRY,
 )
@@ -138,6 +156,12 @@ RESIDUAL_ANGLE = Histogram(
     "nobackfill_residual_angle_radians",
     "Angle theta between the old query embedding and the mapped new one.",
     buckets=ANGLE_BUCKETS_RAD,
+    registry=REGISTRY,
+)
+ZERO_EMBEDDING_FALLBACKS = Counter(
+    "nobackfill_zero_embedding_fallbacks_total",
+    "Queries answered by one endpoint alone (or by nothing) because an encoder gave an all-zero row.",
+    ["answered_by"],
     registry=REGISTRY,
 )
 BUILD_INFO = Info("nobackfill_build", "Service version and build.", registry=INFO_REGISTRY)

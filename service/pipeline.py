@@ -3,6 +3,13 @@
 Old embeddings come from the cache when they can; the misses go to the old encoder while the new
 encoder runs on every query at the same time, each behind its own micro-batcher and device. New old
 embeddings are written back to the cache in the background so the response never waits for Redis.
+
+An encoder may return an all-zero row: a static or lexical model does for text with no known token.
+Such a row has no direction, so that query is answered by the other endpoint alone (mode `old` when
+the new row is zero; `aligned`, or `adapter` for an adapter head, when the old row is zero), or with no
+results when every endpoint its mode reads is zero.  The result says so in `fallback` (old | new |
+none) and nobackfill_zero_embedding_fallbacks_total counts it: never NaN, never a 5xx.  (A caller's own
+all-zero embedding is still a 400: that is bad input, not data.)
 """
 
 from __future__ import annotations
@@ -21,9 +28,10 @@ import numpy as np
 from service import metrics
 from service.artifact_check import check_compatible, encoder_line
 from service.cache import EmbeddingCache, create_cache
+from service.cache.base import usable_rows
 from service.compat.heads import transform
-from service.compat.procrustes import normalize_rows
 from service.compat.profile import CompatProfile, load_profile
+from service.compat.rows import normalize_rows
 from service.encoders.base import Embeddings, Encoder, Modality, describe, fingerprint_of, modalities_of
 from service.encoders.batcher import MicroBatcher
 from service.encoders.registry import create_encoder
@@ -65,6 +73,7 @@ class QueryResult:
     old_ids: list[int] | None = None
     old_scores: list[float] | None = None
     overlap: float | None = None
+    fallback: str | None = None  # which endpoint answered alone after an all-zero encoder row (old | new | none)
 
 
 @dataclass
@@ -97,12 +106,17 @@ async def _timed(timings: dict[str, float], name: str, work: Awaitable[T]) -> T:
         return await work
 
 
-def _rows_by_modality(queries: list[Query]) -> dict[Modality, slice | list[int]]:
-    """Row indices of each modality; one slice (no copies) when the whole batch shares one."""
-    modalities = {q.modality for q in queries}
-    if len(modalities) == 1:
-        return {modalities.pop(): slice(None)}
-    return {m: [i for i, q in enumerate(queries) if q.modality == m] for m in sorted(modalities)}
+Group = tuple[Modality, str, str | None]  # modality, mode, fallback
+
+
+def _groups(queries: list[Query], plan: list[tuple[str, str | None]]) -> dict[Group, slice | list[int]]:
+    """Row indices of each (modality, mode, fallback): one transform call each; one slice (no copies) for one group."""
+    groups: dict[Group, list[int]] = {}
+    for i, (query, (mode, fallback)) in enumerate(zip(queries, plan, strict=True)):
+        groups.setdefault((query.modality, mode, fallback), []).append(i)
+    if len(groups) == 1:
+        return {key: slice(None) for key in groups}
+    return dict(groups)
 
 
 def _create_encoders(settings: Settings, role: Literal["old", "new"]) -> list[Encoder]:
@@ -118,6 +132,28 @@ def _warm(replicas: list[Encoder]) -> None:
     """Warm every copy of a model (every modality it serves: the backend's warmup does each)."""
     for encoder in replicas:
         encoder.warmup()
+
+
+def _fallback_modes(
+    profile: CompatProfile, queries: list[Query], old: Embeddings, new: Embeddings, head_mode: str
+) -> list[tuple[str, str | None]]:
+    """(mode, fallback) per query: the head's mode, or the other endpoint alone after an all-zero encoder row."""
+    encoded = np.fromiter((q.content is not None for q in queries), dtype=bool, count=len(queries))
+    reads_old, reads_new = head_mode not in OLD_FREE_MODES, head_mode not in NEW_FREE_MODES
+    old_zero = encoded & ~old.any(axis=1) if reads_old else np.zeros(len(queries), dtype=bool)
+    new_zero = encoded & ~new.any(axis=1) if reads_new else np.zeros(len(queries), dtype=bool)
+    new_alone = "adapter" if "adapter" in profile.modes() else "aligned"
+    out: list[tuple[str, str | None]] = []
+    for old_is_zero, new_is_zero in zip(old_zero.tolist(), new_zero.tolist(), strict=True):
+        if not (old_is_zero or new_is_zero):
+            out.append((head_mode, None))
+        elif old_is_zero and reads_new and not new_is_zero:
+            out.append((new_alone, "new"))
+        elif new_is_zero and reads_old and not old_is_zero:
+            out.append(("old", "old"))
+        else:
+            out.append((head_mode, "none"))  # searched as is, answered with no results
+    return out
 
 
 def cache_model_key(encoder: Encoder) -> str:
@@ -160,6 +196,7 @@ class Pipeline:
         self.gallery = gallery
         self.profile = profile
         self.in_flight = 0
+        self.draining = False
         self._background: set[asyncio.Task[None]] = set()
 
     @classmethod
@@ -190,6 +227,7 @@ class Pipeline:
             settings.old.max_wait_ms,
             name="old",
             batching=settings.old.batching,
+            timeout_s=settings.old.timeout_s,
         )
         new = MicroBatcher(
             new_replicas,
@@ -197,6 +235,7 @@ class Pipeline:
             settings.new.max_wait_ms,
             name="new",
             batching=settings.new.batching,
+            timeout_s=settings.new.timeout_s,
         )
         await old.start()
         await new.start()
@@ -209,8 +248,19 @@ class Pipeline:
         if self._background:
             await asyncio.gather(*self._background, return_exceptions=True)
 
+    def problems(self) -> list[str]:
+        """Why this pipeline cannot take traffic now (empty when it can): /readyz answers 503 with these."""
+        found = [f"{b.name} encoder: {problem}" for b in (self.old, self.new) if (problem := b.problem()) is not None]
+        return [*found, "draining: shutting down"] if self.draining else found
+
+    @property
+    def alive(self) -> bool:
+        """False once a batcher is beyond restarting: /healthz fails so the orchestrator replaces the process."""
+        return self.old.alive and self.new.alive
+
     async def aclose(self) -> None:
         """Stop the batchers, let pending cache writes finish, close the cache."""
+        self.draining = True
         await self.drain()
         await self.old.stop()
         await self.new.stop()
@@ -397,7 +447,12 @@ class Pipeline:
         for j, row in zip(misses, encoded, strict=True):
             old[rows[j]] = row
             cache_status[rows[j]] = "miss" if caching else "off"
-        if caching:
+        usable = usable_rows(encoded)
+        if caching and usable.any():
+            # An all-zero row (no known token) is served by the fallback, never cached.
+            if not usable.all():
+                miss_inputs = [text for text, ok in zip(miss_inputs, usable.tolist(), strict=True) if ok]
+                encoded = encoded[usable]
             task = asyncio.create_task(self.cache.set_many(modality, miss_inputs, encoded))
             self._background.add(task)
             task.add_done_callback(self._background.discard)
@@ -421,42 +476,53 @@ class Pipeline:
         batch = np.zeros((n, profile.old_dim), dtype=np.float32)
         thetas = np.full(n, np.nan)  # NaN: the mode reads one endpoint only, so there is no angle
         alphas = np.zeros(n)
+        plan = _fallback_modes(profile, queries, old, new, head_mode)
         with _stage(timings, "transform"):
-            for modality, rows in _rows_by_modality(queries).items():
+            for (modality, row_mode, fallback), rows in _groups(queries, plan).items():
+                if fallback == "none":
+                    continue  # no usable endpoint: the row stays zero and gets no results
                 out = transform(
                     profile,
-                    head_mode,
-                    None if head_mode in OLD_FREE_MODES else old[rows],
-                    None if head_mode in NEW_FREE_MODES else new[rows],
+                    row_mode,
+                    None if row_mode in OLD_FREE_MODES else old[rows],
+                    None if row_mode in NEW_FREE_MODES else new[rows],
                     modality,
-                    alpha,
+                    alpha if row_mode == head_mode else None,  # a fallback mode takes no weight
                 )
                 batch[rows] = out.queries
                 alphas[rows] = out.row_alpha
-                if head_mode not in OLD_FREE_MODES | NEW_FREE_MODES:  # theta needs both endpoints
+                if row_mode not in OLD_FREE_MODES | NEW_FREE_MODES:  # theta needs both endpoints
                     thetas[rows] = out.theta
                     for theta in out.theta.tolist():
                         metrics.RESIDUAL_ANGLE.observe(theta)
         if compare:
-            batch = np.concatenate([batch, normalize_rows(old)])
+            batch = np.concatenate([batch, normalize_rows(old)])  # a zero row stays zero: no old results
         with _stage(timings, "search"):
             scores, ids = self.gallery.search(batch, k, nprobe)
         id_lists, score_lists = ids.tolist(), scores.tolist()
-        results = [
-            QueryResult(
-                ids=id_lists[i],
-                scores=score_lists[i],
-                mode=head_mode,
-                alpha=alpha_i,
-                cache="off",
-                theta=None if math.isnan(theta_i) else theta_i,
+        results = []
+        for i, ((row_mode, fallback), alpha_i, theta_i) in enumerate(
+            zip(plan, alphas.tolist(), thetas.tolist(), strict=True)
+        ):
+            found = fallback != "none"
+            results.append(
+                QueryResult(
+                    ids=id_lists[i] if found else [],
+                    scores=score_lists[i] if found else [],
+                    mode=row_mode,
+                    alpha=alpha_i,
+                    cache="off",
+                    theta=None if math.isnan(theta_i) else theta_i,
+                    fallback=fallback,
+                )
             )
-            for i, (alpha_i, theta_i) in enumerate(zip(alphas.tolist(), thetas.tolist(), strict=True))
-        ]
+            if fallback is not None:
+                metrics.ZERO_EMBEDDING_FALLBACKS.labels(answered_by=fallback).inc()
         if compare:
+            old_found = np.any(old != 0, axis=1).tolist()
             for i, result in enumerate(results):
-                result.old_ids = id_lists[n + i]
-                result.old_scores = score_lists[n + i]
+                result.old_ids = id_lists[n + i] if old_found[i] else []
+                result.old_scores = score_lists[n + i] if old_found[i] else []
                 kept = {x for x in result.ids if x >= 0}
                 result.overlap = len(kept & {x for x in result.old_ids if x >= 0}) / k
         return results

@@ -17,7 +17,7 @@ import pytest
 from service import metrics
 from service.encoders.base import Embeddings, Modality
 from service.encoders.batcher import MicroBatcher
-from service.errors import NotReady
+from service.errors import EncoderFailed, NotReady
 
 DIM = 8
 
@@ -209,7 +209,7 @@ async def test_an_encoder_error_fails_only_its_batch() -> None:
         after = await batcher.encode(["later"], "text")  # the batcher keeps serving
     finally:
         await batcher.stop()
-    outcomes = [isinstance(r, ValueError) for r in results]
+    outcomes = [isinstance(r, EncoderFailed) and isinstance(r.__cause__, ValueError) for r in results]
     assert outcomes == [False, True, True, False, False, False]
     assert after.shape == (1, DIM)
 
@@ -217,8 +217,9 @@ async def test_an_encoder_error_fails_only_its_batch() -> None:
 async def test_a_failing_chunk_fails_the_whole_split_call() -> None:
     batcher = await started(FakeEncoder(), max_batch_size=2)
     try:
-        with pytest.raises(ValueError, match="boom"):
+        with pytest.raises(EncoderFailed) as failed:
             await batcher.encode(["a", "b", "boom", "c"], "text")
+        assert "boom" in str(failed.value.__cause__) and "boom" not in failed.value.message
     finally:
         await batcher.stop()
 

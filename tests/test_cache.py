@@ -13,7 +13,7 @@ from hypothesis.extra import numpy as hnp
 
 from service import metrics
 from service.cache import EmbeddingCache, cache_key, create_cache
-from service.cache.base import decode_row, encode_row, input_digest
+from service.cache.base import WIRE_DTYPES, decode_row, input_digest
 from service.cache.breaker import CircuitBreaker
 from service.cache.memory import LruCache, NullCache
 from service.settings import CacheSettings
@@ -152,17 +152,30 @@ def test_key_is_namespace_model_and_sha256_of_modality_nul_input() -> None:
     input_digest("text", "\ud800")  # a lone surrogate hashes instead of raising
 
 
+def wire(row: np.ndarray, dtype: str) -> bytes:
+    """A row as the bytes the Redis backend writes."""
+    return np.ascontiguousarray(row, dtype=WIRE_DTYPES[dtype]).tobytes()
+
+
 @settings(max_examples=50, deadline=None)
-@given(hnp.arrays(np.float32, st.integers(1, 64), elements=st.floats(-1, 1, width=32, allow_nan=False)))
+@given(hnp.arrays(np.float32, st.integers(1, 64), elements=st.floats(0.0625, 1, width=32)))
 def test_codec_round_trip(row: np.ndarray) -> None:
     dim = row.shape[0]
-    np.testing.assert_array_equal(decode_row(encode_row(row, "float32"), "float32", dim), row)
-    half = decode_row(encode_row(row, "float16"), "float16", dim)
+    np.testing.assert_array_equal(decode_row(wire(row, "float32"), "float32", dim), row)
+    half = decode_row(wire(row, "float16"), "float16", dim)
     assert half is not None and half.dtype == np.float32
     np.testing.assert_allclose(half, row, atol=5e-4)
-    assert decode_row(encode_row(row, "float16"), "float32", dim) is None  # wrong size -> miss
-    assert decode_row(encode_row(row, "float32"), "float16", dim) is None
+    assert decode_row(wire(row, "float16"), "float32", dim) is None  # wrong size -> miss
+    assert decode_row(wire(row, "float32"), "float16", dim) is None
     assert decode_row(None, "float16", dim) is None
+
+
+@pytest.mark.parametrize("dtype", ["float16", "float32"])
+def test_a_value_without_a_direction_is_a_miss(dtype: str) -> None:
+    row = np.full(8, 0.25, np.float32)
+    for bad in (np.zeros(8, np.float32), np.where(np.arange(8) == 3, np.nan, row), np.full(8, np.inf, np.float32)):
+        assert decode_row(wire(bad, dtype), dtype, 8) is None  # type: ignore[arg-type]
+    assert decode_row(wire(row, dtype), dtype, 8) is not None  # type: ignore[arg-type]
 
 
 # ---- breaker --------------------------------------------------------------------------------------

@@ -1,7 +1,9 @@
 """The `EmbeddingCache` protocol, the cache key and the row codec shared by every backend.
 
-A value is one old-model embedding row as raw little-endian float16 (default) or float32 bytes;
-a value whose length is not `dim * itemsize` is treated as a miss, never decoded.
+A value is one old-model embedding row as raw little-endian float16 (default) or float32 bytes.
+What Redis returns is untrusted: a value of the wrong length, with a NaN / inf, or all zeros (no
+direction to search with) is a miss, counted as `corrupt`, and the pipeline's write-back of the miss
+replaces it.  Only rows with a direction are written in the first place (`usable_rows`).
 """
 
 from __future__ import annotations
@@ -80,14 +82,16 @@ def check_rows(rows: npt.NDArray[np.floating], n: int, dim: int) -> None:
         raise ValueError(f"expected rows of shape ({n}, {dim}), got {rows.shape}")
 
 
-def encode_row(row: npt.NDArray[np.floating], dtype: CacheDtype) -> bytes:
-    """One row as wire bytes."""
-    return np.ascontiguousarray(row, dtype=WIRE_DTYPES[dtype]).tobytes()
-
-
 def decode_row(value: bytes | None, dtype: CacheDtype, dim: int) -> Row | None:
-    """Wire bytes back to a float32 [dim] row; None for a missing or wrongly sized value."""
+    """Wire bytes back to a float32 [dim] row; None for a missing, wrongly sized, non-finite or zero value."""
     wire = WIRE_DTYPES[dtype]
     if value is None or len(value) != dim * wire.itemsize:
         return None
-    return np.frombuffer(value, dtype=wire).astype(np.float32)
+    row = np.frombuffer(value, dtype=wire).astype(np.float32)
+    return row if usable_rows(row[None])[0] else None
+
+
+def usable_rows(rows: npt.NDArray[np.floating]) -> npt.NDArray[np.bool_]:
+    """Mask of the rows worth caching or serving from a cache: finite and not all zero."""
+    usable: npt.NDArray[np.bool_] = np.isfinite(rows).all(axis=1) & rows.any(axis=1)
+    return usable

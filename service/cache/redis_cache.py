@@ -20,7 +20,7 @@ from typing import Any, TypeVar
 
 import numpy as np
 import numpy.typing as npt
-from redis.asyncio import Redis
+from redis.asyncio import BlockingConnectionPool, Redis
 from redis.asyncio.cluster import RedisCluster
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
@@ -56,8 +56,8 @@ def split_cluster_url(url: str) -> tuple[str, bool]:
     return url, False
 
 
-def connect(url: str, socket_timeout_s: float) -> tuple[Redis | RedisCluster, bool]:
-    """A lazily connecting client with short timeouts and no retries (the breaker decides instead)."""
+def connect(url: str, socket_timeout_s: float, max_connections: int = 64) -> tuple[Redis | RedisCluster, bool]:
+    """A lazily connecting client with short timeouts, no retries (the breaker decides) and a bounded pool."""
     plain_url, cluster = split_cluster_url(url)
     options: dict[str, Any] = {
         "socket_timeout": socket_timeout_s,
@@ -67,8 +67,13 @@ def connect(url: str, socket_timeout_s: float) -> tuple[Redis | RedisCluster, bo
         "decode_responses": False,
     }
     if cluster:
-        return RedisCluster.from_url(plain_url, **options), True
-    return Redis.from_url(plain_url, **options), False
+        return RedisCluster.from_url(plain_url, max_connections=max_connections, **options), True
+    # Bounded and blocking: a burst waits (at most one socket timeout) for a free connection
+    # instead of opening thousands; a wait that times out is one more cache error, i.e. a miss.
+    pool = BlockingConnectionPool.from_url(
+        plain_url, max_connections=max_connections, timeout=socket_timeout_s, **options
+    )
+    return Redis.from_pool(pool), False
 
 
 class RedisCache:
@@ -105,7 +110,7 @@ class RedisCache:
         """Build from the cache settings; connects lazily, so a down Redis does not stop startup."""
         if not settings.redis_url:
             raise ValueError("settings.redis_url is not set")
-        client, cluster = connect(settings.redis_url, settings.socket_timeout_s)
+        client, cluster = connect(settings.redis_url, settings.socket_timeout_s, settings.max_connections)
         return cls(
             client,
             namespace=settings.namespace,
@@ -118,10 +123,6 @@ class RedisCache:
             cluster=cluster,
         )
 
-    def key_prefix(self) -> str:
-        """`{namespace}:{old_model_id}:`; a key is this plus the input digest."""
-        return self._prefix
-
     async def get_many(self, modality: str, inputs: list[str]) -> list[Row | None]:
         """One float32 [dim] row or None per input; Redis trouble gives all misses."""
         if not inputs:
@@ -133,8 +134,12 @@ class RedisCache:
             return [None] * len(inputs)
         rows = [decode_row(value, self._dtype, self._dim) for value in values]
         hits = sum(row is not None for row in rows)
+        corrupt = sum(row is None and value is not None for row, value in zip(rows, values, strict=True))
         metrics.cache_event("hit", hits)
         metrics.cache_event("miss", len(rows) - hits)
+        if corrupt:
+            metrics.cache_event("corrupt", corrupt)
+            log.warning("redis cache: %d unusable value(s) (wrong size, NaN/inf or zero) treated as misses", corrupt)
         return rows
 
     async def set_many(self, modality: str, inputs: list[str], rows: npt.NDArray[np.floating]) -> None:

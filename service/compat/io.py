@@ -114,7 +114,7 @@ def load_embeddings(path: Path, *, allow_zero: bool = False) -> Array:
 
 def _zero_rows(arr: Array) -> npt.NDArray[np.bool_]:
     """Mask of the rows that are all zero."""
-    return ~np.any(arr != 0, axis=1)
+    return np.logical_not(arr.any(axis=1))
 
 
 def load_ids(path: Path, rows: int, paired_with: str) -> IdArray:

@@ -14,8 +14,21 @@ encoder run at the same time (torch and time.sleep release the GIL), several rep
 run batches side by side, and the event loop never runs model code.  With one replica a batch is
 formed only when the previous one has finished, so it collects whatever arrived meanwhile.
 A call larger than `max_batch_size` is split into chunks; entries are never split further, so a
-batch holds whole entries of one modality.  An encoder exception fails the callers of that batch only.
-The batcher's `name` labels its metrics (`old` / `new`): keep it to a fixed set.
+batch holds whole entries of one modality.  The batcher's `name` labels its metrics (`old` / `new`).
+
+What a model does is not trusted.  Failures reach the callers of the affected batch only, and the
+batcher keeps serving:
+    the encoder raises                         EncoderFailed (encoder_failed, 500)
+    rows not [n, dim]                          EncoderFailed for the batch; counted as bad_rows
+    a NaN / inf in some rows                   EncoderFailed for the calls those rows belong to only
+    no answer within timeout_s                 EncoderTimeout (encoder_timeout, 504); the replica's
+                                               thread cannot be interrupted, so the replica is "stuck"
+                                               until the call returns, and takes no batch meanwhile
+    no replica free within timeout_s           EncoderTimeout for the entries that waited that long
+All-zero rows are data (a static model's row for text with no known token), not failures: the
+pipeline answers them with its fallback.  If the collector task itself dies (a bug), the pending
+callers fail, it is restarted (counted), and `healthy` is False only if it keeps dying
+(MAX_RESTARTS within RESTART_WINDOW_S), so liveness fails and the orchestrator replaces the process.
 """
 
 from __future__ import annotations
@@ -33,9 +46,13 @@ import numpy as np
 
 from service import metrics
 from service.encoders.base import Embeddings, Encoder, Modality
-from service.errors import NotReady
+from service.errors import EncoderFailed, EncoderTimeout, NotReady
 
 log = logging.getLogger(__name__)
+
+# A collector that dies this often this quickly is broken, not unlucky: stop restarting it.
+MAX_RESTARTS = 5
+RESTART_WINDOW_S = 60.0
 
 
 @dataclass(eq=False)
@@ -59,10 +76,11 @@ class MicroBatcher:
         name: str,
         *,
         batching: bool = True,
+        timeout_s: float = 30.0,
     ) -> None:
         replicas = [encoder] if isinstance(encoder, Encoder) else list(encoder)
-        if not replicas or max_batch_size < 1 or max_wait_ms < 0:
-            raise ValueError("need >= 1 encoder replica, max_batch_size >= 1 and max_wait_ms >= 0")
+        if not replicas or max_batch_size < 1 or max_wait_ms < 0 or timeout_s <= 0:
+            raise ValueError("need >= 1 encoder replica, max_batch_size >= 1, max_wait_ms >= 0 and timeout_s > 0")
         # The first replica speaks for all of them (dim, model id, device): they are copies of one model.
         self.encoder = replicas[0]
         self.replicas = replicas
@@ -71,6 +89,9 @@ class MicroBatcher:
         self.max_wait_s = max_wait_ms / 1000
         # batching=False: one entry per encoder call, no waiting (the baseline for benchmarks).
         self.batching = batching
+        self.timeout_s = timeout_s
+        self._stuck: set[int] = set()  # replicas whose call outlived timeout_s and has not returned yet
+        self._restarts: deque[float] = deque()
         self._pending: dict[Modality, deque[_Entry]] = {}
         self._depth = 0
         self._wakeup = asyncio.Event()
@@ -91,6 +112,19 @@ class MicroBatcher:
         """True between start() and stop()."""
         return self._accepting
 
+    def problem(self) -> str | None:
+        """Why this batcher cannot serve right now (for /readyz), or None when it can."""
+        if not self._accepting:
+            return "stopped" if self._collector is None else "collector crashed too often"
+        if len(self._stuck) == len(self.replicas):
+            return f"every replica is stuck in a call longer than {self.timeout_s:g} s"
+        return None
+
+    @property
+    def alive(self) -> bool:
+        """False once the collector crashed too often to be restarted (liveness: replace the process)."""
+        return self._accepting or self._collector is None
+
     async def start(self) -> None:
         """Create the worker thread and the collector task; idempotent."""
         if self._accepting:
@@ -105,6 +139,7 @@ class MicroBatcher:
         for i in range(len(self.replicas)):
             self._idle.put_nowait(i)
         self._draining = False
+        self._stuck.clear()
         self._accepting = True
         self._collector = asyncio.create_task(self._collect_forever(), name=f"batcher-{self.name}")
 
@@ -172,12 +207,28 @@ class MicroBatcher:
 
     async def _collect_forever(self) -> None:
         """Form and run batches until stopped (and, when draining, until nothing is pending)."""
-        try:
-            await self._collect()
-        except Exception as exc:  # a bug here must not leave callers waiting forever
-            log.exception("batcher %r crashed", self.name)
-            self._accepting = False
-            self._fail_pending(exc)
+        while True:
+            try:
+                await self._collect()
+                return
+            except Exception:  # a bug here must not leave callers waiting forever
+                log.exception("batcher %r crashed", self.name)
+                self._fail_pending(EncoderFailed(f"encoder {self.name!r} lost its batch queue"))
+                metrics.BATCHER_RESTARTS.labels(encoder=self.name).inc()
+                now = time.monotonic()
+                self._restarts.append(now)
+                while self._restarts and now - self._restarts[0] > RESTART_WINDOW_S:
+                    self._restarts.popleft()
+                if len(self._restarts) > MAX_RESTARTS:
+                    log.error(
+                        "batcher %r crashed %d times in %g s: giving up",
+                        self.name,
+                        len(self._restarts),
+                        RESTART_WINDOW_S,
+                    )
+                    self._accepting = False
+                    return
+                self._wakeup.set()  # entries that arrived meanwhile are served by the restarted loop
 
     async def _collect(self) -> None:
         while True:
@@ -188,14 +239,39 @@ class MicroBatcher:
                 self._wakeup.clear()
                 await self._wakeup.wait()
                 continue
-            replica = await self._idle.get()  # a batch is formed only once a replica can take it
-            batch = await self._next_batch() if self._depth else []
+            replica = await self._free_replica()  # a batch is formed only once a replica can take it
+            if replica is None:
+                continue
+            try:
+                batch = await self._next_batch() if self._depth else []
+            except BaseException:
+                self._idle.put_nowait(replica)  # not lost to a crash or a cancel: the restarted loop needs it
+                raise
             if not batch:
                 self._idle.put_nowait(replica)
                 continue
             task = asyncio.create_task(self._run(batch, replica), name=f"batch-{self.name}-{replica}")
             self._running.add(task)
             task.add_done_callback(self._running.discard)
+
+    async def _free_replica(self) -> int | None:
+        """An idle replica; None after timeout_s without one (the entries that waited that long fail)."""
+        try:
+            return await asyncio.wait_for(self._idle.get(), self.timeout_s)
+        except TimeoutError:
+            self._expire(time.perf_counter() - self.timeout_s)
+            return None
+
+    def _expire(self, enqueued_before: float) -> None:
+        """Fail the pending entries enqueued before the given time with EncoderTimeout."""
+        error = EncoderTimeout(f"encoder {self.name!r} had no free replica for {self.timeout_s:g} s")
+        for queue in self._pending.values():
+            while queue and queue[0].enqueued < enqueued_before:
+                entry = queue.popleft()
+                self._set_depth(self._depth - len(entry.items))
+                if not entry.future.done():
+                    entry.future.set_exception(error)
+                    metrics.ENCODER_FAILURES.labels(encoder=self.name, reason="timeout").inc()
 
     async def _next_batch(self) -> list[_Entry]:
         """Take entries of the oldest entry's modality, waiting up to max_wait for the batch to fill."""
@@ -230,7 +306,8 @@ class MicroBatcher:
         try:
             await self._encode_batch(batch, replica)
         finally:
-            self._idle.put_nowait(replica)
+            if replica not in self._stuck:
+                self._idle.put_nowait(replica)
 
     async def _encode_batch(self, batch: list[_Entry], replica: int) -> None:
         modality = batch[0].modality
@@ -241,28 +318,66 @@ class MicroBatcher:
             wait_hist.observe(started - entry.enqueued)
         metrics.ENCODER_BATCH_SIZE.labels(encoder=self.name).observe(len(items))
         loop = asyncio.get_running_loop()
+        encoder = self.replicas[replica]
+        call = loop.run_in_executor(self._executors[replica], encoder.encode, items, modality)
         try:
-            encoder = self.replicas[replica]
-            rows = await loop.run_in_executor(self._executors[replica], encoder.encode, items, modality)
-            rows = np.asarray(rows, dtype=np.float32)
-            if rows.ndim != 2 or rows.shape[0] != len(items):
-                raise RuntimeError(f"encoder {self.name!r} returned shape {rows.shape} for a batch of {len(items)}")
+            # shield: a timeout gives up waiting, it cannot stop the thread; the call still ends later.
+            raw = await asyncio.wait_for(asyncio.shield(call), self.timeout_s)
+            rows = self._shaped(raw, len(items), encoder.dim)
         except asyncio.CancelledError:
             # stop(drain=False) cancelled us mid-batch; the thread finishes on its own.
             self._fail(batch, NotReady(f"encoder {self.name!r} stopped"))
             raise
+        except TimeoutError:
+            self._stuck_until_done(replica, call)
+            log.error("encoder %r: no answer for a batch of %d within %g s", self.name, len(items), self.timeout_s)
+            metrics.ENCODER_FAILURES.labels(encoder=self.name, reason="timeout").inc()
+            self._fail(batch, EncoderTimeout(f"encoder {self.name!r} did not answer within {self.timeout_s:g} s"))
+            return
         except Exception as exc:  # only this batch's callers see it; the batcher keeps serving
             log.warning("encoder %r failed on a batch of %d: %r", self.name, len(items), exc)
-            self._fail(batch, exc)
+            if isinstance(exc, EncoderFailed):
+                failed, reason = exc, "bad_rows"
+            else:
+                failed, reason = EncoderFailed(f"encoder {self.name!r} failed on a batch of {len(items)}"), "raised"
+                failed.__cause__ = exc  # for the server log; the response names nothing of it
+            metrics.ENCODER_FAILURES.labels(encoder=self.name, reason=reason).inc()
+            self._fail(batch, failed)
             return
         finally:
             metrics.ENCODER_BATCH_DURATION.labels(encoder=self.name).observe(time.perf_counter() - started)
+        # Rows with a NaN / inf fail only the calls they belong to.
+        bad = set() if np.isfinite(rows).all() else set(np.flatnonzero(~np.isfinite(rows).all(axis=1)).tolist())
         start = 0
         for entry in batch:
             stop = start + len(entry.items)
-            if not entry.future.done():
+            if entry.future.done():
+                pass
+            elif bad.isdisjoint(range(start, stop)):
                 entry.future.set_result(rows[start:stop])
+            else:
+                metrics.ENCODER_FAILURES.labels(encoder=self.name, reason="bad_rows").inc()
+                entry.future.set_exception(EncoderFailed(f"encoder {self.name!r} returned NaN or infinite values"))
             start = stop
+
+    def _shaped(self, raw: object, n: int, dim: int) -> Embeddings:
+        """The encoder's output as float32 [n, dim], or EncoderFailed saying what came back instead."""
+        rows = np.asarray(raw, dtype=np.float32)
+        if rows.shape != (n, dim):
+            raise EncoderFailed(f"encoder {self.name!r} returned shape {rows.shape} for a batch of {n} (dim {dim})")
+        return rows
+
+    def _stuck_until_done(self, replica: int, call: asyncio.Future[Embeddings]) -> None:
+        """Keep a timed-out replica out of rotation until its call returns, then free it."""
+        self._stuck.add(replica)
+
+        def release(_: asyncio.Future[Embeddings]) -> None:
+            self._stuck.discard(replica)
+            if self._accepting:
+                self._idle.put_nowait(replica)
+            log.info("encoder %r replica %d answered again", self.name, replica)
+
+        call.add_done_callback(release)
 
     def _fail(self, batch: list[_Entry], exc: BaseException) -> None:
         for entry in batch:
