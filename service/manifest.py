@@ -14,7 +14,11 @@ verify_manifest refuses, in one ArtifactError line naming the file:
 - a manifest.json that is not what write_manifest writes.
 Paths are relative POSIX paths; a listed path may not leave the folder.  Files named in
 `size_only` are checked for size alone: a caller that verifies a big file's digest itself (the
-gallery's index.faiss, per its verify setting) does not pay for hashing it twice.
+gallery's index.faiss, per its verify setting) does not pay for hashing it twice, and must compare
+the digest returned for it with its own.
+The manifest catches corruption, truncation and edits by anyone who does not rewrite it; it is no
+signature: whoever can write the folder can write a new manifest too (the field checks of the
+loaders still apply then).
 """
 
 from __future__ import annotations
@@ -77,6 +81,8 @@ def read_manifest(folder: Path) -> dict[str, dict[str, Any]] | None:
         raise ArtifactError(f"{path}: unreadable ({str(exc).splitlines()[0]})") from exc
     if not isinstance(manifest, dict) or manifest.get("manifest_version") != MANIFEST_VERSION:
         raise ArtifactError(f"{path}: not a version-{MANIFEST_VERSION} manifest")
+    if manifest.get("algorithm") != "sha256":
+        raise ArtifactError(f"{path}: algorithm {manifest.get('algorithm')!r}, this build checks sha256")
     files = manifest.get("files")
     if not isinstance(files, dict) or not all(_entry_ok(name, entry) for name, entry in files.items()):
         raise ArtifactError(f"{path}: malformed file table")

@@ -4,12 +4,14 @@ A tiny real gallery (FAISS IVF-PQ, 32-d) and a Procrustes profile (32 <- 48) are
 damages a copy.  Startup and reload go through a real Pipeline (`external` encoders, so no model
 loads): startup must refuse, reload must refuse and keep serving the profile it had.  A profile whose
 manifest was re-signed after the edit still meets the field and range checks of profile.py.
+NOBACKFILL_TAMPER_FLIPS=N sets how many random single-byte flips per file the sweep tries (default 8).
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import os
 import shutil
 from collections.abc import Callable
 from pathlib import Path
@@ -31,6 +33,7 @@ from service.pipeline import Pipeline, Query
 from service.settings import CacheSettings, CompatSettings, EncoderSettings, IndexSettings, Settings
 
 D_OLD, D_NEW = 32, 48
+FLIPS = int(os.environ.get("NOBACKFILL_TAMPER_FLIPS", "8"))
 
 
 def _flip(path: Path, at: float = 0.5) -> None:
@@ -361,3 +364,30 @@ async def test_serving_and_reloading_never_change_a_gallery_file(artifacts: dict
         await pipeline.aclose()
     assert {p.name: sha256_of(p) for p in files} == before
     assert sorted(p.name for p in artifacts["gallery"].iterdir()) == sorted(before)
+
+
+@pytest.mark.parametrize(
+    ("kind", "name"),
+    [
+        ("profile", PROFILE_JSON),
+        ("profile", TENSORS),
+        ("profile", MANIFEST_NAME),
+        ("gallery", "gallery.json"),
+        ("gallery", "index.faiss"),
+        ("gallery", MANIFEST_NAME),
+    ],
+)
+def test_any_flipped_byte_is_refused(artifacts: dict[str, Path], tmp_path: Path, kind: str, name: str) -> None:
+    # A sweep over random positions: whichever byte of whichever file changes, the load refuses it.
+    folder = _copy(artifacts[kind], tmp_path / "a")
+    path = folder / name
+    original = path.read_bytes()
+    load = (lambda: load_profile(folder)) if kind == "profile" else (lambda: Gallery.load(folder))
+    rng = np.random.default_rng(len(original))
+    for at in rng.integers(0, len(original), size=FLIPS):
+        damaged = bytearray(original)
+        damaged[at] ^= 1 << int(rng.integers(0, 8))  # one bit: the smallest change there is
+        path.write_bytes(bytes(damaged))
+        _refused(load)
+    path.write_bytes(original)
+    load()

@@ -84,6 +84,9 @@ def read_checked_meta(folder: Path) -> dict[str, Any]:
         if meta.get("manifest"):
             raise ArtifactError(f"{folder / MANIFEST_NAME}: missing (gallery.json says this gallery has one)")
         log.warning("gallery %s: built without %s; gallery.json itself is not checksummed", folder, MANIFEST_NAME)
+    elif signed.get(INDEX_NAME, meta["sha256"]) != meta["sha256"]:
+        # The manifest checked the index by size only; its digest must be the one Gallery.load checks.
+        raise ArtifactError(f"{folder / MANIFEST_NAME}: sha256 of {INDEX_NAME} differs from gallery.json's")
     return meta
 
 
