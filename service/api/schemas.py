@@ -63,6 +63,8 @@ class QueryResultOut(BaseModel):
     old_ids: list[int] | None = None
     old_scores: list[float] | None = None
     overlap: float | None = None
+    # Set when an encoder gave an all-zero row: the endpoint that answered alone (none: no results).
+    fallback: Literal["old", "new", "none"] | None = None
 
 
 class SearchResponse(BaseModel):
