@@ -194,13 +194,13 @@ async def test_modalities_are_batched_separately() -> None:
         np.testing.assert_array_equal(result[0], expected(item, modality))
 
 
-async def test_an_encoder_error_fails_only_its_batch() -> None:
+async def test_an_encoder_error_fails_only_the_call_that_causes_it() -> None:
     encoder = FakeEncoder(gated=True)
     batcher = await started(encoder, max_batch_size=2)
     try:
         first = asyncio.create_task(batcher.encode(["first"], "text"))
         await wait_entered(encoder)
-        names = ["a", "boom", "c", "d"]  # batches [a, boom] and [c, d]
+        names = ["a", "boom", "c", "d"]  # batches [a, boom] (raises, then retried call by call) and [c, d]
         tasks = [asyncio.create_task(batcher.encode([name], "text")) for name in names]
         image = asyncio.create_task(batcher.encode(["boom-free"], "image"))
         await asyncio.sleep(0.01)
@@ -210,7 +210,8 @@ async def test_an_encoder_error_fails_only_its_batch() -> None:
     finally:
         await batcher.stop()
     outcomes = [isinstance(r, EncoderFailed) and isinstance(r.__cause__, ValueError) for r in results]
-    assert outcomes == [False, True, True, False, False, False]
+    assert outcomes == [False, False, True, False, False, False]
+    assert [batch for _, batch in encoder.calls[1:4]] == [["a", "boom"], ["a"], ["boom"]]
     assert after.shape == (1, DIM)
 
 

@@ -18,7 +18,8 @@ batch holds whole entries of one modality.  The batcher's `name` labels its metr
 
 What a model does is not trusted.  Failures reach the callers of the affected batch only, and the
 batcher keeps serving:
-    the encoder raises                         EncoderFailed (encoder_failed, 500)
+    the encoder raises                         the batch is retried one call at a time; the calls that
+                                               still raise get EncoderFailed (encoder_failed, 500)
     rows not [n, dim]                          EncoderFailed for the batch; counted as bad_rows
     a NaN / inf in some rows                   EncoderFailed for the calls those rows belong to only
     no answer within timeout_s                 EncoderTimeout (encoder_timeout, 504); the replica's
@@ -303,19 +304,33 @@ class MicroBatcher:
 
     async def _run(self, batch: list[_Entry], replica: int) -> None:
         """Encode one batch on a replica's worker thread and hand each entry its rows (or the exception)."""
-        try:
-            await self._encode_batch(batch, replica)
-        finally:
-            if replica not in self._stuck:
-                self._idle.put_nowait(replica)
-
-    async def _encode_batch(self, batch: list[_Entry], replica: int) -> None:
-        modality = batch[0].modality
-        items = [item for entry in batch for item in entry.items]
         started = time.perf_counter()
         wait_hist = metrics.STAGE_DURATION.labels(stage="queue_wait")
         for entry in batch:
             wait_hist.observe(started - entry.enqueued)
+        try:
+            if not await self._encode_batch(batch, replica) and len(batch) > 1:
+                await self._one_by_one(batch, replica)
+        finally:
+            if replica not in self._stuck:
+                self._idle.put_nowait(replica)
+
+    async def _one_by_one(self, batch: list[_Entry], replica: int) -> None:
+        """Re-run a batch that raised one call at a time, so only the calls whose inputs break the model fail."""
+        for i, entry in enumerate(batch):
+            if replica in self._stuck:  # a retry hung: the rest would queue behind it
+                self._fail(
+                    batch[i:], EncoderTimeout(f"encoder {self.name!r} did not answer within {self.timeout_s:g} s")
+                )
+                return
+            await self._encode_batch([entry], replica)
+
+    async def _encode_batch(self, batch: list[_Entry], replica: int) -> bool:
+        """Encode on a replica and settle every entry; False when the model raised (the entries are then
+        failed only if there is one, so the caller can retry a larger batch call by call)."""
+        modality = batch[0].modality
+        items = [item for entry in batch for item in entry.items]
+        started = time.perf_counter()
         metrics.ENCODER_BATCH_SIZE.labels(encoder=self.name).observe(len(items))
         loop = asyncio.get_running_loop()
         encoder = self.replicas[replica]
@@ -333,17 +348,21 @@ class MicroBatcher:
             log.error("encoder %r: no answer for a batch of %d within %g s", self.name, len(items), self.timeout_s)
             metrics.ENCODER_FAILURES.labels(encoder=self.name, reason="timeout").inc()
             self._fail(batch, EncoderTimeout(f"encoder {self.name!r} did not answer within {self.timeout_s:g} s"))
-            return
-        except Exception as exc:  # only this batch's callers see it; the batcher keeps serving
-            log.warning("encoder %r failed on a batch of %d: %r", self.name, len(items), exc)
-            if isinstance(exc, EncoderFailed):
-                failed, reason = exc, "bad_rows"
-            else:
-                failed, reason = EncoderFailed(f"encoder {self.name!r} failed on a batch of {len(items)}"), "raised"
-                failed.__cause__ = exc  # for the server log; the response names nothing of it
-            metrics.ENCODER_FAILURES.labels(encoder=self.name, reason=reason).inc()
+            return True
+        except EncoderFailed as exc:  # wrong shape: the whole batch; the batcher keeps serving
+            log.warning("encoder %r failed on a batch of %d: %s", self.name, len(items), exc)
+            metrics.ENCODER_FAILURES.labels(encoder=self.name, reason="bad_rows").inc()
+            self._fail(batch, exc)
+            return True
+        except Exception as exc:  # the model raised: retried call by call when the batch holds several
+            log.warning("encoder %r raised on a batch of %d: %r", self.name, len(items), exc)
+            metrics.ENCODER_FAILURES.labels(encoder=self.name, reason="raised").inc()
+            if len(batch) > 1:
+                return False
+            failed = EncoderFailed(f"encoder {self.name!r} failed on {len(items)} input(s)")
+            failed.__cause__ = exc  # for the server log; the response names nothing of it
             self._fail(batch, failed)
-            return
+            return True
         finally:
             metrics.ENCODER_BATCH_DURATION.labels(encoder=self.name).observe(time.perf_counter() - started)
         # Rows with a NaN / inf fail only the calls they belong to.
@@ -359,6 +378,7 @@ class MicroBatcher:
                 metrics.ENCODER_FAILURES.labels(encoder=self.name, reason="bad_rows").inc()
                 entry.future.set_exception(EncoderFailed(f"encoder {self.name!r} returned NaN or infinite values"))
             start = stop
+        return True
 
     def _shaped(self, raw: object, n: int, dim: int) -> Embeddings:
         """The encoder's output as float32 [n, dim], or EncoderFailed saying what came back instead."""
