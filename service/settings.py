@@ -117,6 +117,9 @@ class ApiSettings(BaseModel):
     max_body_bytes: int = Field(16 * 1024 * 1024, ge=1024)
     max_k: int = Field(1000, ge=1)
     max_in_flight: int = Field(256, ge=1)
+    # SIGTERM: in-flight requests get this long to finish before the process exits anyway; keep it
+    # below the orchestrator's grace period (Kubernetes terminationGracePeriodSeconds, default 30).
+    shutdown_grace_s: int = Field(20, ge=1)
 
 
 class Settings(BaseSettings):

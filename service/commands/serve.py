@@ -50,6 +50,7 @@ def _run(settings: Settings, host: str, port: int, workers: int) -> None:
                 port=port,
                 workers=workers,
                 access_log=False,  # the app writes its own access line, with the request id
+                timeout_graceful_shutdown=settings.api.shutdown_grace_s,
             )
         finally:
             if created is not None:
@@ -58,7 +59,14 @@ def _run(settings: Settings, host: str, port: int, workers: int) -> None:
     from service.api.app import create_app
 
     # access_log: the app writes its own access line, with the request id (api.access_log).
-    uvicorn.run(create_app(settings), host=host, port=port, access_log=False)
+    uvicorn.run(
+        create_app(settings),
+        host=host,
+        port=port,
+        access_log=False,
+        # On SIGTERM uvicorn stops accepting, answers what it holds, and gives up after this long.
+        timeout_graceful_shutdown=settings.api.shutdown_grace_s,
+    )
 
 
 def _multiprocess_metrics_dir() -> Path | None:
