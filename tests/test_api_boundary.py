@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import shutil
+import signal
 import socket
 import threading
 from collections.abc import AsyncIterator
@@ -303,3 +305,24 @@ def test_served_process_refuses_large_bodies_before_reading_them(world: World) -
         assert b"x-request-id: " in streamed.lower()
         ok = httpx.post(f"{base}/v1/search", json={"queries": [{"text": "x"}]}, headers=SEARCH, timeout=10)
         assert ok.status_code == 200, ok.text
+
+
+async def test_a_refused_sighup_reload_is_logged_with_its_reason(
+    world: World, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    profile = tmp_path / "profile"
+    shutil.copytree(world.profile_dir, profile)
+    settings = make_settings(world)
+    settings.compat.profile_dir = profile
+    async for running in start_app(settings):
+        before = running.pipeline.profile.profile_id
+        (profile / "profile.json").write_text("{not json")
+        with caplog.at_level(logging.INFO, logger="nobackfill"):
+            os.kill(os.getpid(), signal.SIGHUP)
+            for _ in range(200):  # the reload runs as a task on this loop: let it finish
+                await asyncio.sleep(0.05)
+                if any("SIGHUP: profile reload" in r.getMessage() for r in caplog.records):
+                    break
+        refused = [r.getMessage() for r in caplog.records if "SIGHUP: profile reload refused" in r.getMessage()]
+        assert refused and "profile.json" in refused[0], [r.getMessage() for r in caplog.records]
+        assert running.pipeline.profile.profile_id == before

@@ -71,6 +71,10 @@ def test_schemathesis_finds_no_server_error_and_no_schema_violation(world: World
     summary = json.loads(report.read_text())
     cases = summary["test_cases"]
     print(f"schemathesis: {cases['generated']} cases over {summary['operations']['tested']} routes, seed {SEED}")
+    for route, phases in sorted(summary["valid_rates"].items()):  # accepted: a 2xx; rejected: a 4xx
+        accepted = sum(phase["accepted"] for phase in phases.values())
+        rejected = sum(phase["rejected"] for phase in phases.values())
+        print(f"  {route}: {accepted} accepted, {rejected} rejected")
     assert done.returncode == 0, done.stdout[-6000:]
     assert summary["operations"]["tested"] == ROUTES, summary["operations"]
     assert cases["with_failures"] == 0 and cases["errored"] == 0, summary["failures"]
