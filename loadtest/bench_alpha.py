@@ -46,11 +46,11 @@ from service.compat.metrics import KS, recall_at_k, relevance  # noqa: E402
 from service.compat.procrustes import normalize_rows  # noqa: E402
 
 # (label, folds, held-out gallery): the fold count sets how large a held-out gallery can be.
-SCHEMES: tuple[tuple[str, int, selection.EvalGallery], ...] = (
-    ("5 folds", 5, "fold"),
-    ("2 folds", 2, "fold"),
-    ("5 folds, all targets", 5, "support"),
-)
+SCHEMES: dict[str, tuple[str, int, selection.EvalGallery]] = {
+    "fold": ("5 folds", 5, "fold"),
+    "fold2": ("2 folds", 2, "fold"),
+    "support": ("5 folds, all targets", 5, "support"),
+}
 DIGITS_NOISE = 0.25
 
 
@@ -132,7 +132,9 @@ def digits_class_splits(seed: int = 0) -> tuple[Split, Split]:
     return support, test
 
 
-def one_upgrade(name: str, support: Split, test: Split, seeds: int, eval_queries: int) -> dict[str, Any]:
+def one_upgrade(
+    name: str, support: Split, test: Split, seeds: int, eval_queries: int, schemes: list[str]
+) -> dict[str, Any]:
     """Every scheme x criterion on one upgrade: chosen weights and test R@1 per seed."""
     out: dict[str, Any] = {"name": name, "support_queries": len(support.old_query), "test_queries": len(test.old_query)}
     curves: TestCurves | None = None
@@ -140,7 +142,7 @@ def one_upgrade(name: str, support: Split, test: Split, seeds: int, eval_queries
     heads: list[dict[str, Any]] = []
     support_curves: list[dict[str, Any]] = []
     started = time.perf_counter()
-    for label, folds, gallery in SCHEMES:
+    for label, folds, gallery in (SCHEMES[s] for s in schemes):
         for seed in range(seeds):
             fitted = selection.fit_modalities(
                 {"text": support}, folds=folds, seed=seed, max_eval_queries=eval_queries, eval_gallery=gallery
@@ -152,7 +154,7 @@ def one_upgrade(name: str, support: Split, test: Split, seeds: int, eval_queries
             for criterion in selection.CRITERIA:
                 alpha = selection.choose(rep["support_recall"]["slerp"], criterion)["alpha"]
                 picks.setdefault(f"{label} | {criterion}", []).append({"seed": seed, "alpha": alpha})
-            if folds == 5 and gallery == "fold":
+            if (folds, gallery) == (5, selection.DEFAULT_EVAL_GALLERY):
                 heads.append(_head_row(rep, curves, seed))
     assert curves is not None
     oracle_alpha = max(curves.slerp, key=lambda a: (curves.slerp[a], -a))
@@ -220,6 +222,7 @@ def main() -> None:
     parser.add_argument("--digits", action="store_true", help="Add the digits pair (built in-process).")
     parser.add_argument("--seeds", type=int, default=3, help="Fold seeds per scheme.")
     parser.add_argument("--eval-queries", type=int, default=2000, help="Held-out queries scored per fold.")
+    parser.add_argument("--schemes", default="fold,fold2,support", help=f"Comma-separated, of {', '.join(SCHEMES)}.")
     args = parser.parse_args()
     results = []
     todo: list[tuple[str, Split, Split]] = []
@@ -231,7 +234,7 @@ def main() -> None:
         todo.append(("digits (instance)", *digits_splits()))
         todo.append(("digits (class)", *digits_class_splits()))
     for name, support, test in todo:
-        result = one_upgrade(name, support, test, args.seeds, args.eval_queries)
+        result = one_upgrade(name, support, test, args.seeds, args.eval_queries, args.schemes.split(","))
         _print(result)
         results.append(result)
     RESULTS.mkdir(parents=True, exist_ok=True)

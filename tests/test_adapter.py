@@ -299,3 +299,49 @@ def test_training_on_cuda_gives_a_cpu_adapter() -> None:
     assert adapter.report["history"][-1]["total"] < adapter.report["history"][0]["total"]
     out = adapter.apply(new[:100])
     assert np.allclose(np.linalg.norm(out, axis=1), 1.0, atol=1e-5)
+
+
+# --- early stopping ---------------------------------------------------------------------------------
+
+
+def test_a_run_stopped_at_epoch_e_equals_the_first_e_epochs_of_a_full_run() -> None:
+    new, old = synthetic_pairs(300, seed=9, d_new=16, d_old=12)
+    cfg = AdapterConfig(epochs=4, batch_size=64, m=16, seed=3, precision="fp32")
+    probe = normalize_rows(np.random.default_rng(0).normal(size=(20, 16)))
+    seen: dict[int, np.ndarray] = {}
+    full = train_adapter(new, old, cfg, progress=False, on_epoch=lambda e, live: seen.setdefault(e, live.apply(probe)))
+    assert sorted(seen) == [1, 2, 3, 4] and full.report["epochs"] == 4
+    np.testing.assert_allclose(seen[4], full.apply(probe), atol=1e-6)
+    stopped = train_adapter(new, old, cfg, progress=False, stop_after=2)
+    assert stopped.report["epochs"] == 2 and stopped.report["steps"] == full.report["steps"] // 2
+    np.testing.assert_allclose(stopped.apply(probe), seen[2], atol=1e-6)
+    assert not np.allclose(seen[2], seen[4], atol=1e-4)
+
+
+def test_early_stopping_on_the_folds_and_the_comparison_with_procrustes(tmp_path: Path) -> None:
+    from upgrade_standin import make_world, write_split
+
+    from service.compat import selection
+    from service.compat.io import load_split
+
+    split = load_split(write_split(tmp_path / "s", 300, make_world(12, 16, 8), seed=1))
+    cfg = AdapterConfig(epochs=6, batch_size=64, m=16, precision="fp32")
+    calls: list[int | None] = []
+
+    def fit_map(
+        new: np.ndarray, old: np.ndarray, on_epoch: object = None, stop_after: int | None = None
+    ) -> TrainedAdapter:
+        calls.append(stop_after)
+        return train_adapter(new, old, cfg, progress=False, on_epoch=on_epoch, stop_after=stop_after)  # type: ignore[arg-type]
+
+    fitted = selection.fit_mapped_slerp(split, fit_map, mode="adapter", folds=3, early_stop=True)
+    stop = fitted.report["early_stopping"]
+    assert stop["max_epochs"] == 6 and [r["epoch"] for r in stop["curve"]] == list(range(1, 7))
+    best = max(r[stop["score"]] for r in stop["curve"])
+    chosen = stop["curve"][stop["epochs"] - 1]
+    # The fewest epochs within one standard error of the best held-out epoch.
+    assert chosen[stop["score"]] >= best - selection.curve_se(stop["curve"], "mean-1se")
+    assert calls == [None, None, None, stop["epochs"]] and fitted.mapper.report["epochs"] == stop["epochs"]
+    vs = fitted.report["versus_procrustes"]
+    assert vs["adapter_loses"] == (vs["adapter_alone_r1"] < vs["procrustes_alone_r1"])
+    assert ("loses" if vs["adapter_loses"] else "beats") in vs["verdict"]

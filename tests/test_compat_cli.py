@@ -13,6 +13,8 @@ import numpy as np
 import pytest
 from upgrade_standin import make_world, write_split
 
+from service.compat import selection
+
 CLI = [str(Path(sys.executable).with_name("nobackfill"))]
 EVAL_KEYS = {"method", "alpha", "recall@1", "recall@5", "recall@10", "compatible", "pfr", "nfr"}
 
@@ -41,7 +43,7 @@ def test_fit_writes_profile_and_plot(world: dict[str, Path]) -> None:
     meta = json.loads((profile / "profile.json").read_text())
     assert meta["head"] == "slerp" and meta["fit_on"] == "both" and meta["folds"] == 3
     assert (meta["old_dim"], meta["new_dim"]) == (32, 48)
-    assert meta["old_model_id"] == "synthetic-old" and set(meta["alphas"]) == {"text"}
+    assert meta["old_model_id"] == "standin-old" and set(meta["alphas"]) == {"text"}
     assert 0.0 < meta["alphas"]["text"] < 1.0
 
 
@@ -69,7 +71,7 @@ def test_eval_table_and_profile_show(world: dict[str, Path]) -> None:
     shown = nobackfill("profile", "show", world["profile"])
     assert shown.returncode == 0, shown.stderr
     meta = json.loads((world["profile"] / "profile.json").read_text())
-    for needle in ("residual angle", "synthetic-new", "dim 48", meta["tensors_sha256"], "slerp R@1"):
+    for needle in ("residual angle", "standin-new", "dim 48", meta["tensors_sha256"], "slerp R@1"):
         assert needle in shown.stdout
 
 
@@ -99,7 +101,6 @@ FIT_CASES: dict[str, tuple[Callable[[Path], None], str]] = {
     "rows": (_edit("new_query.npy", lambda a: a[:-3]), "new_query.npy: 1497 rows"),
     "nan": (_edit("old_target.npy", _set_row(np.nan)), "old_target.npy: 1 row(s) with NaN/inf"),
     "inf": (_edit("new_target.npy", _set_row(np.inf)), "new_target.npy: 1 row(s) with NaN/inf"),
-    "zero": (_edit("new_query.npy", _set_row(0.0)), "new_query.npy: 1 all-zero row(s) (first: row 7)"),
     "dims": (_edit("old_target.npy", lambda a: a[:, :20]), "old_target.npy: dimension 20"),
     "garbage": (lambda d: (d / "old_query.npy").write_bytes(b"not numpy"), "old_query.npy: not a readable"),
     "ids": (lambda d: np.save(d / "query_ids.npy", np.arange(3)), "query_ids.npy: 3 ids"),
@@ -150,3 +151,39 @@ def test_eval_bad_inputs(world: dict[str, Path]) -> None:
 
     done = nobackfill("profile", "show", world["root"] / "nowhere")
     assert done.returncode == 2 and "nowhere: profile directory does not exist" in done.stderr
+
+
+def test_fit_report_shows_the_curve_with_standard_errors_and_why_the_head(world: dict[str, Path]) -> None:
+    out = world["root"] / "criteria"
+    done = nobackfill("fit", world["support"], "--out", out, "--folds", "3", "--criterion", "r1")
+    assert done.returncode == 0, done.stderr
+    assert "±" in done.stdout and "arg-max of R@1" in done.stdout
+    assert "head slerp: no blend beats slerp" in done.stdout or "beats slerp on the cross-fitted" in done.stdout
+    rep = json.loads((out / "profile.json").read_text())["fit_report"]
+    rows = rep["support_recall"]["slerp"]
+    assert rep["criterion"] == "r1" and all(r["se@1"] >= 0 for r in rows)
+    best = max(rows, key=lambda r: (r["recall@1"], r["recall@5"], r["recall@10"], -r["alpha"]))
+    assert rep["chosen"]["slerp"]["alpha"] == best["alpha"]  # the arg-max rule, as before
+    # The default one-SE rule picks from the same curve, inside the plateau of the best.
+    default = json.loads((world["profile"] / "profile.json").read_text())["fit_report"]
+    assert default["criterion"] == selection.DEFAULT_CRITERION
+    assert default["eval_gallery"].startswith("old targets of every fold")
+    done = nobackfill("fit", world["support"], "--out", world["root"] / "bad-criterion", "--criterion", "best")
+    assert done.returncode == 2
+
+
+def test_adapter_head_chooses_epochs_on_the_folds_and_compares_with_procrustes(world: dict[str, Path]) -> None:
+    out = world["root"] / "adapter"
+    fast = ("--epochs", "3", "--threads", "1", "--batch-size", "128", "--folds", "2")
+    done = nobackfill("fit", world["support"], "--out", out, "--head", "adapter", *fast)
+    assert done.returncode == 0, done.stderr
+    assert "epochs: " in done.stdout and " of 3 (fewest epochs within one standard error" in done.stdout
+    assert "Procrustes on the held-out folds" in done.stdout
+    rep = json.loads((out / "profile.json").read_text())["fit_report"]
+    assert 1 <= rep["early_stopping"]["epochs"] <= 3 and len(rep["early_stopping"]["curve"]) == 3
+    vs = rep["versus_procrustes"]
+    assert vs["adapter_loses"] == (vs["adapter_alone_r1"] < vs["procrustes_alone_r1"])
+    if vs["adapter_loses"]:
+        assert "warning: the adapter loses to Procrustes" in done.stdout
+    shown = nobackfill("profile", "show", out)
+    assert shown.returncode == 0 and "Procrustes on the held-out folds" in shown.stdout

@@ -15,8 +15,9 @@ a failing `fit` writes nothing (the profile folder appears in one rename at the 
   logits are used for the class counts and to score the head on the support set for the report.
 
 The model ids (and identities: backend, weights fingerprint, dim) come from SUPPORT_DIR/models.json,
-which `nobackfill support build` writes; --old-model-id / --new-model-id override them.  With
-neither, the synthetic world's names are recorded and a warning says they were guessed.
+which `nobackfill support build` (and `synth support`) writes; --old-model-id / --new-model-id override
+them.  With neither, `fit` refuses to guess.  All-zero rows drop their pairs with a warning, counted in
+the fit report (`zero_rows_dropped`) and the eval caption; --strict refuses them.
 """
 
 from __future__ import annotations
@@ -62,6 +63,24 @@ class ModelIds(NamedTuple):
     record: dict[str, Any] | None
 
 
+class Criterion(StrEnum):
+    """How the blend weight is chosen on the cross-fitted curve (service.compat.selection.CRITERIA)."""
+
+    r1 = "r1"
+    mean = "mean"
+    mrr = "mrr"
+    r1_1se = "r1-1se"
+    mean_1se = "mean-1se"
+    mrr_1se = "mrr-1se"
+
+
+class EvalGallery(StrEnum):
+    """Which old targets a held-out fold's queries are ranked against while choosing alpha."""
+
+    support = "support"
+    fold = "fold"
+
+
 class FitOn(StrEnum):
     """Which paired rows R is fitted on."""
 
@@ -88,28 +107,60 @@ def _fmt(x: Any) -> str:
     return str(x)
 
 
+# The score a selection criterion reads off a curve row, and its standard error (see selection.py).
+_SCORE_OF = {"r1": "recall@1", "mean": "mean@1-10", "mrr": "mrr@10"}
+_SE_OF = {"recall@1": "se@1", "mean@1-10": "se_mean@1-10", "mrr@10": "se_mrr@10"}
+
+
+def _console() -> Any:
+    """A rich console for the fit report: the terminal's width, or 200 columns when piped (tables stay unwrapped)."""
+    import sys
+
+    from rich.console import Console
+
+    return Console(soft_wrap=True, width=None if sys.stdout.isatty() else 200)
+
+
+def _criterion_score(report: dict[str, Any]) -> str:
+    """The curve key the report's criterion ranks by (R@1 for reports made before criteria existed)."""
+    return _SCORE_OF.get(str(report.get("criterion", "r1")).removesuffix("-1se"), "recall@1")
+
+
+def _pm(row: dict[str, Any], key: str) -> str:
+    """'0.5612 ±0.0040' when the row has a standard error for key, else the value alone."""
+    se = row.get(_SE_OF.get(key, ""))
+    return f"{row[key]:.4f}" if se is None else f"{row[key]:.4f} ±{se:.4f}"
+
+
 def _recall_table(report: dict[str, Any], title: str) -> Any:
-    """Rich table of support Recall@1/5/10 per alpha for every curve in the report (SLERP, NLERP, ...)."""
+    """Rich table of support Recall@1/5/10 (± standard error) per alpha for every curve, and the criterion's score."""
     from rich.table import Table
 
     curves = report["support_recall"]
-    table = Table(title=title)
+    score = _criterion_score(report)
+    extra = score != "recall@1" and all(score in rows[0] for rows in curves.values())
+    table = Table(title=title, caption=report.get("criterion_text"))
     table.add_column("alpha", justify="right")
     for mode in curves:
         for k in (1, 5, 10):
             table.add_column(f"{mode} R@{k}", justify="right")
+        if extra:
+            table.add_column(f"{mode} {score}", justify="right")
     chosen = {mode: report["chosen"][mode]["alpha"] for mode in curves}
     for i, alpha in enumerate(report["alpha_grid"]):
         cells = [f"{alpha:.1f}"]
         for mode in curves:
+            row = curves[mode][i]
             mark = "*" if chosen[mode] == alpha else ""
-            cells += [f"{curves[mode][i][f'recall@{k}']:.4f}{mark if k == 1 else ''}" for k in (1, 5, 10)]
+            cells += [_pm(row, "recall@1") + mark, f"{row['recall@5']:.4f}", f"{row['recall@10']:.4f}"]
+            if extra:
+                cells.append(_pm(row, score))
         table.add_row(*cells)
     return table
 
 
-def _plot_png(report: dict[str, Any], title: str) -> bytes:
-    """Recall@1 vs alpha for every support curve, chosen weights marked, as PNG bytes (Agg backend)."""
+def _plot_png(panels: list[tuple[dict[str, Any], str]]) -> bytes:
+    """Per (report, title): support R@1 (and the criterion's score) vs alpha with standard-error bars, as PNG."""
     import io
 
     import matplotlib
@@ -117,18 +168,30 @@ def _plot_png(report: dict[str, Any], title: str) -> bytes:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(6, 4), dpi=100)
+    ncols = max(1 + (_criterion_score(rep) != "recall@1") for rep, _ in panels)
+    fig, axes = plt.subplots(len(panels), ncols, figsize=(6 * ncols, 4 * len(panels)), dpi=100, squeeze=False)
     try:
-        for mode, style in zip(report["support_recall"], ("o-", "s--", "^-."), strict=False):
-            rows = report["support_recall"][mode]
-            ax.plot([r["alpha"] for r in rows], [r["recall@1"] for r in rows], style, label=mode)
-            best = report["chosen"][mode]
-            ax.axvline(best["alpha"], linestyle=":", alpha=0.5, color=ax.lines[-1].get_color())
-        ax.set_xlabel("alpha (0 = old query, 1 = mapped new query)")
-        ax.set_ylabel(f"support Recall@1 ({report['selection']})")
-        ax.set_title(title)
-        ax.grid(True, alpha=0.3)
-        ax.legend()
+        for row, (report, title) in zip(axes, panels, strict=True):
+            score = _criterion_score(report)
+            keys = ["recall@1"] + ([score] if score != "recall@1" else [])
+            for ax in row[len(keys) :]:
+                ax.set_visible(False)
+            for ax, key in zip(row, keys, strict=False):
+                for mode, style in zip(report["support_recall"], ("o-", "s--", "^-."), strict=False):
+                    rows = report["support_recall"][mode]
+                    se = [r.get(_SE_OF[key], 0.0) for r in rows]
+                    bars = ax.errorbar(
+                        [r["alpha"] for r in rows], [r[key] for r in rows], yerr=se, fmt=style, capsize=3
+                    )
+                    color = bars.lines[0].get_color()
+                    best = report["chosen"][mode]
+                    ax.axvline(best["alpha"], linestyle=":", alpha=0.5, color=color)
+                    ax.plot([], [], style, color=color, label=f"{mode} (chosen {best['alpha']:.1f})")
+                ax.set_xlabel("alpha (0 = old query, 1 = mapped new query)")
+                ax.set_ylabel(f"support {key} ({report['selection']}), ± 1 s.e.")
+                ax.set_title(f"{title}\n{report.get('criterion_text', 'arg-max of R@1')}", fontsize=9)
+                ax.grid(True, alpha=0.3)
+                ax.legend()
         buf = io.BytesIO()
         fig.savefig(buf, format="png", bbox_inches="tight")
         return buf.getvalue()
@@ -173,11 +236,18 @@ def _check_head_options(head: Head, adapter: dict[str, Any], classes: dict[str, 
         raise InputError(f"{names} only apply to --head psp / lsp, not {head.value}")
 
 
+def _warn_zero_rows(split: Split) -> None:
+    """One warning line on stderr when all-zero rows were dropped from the split."""
+    line = split.zero_rows_line()
+    if line is not None:
+        typer.echo(f"warning: {line} (--strict refuses them)", err=True)
+
+
 def _model_ids(support_dir: Path, split: Split, old_id: str | None, new_id: str | None) -> ModelIds:
     """Ids from SUPPORT_DIR/models.json (written by `support build`), the given ones overriding them.
 
-    Without models.json and without an id the synthetic world's name is recorded, with a warning: the
-    service compares these ids with its encoders', so a guessed id is worth a word.
+    Without models.json both ids must be given: the service compares them with its encoders' and its
+    gallery's, so a guessed id would either refuse a good profile or accept a wrong one.
     """
     from dataclasses import replace
 
@@ -186,14 +256,14 @@ def _model_ids(support_dir: Path, split: Split, old_id: str | None, new_id: str 
 
     found = read_models_json(support_dir)
     if found is None:
-        guessed = [f"--{side}-model-id" for side, given in (("old", old_id), ("new", new_id)) if given is None]
-        if guessed:
-            typer.echo(
-                f"warning: no {support_dir / MODELS_JSON} and no {' / '.join(guessed)}: "
-                "recording the guessed ids synthetic-old / synthetic-new",
-                err=True,
+        missing = [f"--{side}-model-id" for side, given in (("old", old_id), ("new", new_id)) if given is None]
+        if missing:
+            raise InputError(
+                f"{support_dir / MODELS_JSON}: missing; pass {' and '.join(missing)} "
+                "(or build the support set with `nobackfill support build`, which writes it)"
             )
-        return ModelIds(old_id or "synthetic-old", new_id or "synthetic-new", None)
+        assert old_id is not None and new_id is not None
+        return ModelIds(old_id, new_id, None)
     old, new = found
     for identity, dim, side in ((old, split.old_dim, "old"), (new, split.new_dim, "new")):
         if identity.dim != dim:
@@ -207,22 +277,43 @@ def _model_ids(support_dir: Path, split: Split, old_id: str | None, new_id: str 
 
 
 def fit(
-    support_dir: Path = typer.Argument(..., help="Folder with old_query.npy, new_query.npy, old_target.npy, ..."),
+    support_dir: Path | None = typer.Argument(
+        None, help="Folder with old_query.npy, new_query.npy, old_target.npy, ... (queries of --query-modality)."
+    ),
     out: Path = typer.Option(..., "--out", help="Profile folder to write."),
-    head: Head = typer.Option(Head.slerp, help="Default head the profile serves."),
+    head: Head | None = typer.Option(
+        None,
+        help="Default head the profile serves [slerp; nlerp / adaptive when it beats slerp on the cross-fitted "
+        "curve by more than slerp's standard error].",
+    ),
     fit_on: FitOn = typer.Option(FitOn.both, help="Paired rows R (or the adapter) is fitted on."),
     folds: int = typer.Option(5, help="Cross-fitting folds for choosing alpha."),
     query_modality: Modality = typer.Option(Modality.text, help="Query modality the weight is chosen for."),
+    support: list[str] | None = typer.Option(
+        None,
+        "--support",
+        help="MODALITY=DIR, once per query modality (text, image): one R over every folder's pairs, "
+        "the blend weights chosen per modality.  Instead of (or beside) SUPPORT_DIR.",
+    ),
     same_set: bool = typer.Option(False, help="Paper's rule: fit the map and choose alpha on the same support set."),
     old_model_id: str | None = typer.Option(
-        None, help="Old model id to record (default: SUPPORT_DIR/models.json's, else synthetic-old)."
+        None, help="Old model id to record (default: SUPPORT_DIR/models.json's; required without it)."
     ),
     new_model_id: str | None = typer.Option(
-        None, help="New model id to record (default: SUPPORT_DIR/models.json's, else synthetic-new)."
+        None, help="New model id to record (default: SUPPORT_DIR/models.json's; required without it)."
     ),
     eval_queries: int = typer.Option(5000, min=1, help="Held-out queries scored per fold (a seeded sample)."),
     seed: int = typer.Option(0, help="Seed of the fold assignment, the query sample and the adapter."),
+    criterion: Criterion = typer.Option(
+        Criterion.mean_1se, help="How alpha is chosen on the cross-fitted curve (docs/alpha-selection.md)."
+    ),
+    eval_gallery: EvalGallery = typer.Option(
+        EvalGallery.support,
+        help="Held-out gallery a fold's queries are scored against: the old targets of every fold (at most "
+        "50,000; the default) or of the held-out fold only.",
+    ),
     force: bool = typer.Option(False, help="Replace a non-empty --out."),
+    strict: bool = typer.Option(False, help="Refuse all-zero rows instead of dropping their pairs."),
     epochs: int | None = typer.Option(None, min=1, help="Adapter: training epochs [AdapterConfig: 10]."),
     hidden: int | None = typer.Option(None, min=1, help="Adapter: hidden width [AdapterConfig: the input dim]."),
     batch_size: int | None = typer.Option(None, min=3, help="Adapter: batch size [AdapterConfig: 256]."),
@@ -259,10 +350,34 @@ def fit(
     class_opts = {
         k: v for k, v in {"old_classes": old_classes, "top_k": top_k, "class_map": class_map}.items() if v is not None
     }
+    auto_head = head is None
+    head = head or Head.slerp
     # Cheap checks first: bad arguments or files are refused before torch is even imported.
     _check_head_options(head, adapter_opts, class_opts)
     _refuse_existing(out, force)
-    split = load_split(support_dir, require_new_target=fit_on is FitOn.target and head not in CLASS_HEADS)
+    dirs = _support_dirs(support_dir, support or [], query_modality.value)
+    if len(dirs) > 1:
+        _fit_modalities(
+            dirs,
+            out,
+            None if auto_head else head,
+            ModelIds(old_model_id or "", new_model_id or "", None),
+            fit_on=fit_on,
+            folds=folds,
+            same_set=same_set,
+            eval_queries=eval_queries,
+            seed=seed,
+            criterion=criterion.value,
+            eval_gallery=eval_gallery.value,
+            strict=strict,
+            force=force,
+        )
+        return
+    ((modality, support_dir),) = dirs.items()
+    split = load_split(
+        support_dir, require_new_target=fit_on is FitOn.target and head not in CLASS_HEADS, strict=strict
+    )
+    _warn_zero_rows(split)
     ids = _model_ids(support_dir, split, old_model_id, new_model_id)
     if head in CLASS_HEADS:
         _fit_classes(split, out, head, ids, old_classes, top_k, _parse_class_map(class_map), force)
@@ -281,12 +396,11 @@ def fit(
             same_set=same_set,
             eval_queries=eval_queries,
             seed=seed,
-            modality=query_modality.value,
+            modality=modality,
             force=force,
+            criterion=criterion.value,
         )
         return
-
-    from rich.console import Console
 
     from service.compat import selection
     from service.compat.profile import CompatProfile, save_profile
@@ -298,8 +412,12 @@ def fit(
         same_set=same_set,
         max_eval_queries=eval_queries,
         seed=seed,
+        criterion=criterion.value,
+        eval_gallery=eval_gallery.value,
     )
-    modality = query_modality.value
+    why = None
+    if auto_head:
+        head, why = Head(result.report["best_head"]["head"]), result.report["best_head"]["why"]
     head_alpha = 1.0 if head is Head.aligned else result.params[head.value].get("alpha", result.params["adaptive"]["a"])
     profile = CompatProfile(
         head=head.value,
@@ -312,22 +430,159 @@ def fit(
         params={modality: result.params},
         fit_on=fit_on.value,
         folds=int(result.report["folds"]),
-        fit_report={**result.report, "query_modality": modality},
+        fit_report={**result.report, "query_modality": modality, "zero_rows_dropped": split.zero_rows},
         tensors={"R": result.rotation},
     )
     title = f"{split.new_dim} -> {split.old_dim}, {modality} queries, fit on {fit_on.value}"
-    png = _plot_png(result.report, title)
+    png = _plot_png([(result.report, title)])
     saved = save_profile(profile, out, overwrite=force, extra_files={PLOT_NAME: png})
 
-    console = Console(soft_wrap=True)
+    console = _console()
     console.print(_recall_table(result.report, f"support recall ({result.report['selection']}, * = chosen)"))
     ad = result.params["adaptive"]
     console.print(
-        f"chosen alpha ({modality}): slerp {result.params['slerp']['alpha']:.1f}, "
+        f"chosen alpha ({modality}, {result.report['criterion_text']}): slerp {result.params['slerp']['alpha']:.1f}, "
         f"nlerp {result.params['nlerp']['alpha']:.1f}, "
         f"adaptive a={ad['a']:.1f} b={ad['b']:g} c_ref={ad['c_ref']:.4f}; "
         f"head {head.value} -> alpha {head_alpha:.2f}"
     )
+    if why is not None:
+        console.print(f"head {head.value}: {why}")
+    console.print(f"wrote profile {saved.profile_id} to {out} (plot: {out / PLOT_NAME})")
+
+
+def _support_dirs(support_dir: Path | None, specs: list[str], modality: str) -> dict[str, Path]:
+    """Query modality -> support folder, from SUPPORT_DIR (for --query-modality) and every --support MODALITY=DIR."""
+    from service.errors import InputError
+
+    dirs: dict[str, Path] = {}
+    if support_dir is not None:
+        dirs[modality] = support_dir
+    for spec in specs:
+        name, sep, folder = spec.partition("=")
+        if not sep or not folder:
+            raise InputError(f"--support expects MODALITY=DIR, got {spec!r}")
+        if name not in Modality.__members__:
+            raise InputError(f"--support {spec}: modality must be one of {', '.join(Modality.__members__)}")
+        if name in dirs:
+            raise InputError(f"--support {spec}: {name} queries already come from {dirs[name]}")
+        dirs[name] = Path(folder)
+    if not dirs:
+        raise InputError("no support set: pass SUPPORT_DIR or --support MODALITY=DIR")
+    return dirs
+
+
+def _fit_modalities(
+    dirs: dict[str, Path],
+    out: Path,
+    head: Head | None,
+    given: ModelIds,
+    *,
+    fit_on: FitOn,
+    folds: int,
+    same_set: bool,
+    eval_queries: int,
+    seed: int,
+    criterion: str,
+    eval_gallery: str,
+    strict: bool,
+    force: bool,
+) -> None:
+    """Several --support folders: one R over all their pairs, the blend weights chosen per query modality."""
+    from service.compat import selection
+    from service.compat.io import load_split
+    from service.compat.profile import PROCRUSTES_HEADS, CompatProfile, save_profile
+    from service.errors import InputError
+
+    if head is not None and head.value not in PROCRUSTES_HEADS:
+        raise InputError(
+            f"--head {head.value} fits one query modality; several --support folders need "
+            f"{' / '.join(PROCRUSTES_HEADS)}"
+        )
+    splits = {m: load_split(d, require_new_target=fit_on is FitOn.target, strict=strict) for m, d in dirs.items()}
+    first = next(iter(splits))
+    for m, s in splits.items():
+        _warn_zero_rows(s)
+        if (s.old_dim, s.new_dim) != (splits[first].old_dim, splits[first].new_dim):
+            raise InputError(
+                f"{dirs[m]}: {m} pairs are {s.new_dim} -> {s.old_dim}, but the {first} pairs in {dirs[first]} are "
+                f"{splits[first].new_dim} -> {splits[first].old_dim}"
+            )
+    ids = {m: _model_ids(dirs[m], s, given.old or None, given.new or None) for m, s in splits.items()}
+    for m, i in ids.items():
+        if (i.old, i.new, i.record) != (ids[first].old, ids[first].new, ids[first].record):
+            raise InputError(
+                f"{dirs[m]}: models {i.old} -> {i.new} differ from {dirs[first]}'s {ids[first].old} -> "
+                f"{ids[first].new}; one profile serves one model pair"
+            )
+    fitted = selection.fit_modalities(
+        splits,
+        fit_on=fit_on.value,
+        folds=folds,
+        same_set=same_set,
+        max_eval_queries=eval_queries,
+        seed=seed,
+        criterion=criterion,
+        eval_gallery=eval_gallery,  # type: ignore[arg-type]
+    )
+    why = None
+    if head is None:
+        favoured = {fitted.reports[m]["best_head"]["head"] for m in splits}
+        agree = len(favoured) == 1
+        head = Head(next(iter(favoured))) if agree else Head.slerp
+        why = "; ".join(f"{m}: {fitted.reports[m]['best_head']['why']}" for m in splits)
+        if not agree:
+            why += " (the modalities disagree, so slerp serves them all)"
+
+    def head_alpha(params: dict[str, dict[str, float]]) -> float:
+        return 1.0 if head is Head.aligned else params[head.value].get("alpha", params["adaptive"]["a"])
+
+    first_rep = fitted.reports[first]
+    report: dict[str, Any] = {
+        **{k: first_rep[k] for k in ("selection", "criterion", "criterion_text", "folds", "fit_on", "eval_gallery")},
+        "query_modalities": list(splits),
+        "fit_rows": first_rep["fit_rows_all_modalities"],
+        "support_queries": sum(len(s.old_query) for s in splits.values()),
+        "support_targets": sum(len(s.old_target) for s in splits.values()),
+        "modalities": {m: {**fitted.reports[m], "support_dir": str(dirs[m])} for m in splits},
+        "zero_rows_dropped": {f"{m}/{f}": c for m, s in splits.items() for f, c in s.zero_rows.items()},
+    }
+    profile = CompatProfile(
+        head=head.value,
+        old_model_id=ids[first].old,
+        new_model_id=ids[first].new,
+        models=ids[first].record,
+        old_dim=splits[first].old_dim,
+        new_dim=splits[first].new_dim,
+        alphas={m: float(head_alpha(fitted.params[m])) for m in splits},
+        params=fitted.params,
+        fit_on=fit_on.value,
+        folds=int(first_rep["folds"]),
+        fit_report=report,
+        tensors={"R": fitted.rotation},
+    )
+    png = _plot_png(
+        [
+            (fitted.reports[m], f"{splits[m].new_dim} -> {splits[m].old_dim}, {m} queries, fit on {fit_on.value}")
+            for m in splits
+        ]
+    )
+    saved = save_profile(profile, out, overwrite=force, extra_files={PLOT_NAME: png})
+
+    console = _console()
+    for m in splits:
+        console.print(_recall_table(fitted.reports[m], f"{m} queries: support recall ({first_rep['selection']})"))
+        p = fitted.params[m]
+        console.print(
+            f"chosen alpha ({m}): slerp {p['slerp']['alpha']:.1f}, nlerp {p['nlerp']['alpha']:.1f}, "
+            f"adaptive a={p['adaptive']['a']:.1f} b={p['adaptive']['b']:g} c_ref={p['adaptive']['c_ref']:.4f}"
+        )
+    console.print(
+        f"one R over {report['fit_rows']} pairs of {', '.join(splits)} queries ({first_rep['criterion_text']}); "
+        f"head {head.value} -> alphas " + ", ".join(f"{m} {a:.2f}" for m, a in profile.alphas.items())
+    )
+    if why is not None:
+        console.print(f"head {head.value}: {why}")
     console.print(f"wrote profile {saved.profile_id} to {out} (plot: {out / PLOT_NAME})")
 
 
@@ -346,15 +601,21 @@ def _fit_adapter(
     seed: int,
     modality: str,
     force: bool,
+    criterion: str,
 ) -> None:
-    """--head adapter / adapter+slerp: train the MKP adapter (cross-fitting alpha for adapter+slerp), save."""
+    """--head adapter / adapter+slerp: train the MKP adapter, save.
+
+    Cross-fitted (the default): one adapter per fold on the other folds, scored on its held-out fold
+    after every epoch; the epochs are chosen by early stopping there (selection.fit_mapped_slerp), the
+    final adapter trains for that many, and adapter+slerp's alpha is chosen at that epoch.  The report
+    compares the adapter with Procrustes on the same held-out folds.  --same-set trains once, all epochs.
+    """
     import sys
 
     import torch
-    from rich.console import Console
 
     from service.compat import selection
-    from service.compat.adapter import AdapterConfig, TrainedAdapter, train_adapter
+    from service.compat.adapter import AdapterConfig, EpochHook, TrainedAdapter, train_adapter
     from service.compat.profile import CompatProfile, save_profile
     from service.errors import InputError
 
@@ -364,14 +625,19 @@ def _fit_adapter(
         raise InputError(f"adapter options: {exc}") from exc
     progress = sys.stderr.isatty()
 
-    def fit_map(new: selection.F32, old: selection.F32) -> TrainedAdapter:
-        return train_adapter(new, old, config, progress=progress)
+    def fit_map(
+        new: selection.F32,
+        old: selection.F32,
+        on_epoch: EpochHook | None = None,
+        stop_after: int | None = None,
+    ) -> TrainedAdapter:
+        return train_adapter(new, old, config, progress=progress, on_epoch=on_epoch, stop_after=stop_after)
 
     before = torch.get_num_threads()
     if threads is not None:
         torch.set_num_threads(threads)
     try:
-        if head is Head.adapter:
+        if head is Head.adapter and same_set:
             new, old, blocks = selection.support_pairs(split, fit_on)  # type: ignore[arg-type]
             adapter = fit_map(new, old)
             report: dict[str, Any] = {
@@ -394,10 +660,17 @@ def _fit_adapter(
                 same_set=same_set,
                 max_eval_queries=eval_queries,
                 seed=seed,
+                criterion=criterion,
+                early_stop=not same_set,
             )
             adapter, report = result.mapper, result.report
             alphas = {modality: result.alpha}
             params = {modality: {head.value: {"alpha": result.alpha}}}
+            if head is Head.adapter:
+                # The adapter head serves the map alone: the SLERP curve only fed the comparison.
+                report = {k: v for k, v in report.items() if k not in ("support_recall", "chosen", "alpha_grid")}
+                report["selection"] = f"none (no weight to choose); epochs by early stopping on {folds} folds"
+                alphas, params = {modality: 1.0}, {}
     finally:
         torch.set_num_threads(before)
     profile = CompatProfile(
@@ -408,7 +681,7 @@ def _fit_adapter(
         params=params,
         fit_on=fit_on,
         folds=int(report["folds"]),
-        fit_report={**report, "query_modality": modality},
+        fit_report={**report, "query_modality": modality, "zero_rows_dropped": split.zero_rows},
         tensors={k: v.numpy() for k, v in adapter.state_dict_tensors().items()},
         adapter=adapter.meta(),
         old_model_id=ids.old,
@@ -418,10 +691,10 @@ def _fit_adapter(
     extra = {}
     if "support_recall" in report:
         title = f"{split.new_dim} -> {split.old_dim} adapter, {modality} queries, fit on {fit_on}"
-        extra[PLOT_NAME] = _plot_png(report, title)
+        extra[PLOT_NAME] = _plot_png([(report, title)])
     saved = save_profile(profile, out, overwrite=force, extra_files=extra)
 
-    console = Console(soft_wrap=True)
+    console = _console()
     if "support_recall" in report:
         console.print(_recall_table(report, f"support recall ({report['selection']}, * = chosen)"))
         console.print(f"chosen alpha ({modality}): {head.value} {alphas[modality]:.1f}")
@@ -431,7 +704,25 @@ def _fit_adapter(
         f"{adapter.report.get('steps')} steps, {adapter.report.get('seconds')} s on {adapter.report.get('device')}, "
         f"final loss {last.get('total', float('nan')):.4f}"
     )
+    for line in _adapter_verdict(report):
+        console.print(line)
     console.print(f"wrote profile {saved.profile_id} to {out}" + (f" (plot: {out / PLOT_NAME})" if extra else ""))
+
+
+def _adapter_verdict(report: dict[str, Any]) -> list[str]:
+    """The early-stopping choice and the held-out comparison with Procrustes, as printable lines."""
+    lines = []
+    stop = report.get("early_stopping")
+    if stop:
+        curve = ", ".join(f"{r['epoch']}: {r[stop['score']]:.4f}" for r in stop["curve"])
+        lines.append(
+            f"epochs: {stop['epochs']} of {stop['max_epochs']} ({stop['rule']}; held-out {stop['score']} by epoch: "
+            f"{curve})"
+        )
+    vs = report.get("versus_procrustes")
+    if vs:
+        lines.append(("warning: " if vs["adapter_loses"] else "") + vs["verdict"])
+    return lines
 
 
 def _fit_classes(
@@ -472,6 +763,7 @@ def _fit_classes(
         "support_queries": len(split.old_query),
         "support_targets": len(split.old_target),
         "prototype_rotation_deg": math.degrees(rotation),
+        "zero_rows_dropped": split.zero_rows,
     }
     profile = CompatProfile(
         head=head.value,
@@ -481,7 +773,7 @@ def _fit_classes(
         params={},
         fit_on="none",
         folds=0,
-        fit_report=report,
+        fit_report=report,  # support_eval is added below, before saving
         tensors={"P_tk": p_tk.astype(np.float32)},
         classes=classes,
         old_model_id=ids.old,
@@ -532,6 +824,7 @@ def evaluate(
         None, help="Modality whose weights to use (default: the profile's only fitted modality)."
     ),
     as_json: bool = typer.Option(False, "--json", help="Print only a JSON list of rows."),
+    strict: bool = typer.Option(False, help="Refuse all-zero rows instead of dropping their pairs."),
 ) -> None:
     """Compare every head the profile has with old->old (and new->new) on a test split, with flips."""
     from service.compat.io import load_split
@@ -548,7 +841,8 @@ def evaluate(
         if len(fitted) != 1:
             raise InputError(f"profile fits modalities {', '.join(fitted) or 'none'}; pick one with --query-modality")
         modality = fitted[0]
-    split = load_split(test_dir, old_dim=profile.old_dim, new_dim=profile.new_dim)
+    split = load_split(test_dir, old_dim=profile.old_dim, new_dim=profile.new_dim, strict=strict)
+    _warn_zero_rows(split)
 
     from service.compat.evaluation import COLUMNS
     from service.compat.evaluation import evaluate as run_eval
@@ -563,18 +857,19 @@ def evaluate(
         "classes" if profile.head in CLASS_FAMILY else "adapter" if profile.head in ADAPTER_FAMILY else "procrustes"
     )
     caption = _CAPTIONS[family].format(head=profile.head)
+    if split.zero_rows:
+        caption += f"; {split.zero_rows_line()}"
     title = f"profile {profile.profile_id} ({profile.head}) on {test_dir} ({modality} queries)"
     Console().print(_eval_table(rows, title, caption))
 
 
 def _show_text(profile: CompatProfile, directory: Path) -> None:
     """Human-readable dump of a profile and its fit report, whatever its head."""
-    from rich.console import Console
 
     from service.compat.profile import ADAPTER_HEADS as ADAPTER_FAMILY
     from service.compat.profile import CLASS_HEADS as CLASS_FAMILY
 
-    console = Console(soft_wrap=True)
+    console = _console()
     rep = profile.fit_report
     console.print(f"profile {profile.profile_id}  ({directory})")
     console.print(f"  head {profile.head}; modes {', '.join(profile.modes())}")
@@ -604,20 +899,33 @@ def _show_text(profile: CompatProfile, directory: Path) -> None:
     for modality, params in profile.params.items():
         for mode, p in params.items():
             console.print(f"  {modality}/{mode}: " + ", ".join(f"{k}={v:.4g}" for k, v in p.items()))
+    console.print(f"  tensors sha256 {profile.tensors_sha256}; created {profile.created_at}")
+    # A profile fitted on several --support folders keeps one selection report per query modality.
+    for modality, sub in rep.get("modalities", {"": rep}).items():
+        _show_selection(console, sub, modality)
+    if "support_eval" in rep:
+        console.print(_eval_table(rep["support_eval"], "on the support logits", None))
+
+
+def _show_selection(console: Any, rep: dict[str, Any], modality: str) -> None:
+    """The chosen weights, residual angles and support curve of one selection report."""
+    prefix = f"  {modality} queries: " if modality else "  "
+    if modality and "support_dir" in rep:
+        console.print(f"{prefix}support {rep['support_dir']} ({rep.get('support_queries')} queries)")
     for mode, best in rep.get("chosen", {}).items():
         recalls = ", ".join(f"R@{k} {best[f'recall@{k}']:.4f}" for k in (1, 5, 10) if f"recall@{k}" in best)
-        console.print(f"  chosen {mode}: support {recalls}")
+        console.print(f"{prefix}chosen {mode}: support {recalls}")
+    if "best_head" in rep:
+        console.print(f"{prefix}best head {rep['best_head']['head']}: {rep['best_head']['why']}")
     for key in ("residual_angle_deg", "residual_angle_deg_out_of_fold"):
         if key in rep:
             stats = ", ".join(f"{k} {v:.2f}" for k, v in rep[key].items())
-            console.print(f"  {key.replace('_deg', '').replace('_', ' ')} (degrees): {stats}")
+            console.print(f"{prefix}{key.replace('_deg', '').replace('_', ' ')} (degrees): {stats}")
     if "fold_fit_seconds" in rep:
-        console.print(f"  fold fits (s): {', '.join(f'{x:.2f}' for x in rep['fold_fit_seconds'])}")
-    console.print(f"  tensors sha256 {profile.tensors_sha256}; created {profile.created_at}")
+        console.print(f"{prefix}fold fits (s): {', '.join(f'{x:.2f}' for x in rep['fold_fit_seconds'])}")
     if "support_recall" in rep:
-        console.print(_recall_table(rep, f"support recall ({rep.get('selection')}, * = chosen)"))
-    if "support_eval" in rep:
-        console.print(_eval_table(rep["support_eval"], "on the support logits", None))
+        label = f"{modality} queries: " if modality else ""
+        console.print(_recall_table(rep, f"{label}support recall ({rep.get('selection')}, * = chosen)"))
 
 
 def _show_adapter(console: Any, profile: CompatProfile) -> None:
@@ -637,6 +945,8 @@ def _show_adapter(console: Any, profile: CompatProfile) -> None:
         f"  adapter training: {tr.get('pairs')} pairs, {tr.get('steps')} steps, {tr.get('seconds')} s on "
         f"{tr.get('device')} ({tr.get('autocast')}); final loss {_fmt(loss)}"
     )
+    for line in _adapter_verdict(profile.fit_report):
+        console.print("  " + line)
 
 
 def _show_classes(console: Any, profile: CompatProfile) -> None:

@@ -6,11 +6,17 @@ Item ranges (so no support item is ever a gallery or test item):
 - `synth support` uses items from SUPPORT_FIRST_ITEM = 10^12 upward.
 Both write models.json (the two synthetic models' identities) as `support build` does, so `fit`
 records the right ids without being told.
+
+--modality picks the query side: text (default) queries a caption against the items' image views,
+image queries the image view against the items' captions (an image -> text upgrade), so one set of
+support items gives a text and an image support set for a profile that serves both
+(`fit --support text=DIR --support image=DIR`).
 """
 
 from __future__ import annotations
 
 import json
+from enum import StrEnum
 from pathlib import Path
 from typing import Any
 
@@ -20,13 +26,23 @@ import typer
 
 app = typer.Typer(no_args_is_help=True)
 
+
+class QueryModality(StrEnum):
+    """Which side of a synthetic pair is the query."""
+
+    text = "text"
+    image = "image"
+
+
 SUPPORT_FIRST_ITEM = 10**12
 SUPPORT_CAPTION = 0
 TEST_CAPTION = 1
 
 
-def _write(out: Path, query_items: np.ndarray, target_items: np.ndarray, caption: int, force: bool) -> None:
-    """Encode captions (queries) and image views (targets) with both simulated models; write the folder."""
+def _write(
+    out: Path, query_items: np.ndarray, target_items: np.ndarray, caption: int, force: bool, modality: str = "text"
+) -> None:
+    """Encode queries and targets with both simulated models (text: caption -> image, image: image -> caption)."""
     from service.bulk.support import models_json
     from service.encoders.identity import MODELS_JSON, ModelIdentity
     from service.encoders.synthetic import IMAGE_VIEW, SyntheticNewEncoder, SyntheticOldEncoder
@@ -35,11 +51,12 @@ def _write(out: Path, query_items: np.ndarray, target_items: np.ndarray, caption
     if out.exists() and any(out.iterdir()) and not force:
         raise InputError(f"{out} exists and is not empty (use --force to overwrite)")
     old, new = SyntheticOldEncoder(), SyntheticNewEncoder()
+    query_view, target_view = (caption, IMAGE_VIEW) if modality == "text" else (IMAGE_VIEW, caption)
     arrays: dict[str, npt.NDArray[Any]] = {
-        "old_query.npy": old.encode_items(query_items, caption),
-        "new_query.npy": new.encode_items(query_items, caption),
-        "old_target.npy": old.encode_items(target_items, IMAGE_VIEW),
-        "new_target.npy": new.encode_items(target_items, IMAGE_VIEW),
+        "old_query.npy": old.encode_items(query_items, query_view),
+        "new_query.npy": new.encode_items(query_items, query_view),
+        "old_target.npy": old.encode_items(target_items, target_view),
+        "new_target.npy": new.encode_items(target_items, target_view),
         "query_ids.npy": query_items.astype(np.int64),
         "target_ids.npy": target_items.astype(np.int64),
     }
@@ -52,7 +69,8 @@ def _write(out: Path, query_items: np.ndarray, target_items: np.ndarray, caption
     old_model, new_model = (
         ModelIdentity(f"synthetic-{r}", e.model_id, None, e.dim) for r, e in (("old", old), ("new", new))
     )
-    models = models_json(old_model, new_model, "text", "image", len(query_items), targets=len(target_items))
+    target_modality = "image" if modality == "text" else "text"
+    models = models_json(old_model, new_model, modality, target_modality, len(query_items), targets=len(target_items))
     (out / MODELS_JSON).write_text(json.dumps(models, indent=2) + "\n", encoding="utf-8")
     typer.echo(f"wrote {len(query_items):,} queries and {len(target_items):,} targets to {out}")
 
@@ -62,10 +80,13 @@ def support(
     n: int = typer.Option(20_000, "--n", min=1, help="Support pairs (caption query + image target per item)."),
     out: Path = typer.Option(..., "--out", help="Folder to write."),
     force: bool = typer.Option(False, "--force", help="Overwrite a non-empty folder."),
+    modality: QueryModality = typer.Option(
+        QueryModality.text, help="Query modality: text (caption -> image) or image (image -> caption)."
+    ),
 ) -> None:
     """A support set for `nobackfill fit`, from items disjoint from every gallery."""
     items = np.arange(SUPPORT_FIRST_ITEM, SUPPORT_FIRST_ITEM + n, dtype=np.int64)
-    _write(out, items, items, SUPPORT_CAPTION, force)
+    _write(out, items, items, SUPPORT_CAPTION, force, modality.value)
 
 
 @app.command("test")
@@ -75,6 +96,9 @@ def test(
     gallery_size: int | None = typer.Option(None, "--gallery-size", min=1, help="Targets: items 0..G-1 (default N)."),
     seed: int = typer.Option(0, "--seed", help="Which gallery items are queried."),
     force: bool = typer.Option(False, "--force", help="Overwrite a non-empty folder."),
+    modality: QueryModality = typer.Option(
+        QueryModality.text, help="Query modality: text (caption -> image) or image (image -> caption)."
+    ),
 ) -> None:
     """A test set for `nobackfill eval`: captions of gallery items against the gallery's image views."""
     from service.errors import InputError
@@ -84,4 +108,4 @@ def test(
         raise InputError(f"--n {n} is more than the {size} gallery items to query")
     targets = np.arange(size, dtype=np.int64)
     queries = np.sort(np.random.default_rng(seed).choice(size, n, replace=False)).astype(np.int64)
-    _write(out, queries, targets, TEST_CAPTION, force)
+    _write(out, queries, targets, TEST_CAPTION, force, modality.value)
