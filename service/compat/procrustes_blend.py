@@ -72,7 +72,7 @@ class Pair:
     old: Array  # [n, d_old] as given
     head: Array  # [n, d_old] = new @ B: the first d_old coordinates of pad(new) R
     old_norm: F64
-    new_norm: F64  # |new| = |pad(new) R|
+    new_norm: F64  # |pad(new) R|: |new| when padded (R orthogonal), |new @ R| itself otherwise
     padded: bool  # R is wider than d_old: v has coordinates past d_old
     cos: F64
     sin: F64
@@ -85,6 +85,12 @@ class Pair:
         head = new @ block
         old_norm = np.sqrt(_row_dots(old, old))
         new_norm = np.sqrt(_row_dots(new, new))
+        if not padded:
+            # v is all of new @ R here: scale it by its own length, which equals |new| only up to R's
+            # float32 error (~1e-7).  With |v| = 1 exactly, sin = sqrt(1 - cos^2) is |v - cos u|; with
+            # |new| it is off by that error over sin^2, ~10% just outside the fallback band.
+            mapped = np.sqrt(_row_dots(head, head))
+            new_norm = np.where(mapped > 0, mapped, new_norm)
         cos = np.clip(_row_dots(old, head) / (old_norm * new_norm), -1.0, 1.0)
         sin = np.sqrt(1.0 - cos * cos)
         degenerate = sin < _FALLBACK_SIN
