@@ -21,6 +21,8 @@ Names carry the `nobackfill_` prefix and their unit; every label has a small, fi
     nobackfill_residual_angle_radians                     histogram  theta between u and v, per query
     nobackfill_zero_embedding_fallbacks_total{answered_by} counter   old|new|none: an encoder gave an all-zero
                                                                      row, the other endpoint answered alone
+    nobackfill_event_loop_lag_seconds                     gauge      how late the event loop wakes (decaying max)
+    nobackfill_shed_requests_total                        counter    searches refused 503 while the loop lagged
     nobackfill_build_info / _profile_info / _gallery_info info
 
 Cache events: `hit` and `miss` count keys (a lookup that failed or was skipped returns misses, so
@@ -162,6 +164,17 @@ ZERO_EMBEDDING_FALLBACKS = Counter(
     "nobackfill_zero_embedding_fallbacks_total",
     "Queries answered by one endpoint alone (or by nothing) because an encoder gave an all-zero row.",
     ["answered_by"],
+    registry=REGISTRY,
+)
+EVENT_LOOP_LAG = Gauge(
+    "nobackfill_event_loop_lag_seconds",
+    "How late the event loop wakes a timer (a decaying maximum): the queue no counter sees.",
+    multiprocess_mode="livemax",
+    registry=REGISTRY,
+)
+SHED_REQUESTS = Counter(
+    "nobackfill_shed_requests_total",
+    "Searches refused with 503 before any work because the event loop ran late.",
     registry=REGISTRY,
 )
 BUILD_INFO = Info("nobackfill_build", "Service version and build.", registry=INFO_REGISTRY)

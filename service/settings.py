@@ -117,6 +117,9 @@ class ApiSettings(BaseModel):
     max_body_bytes: int = Field(16 * 1024 * 1024, ge=1024)
     max_k: int = Field(1000, ge=1)
     max_in_flight: int = Field(256, ge=1)
+    # While the event loop wakes later than this, searches are refused with 503 before their body is
+    # read (api/admission.py): the queue past the CPU's capacity, which max_in_flight never sees.  0: off.
+    shed_lag_ms: float = Field(150.0, ge=0)
     # SIGTERM: in-flight requests get this long to finish before the process exits anyway; keep it
     # below the orchestrator's grace period (Kubernetes terminationGracePeriodSeconds, default 30).
     shutdown_grace_s: int = Field(20, ge=1)

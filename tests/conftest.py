@@ -23,6 +23,9 @@ import redis
 
 NOBACKFILL = [sys.executable, "-m", "service.cli"]
 REDIS_SERVER = shutil.which("redis-server")
+# Load shedding reacts to event-loop lag, and in-process tests share their loop with blocking test
+# code on a busy 2-core box: off here (and in the processes tests start), on where a test asks for it.
+os.environ.setdefault("NOBACKFILL_API__SHED_LAG_MS", "0")
 WORLD_GALLERY_SIZE = 20_000
 WORLD_SUPPORT_SIZE = 4_000
 

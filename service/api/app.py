@@ -17,6 +17,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from service import __version__, metrics
 from service.api import admin
+from service.api.admission import LoadShedder, LoopLag
 from service.api.boundary import BodyLimit, RequestBoundary, reraise_in_tree
 from service.api.metrics_server import MetricsServer
 from service.api.openapi import publish_limits
@@ -128,11 +129,13 @@ class OneLineStartupRefusal:
 def create_app(settings: Settings | None = None) -> FastAPI:
     """Build the app; the heavy loading happens in the lifespan, not at import or construction."""
     settings = settings or Settings()
+    loop_lag = LoopLag()
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         app.state.tasks = set()
         metrics.BUILD_INFO.info({"version": __version__})
+        loop_lag.start()
         metrics_server = None
         try:
             app.state.pipeline = await Pipeline.build(settings)
@@ -146,6 +149,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         try:
             yield
         finally:
+            await loop_lag.stop()
             if metrics_server is not None:
                 await metrics_server.stop()
             pipeline: Pipeline = app.state.pipeline
@@ -169,6 +173,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     # Added innermost first: RequestMetrics sees the status the boundary sends, BodyLimit's 413 is
     # rendered by the boundary like any other error.
     app.add_middleware(BodyLimit, max_bytes=settings.api.max_body_bytes)
+    # Before the body is read: shedding must cost less than serving (api/admission.py).
+    app.add_middleware(LoadShedder, lag=loop_lag, limit_ms=settings.api.shed_lag_ms)
     app.add_middleware(RequestBoundary, access_log_on=settings.api.access_log)
     app.add_middleware(RequestMetrics)
     app.add_middleware(OneLineStartupRefusal)

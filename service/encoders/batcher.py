@@ -47,7 +47,7 @@ import numpy as np
 
 from service import metrics
 from service.encoders.base import Embeddings, Encoder, Modality
-from service.errors import EncoderFailed, EncoderTimeout, NotReady
+from service.errors import EncoderFailed, EncoderTimeout, NobackfillError, NotReady
 
 log = logging.getLogger(__name__)
 
@@ -359,6 +359,9 @@ class MicroBatcher:
             metrics.ENCODER_FAILURES.labels(encoder=self.name, reason="raised").inc()
             if len(batch) > 1:
                 return False
+            if isinstance(exc, NobackfillError):  # ours on purpose (e.g. `external` refusing content): as is
+                self._fail(batch, exc)
+                return True
             failed = EncoderFailed(f"encoder {self.name!r} failed on {len(items)} input(s)")
             failed.__cause__ = exc  # for the server log; the response names nothing of it
             self._fail(batch, failed)
