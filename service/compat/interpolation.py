@@ -111,9 +111,7 @@ def _finish(q: npt.NDArray[np.float64]) -> Array:
     return _unit64(q).astype(np.float32)
 
 
-def slerp(
-    u: npt.NDArray[np.floating], v: npt.NDArray[np.floating], alpha: AlphaLike, axes: int | None = None
-) -> Array:
+def slerp(u: npt.NDArray[np.floating], v: npt.NDArray[np.floating], alpha: AlphaLike, axes: int | None = None) -> Array:
     """Spherical interpolation: the point at angle alpha * theta from u on the arc to v (unit rows)."""
     return slerp_on(geometry(u, v, axes), alpha)
 
@@ -131,9 +129,7 @@ def slerp_on(g: Geometry, alpha: AlphaLike) -> Array:
     return _finish(q)
 
 
-def nlerp(
-    u: npt.NDArray[np.floating], v: npt.NDArray[np.floating], alpha: AlphaLike, axes: int | None = None
-) -> Array:
+def nlerp(u: npt.NDArray[np.floating], v: npt.NDArray[np.floating], alpha: AlphaLike, axes: int | None = None) -> Array:
     """Normalised linear interpolation normalise((1-alpha) u + alpha v) of unit rows (unit rows out)."""
     u64, v64 = _unit64(u), _unit64(v)
     a = _alpha_column(alpha, u64.shape[0])
