@@ -21,7 +21,7 @@ Names carry the `nobackfill_` prefix and their unit; every label has a small, fi
     nobackfill_residual_angle_radians                     histogram  theta between u and v, per query
     nobackfill_zero_embedding_fallbacks_total{answered_by} counter   old|new|none: an encoder gave an all-zero
                                                                      row, the other endpoint answered alone
-    nobackfill_event_loop_lag_seconds                     gauge      how late the event loop wakes (decaying max)
+    nobackfill_event_loop_lag_seconds                     gauge      how late the event loop wakes (moving average)
     nobackfill_shed_requests_total                        counter    searches refused 503 while the loop lagged
     nobackfill_build_info / _profile_info / _gallery_info info
 
@@ -168,7 +168,7 @@ ZERO_EMBEDDING_FALLBACKS = Counter(
 )
 EVENT_LOOP_LAG = Gauge(
     "nobackfill_event_loop_lag_seconds",
-    "How late the event loop wakes a timer (a decaying maximum): the queue no counter sees.",
+    "How late the event loop wakes a timer (a moving average): the queue no counter sees.",
     multiprocess_mode="livemax",
     registry=REGISTRY,
 )

@@ -3,14 +3,16 @@
 Past the CPU's capacity, requests queue where no counter of ours sees them: in the sockets and in
 the event loop's backlog of ready callbacks, before the app is called.  `max_in_flight` (the queries
 inside the pipeline) never fills then, and every request waits seconds.  The loop's lateness is the
-measure of that hidden queue: LoopLag sleeps TICK_S again and again and keeps a decaying maximum of
+measure of that hidden queue: LoopLag sleeps TICK_S again and again and keeps a moving average of
 how late it woke.  While it is over `api.shed_lag_ms`, LoadShedder refuses a search before its body
 is read or parsed (503 overloaded, Retry-After), which costs the loop far less than serving it, so
 the backlog drains and the requests it lets in keep a bounded latency.  Only POST /v1/search is
 shed: health, readiness, metrics and admin calls always get through.
 
-    lag(t) = max(late(t), DECAY * lag(t - TICK_S))      late = how long past its deadline a tick woke
-With TICK_S = 10 ms and DECAY = 0.9 a spike halves in about 70 ms once the loop is on time again.
+    lag <- (1 - WEIGHT) * lag + WEIGHT * late          late = how long past its deadline a tick woke
+An average, not a maximum: one stall (a GC pass, a noisy neighbour taking the core for 200 ms) moves
+it by WEIGHT of the stall and sheds nothing; a loop that is late tick after tick (overload) reaches
+its true lateness within a few dozen ticks.
 """
 
 from __future__ import annotations
@@ -24,12 +26,12 @@ from service import metrics
 from service.errors import Overloaded
 
 TICK_S = 0.01
-DECAY = 0.9
+WEIGHT = 0.1
 SHED_PATHS = frozenset({"/v1/search"})
 
 
 class LoopLag:
-    """How late the running event loop wakes a timer: a decaying maximum, in seconds."""
+    """How late the running event loop wakes a timer: a moving average, in seconds."""
 
     def __init__(self) -> None:
         self.lag_s = 0.0
@@ -54,7 +56,7 @@ class LoopLag:
             due = loop.time() + TICK_S
             await asyncio.sleep(TICK_S)
             late = max(loop.time() - due, 0.0)
-            self.lag_s = max(late, self.lag_s * DECAY)
+            self.lag_s += WEIGHT * (late - self.lag_s)
             metrics.EVENT_LOOP_LAG.set(self.lag_s)
 
 

@@ -37,6 +37,7 @@ from service.errors import (
     MethodNotAllowed,
     NobackfillError,
     NotFound,
+    NotReady,
     Overloaded,
     Unauthorized,
     origin,
@@ -141,7 +142,11 @@ class RequestBoundary:
             await self.app(scope, receive, send_with_id)
         except Exception as exc:
             error = translate(exc)
-            if error.status >= 500:  # the cause goes to the log, never into the answer
+            if isinstance(error, Overloaded | NotReady):
+                # Expected under load, and counted in the metrics: a traceback per refusal would cost
+                # the loop time exactly when it has none (a shed request must stay cheap).
+                log.debug("request %s refused: %s", request_id, error.message)
+            elif error.status >= 500:  # the cause goes to the log, never into the answer
                 log.error(
                     "request %s %s %s failed: %s (%s)",
                     request_id,
