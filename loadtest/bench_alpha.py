@@ -215,15 +215,41 @@ def _print(result: dict[str, Any]) -> None:
         )
 
 
+def summary(results: list[dict[str, Any]]) -> None:
+    """Per scheme x criterion over every upgrade: worst gap to the oracle, mean gap, seeds below old->old."""
+    print("\n## every upgrade: worst / mean gap to the oracle (R@1 points), runs below old->old")
+    keys = results[0]["criteria"].keys()
+    rows = []
+    for key in keys:
+        runs = [r["criteria"][key] for r in results]
+        below = sum(sum(curve_r1 < r["old"] for curve_r1 in _run_r1(r, key)) for r in results)
+        rows.append((max(c["worst_gap"] for c in runs), float(np.mean([c["gap"] for c in runs])), below, key))
+    for worst, mean, below, key in sorted(rows):
+        print(f"  {key:34s} worst {100 * worst:.2f}  mean {100 * mean:.2f}  below old {below}")
+
+
+def _run_r1(result: dict[str, Any], key: str) -> list[float]:
+    """Test R@1 of every seed's chosen weight for one scheme x criterion."""
+    curve = result["test_slerp_curve"]
+    return [curve[a] for a in result["criteria"][key]["alphas"]]
+
+
 def main() -> None:
     """Parse NAME=SUPPORT:TEST pairs, run every upgrade, print and save the results."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("upgrades", nargs="*", help="NAME=SUPPORT_DIR:TEST_DIR")
+    parser.add_argument("--summarise", type=Path, help="Only print the summary of a saved results file.")
     parser.add_argument("--digits", action="store_true", help="Add the digits pair (built in-process).")
     parser.add_argument("--seeds", type=int, default=3, help="Fold seeds per scheme.")
     parser.add_argument("--eval-queries", type=int, default=2000, help="Held-out queries scored per fold.")
     parser.add_argument("--schemes", default="fold,fold2,support", help=f"Comma-separated, of {', '.join(SCHEMES)}.")
     args = parser.parse_args()
+    if args.summarise:
+        saved = json.loads(args.summarise.read_text())["results"]
+        for r in saved:
+            r["test_slerp_curve"] = {float(a): v for a, v in r["test_slerp_curve"].items()}
+        summary(saved)
+        return
     results = []
     todo: list[tuple[str, Split, Split]] = []
     for spec in args.upgrades:
@@ -237,6 +263,8 @@ def main() -> None:
         result = one_upgrade(name, support, test, args.seeds, args.eval_queries, args.schemes.split(","))
         _print(result)
         results.append(result)
+    if results:
+        summary(results)
     RESULTS.mkdir(parents=True, exist_ok=True)
     stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%S")
     path = RESULTS / f"alpha-{stamp}.json"

@@ -340,7 +340,7 @@ def test_early_stopping_on_the_folds_and_the_comparison_with_procrustes(tmp_path
     best = max(r[stop["score"]] for r in stop["curve"])
     chosen = stop["curve"][stop["epochs"] - 1]
     # The fewest epochs within one standard error of the best held-out epoch.
-    assert chosen[stop["score"]] >= best - selection.curve_se(stop["curve"], "mean-1se")
+    assert chosen[stop["score"]] >= best - selection.curve_se(stop["curve"], selection.DEFAULT_CRITERION)
     assert calls == [None, None, None, stop["epochs"]] and fitted.mapper.report["epochs"] == stop["epochs"]
     vs = fitted.report["versus_procrustes"]
     assert vs["adapter_loses"] == (vs["adapter_alone_r1"] < vs["procrustes_alone_r1"])

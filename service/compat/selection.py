@@ -3,26 +3,38 @@
 Cross-fitting (default, k folds): every id (query_ids and target_ids together) is assigned to one fold,
 so a query and its relevant targets always share a fold.  For fold f, R is fitted on the rows of the
 other folds (query rows, target rows or both, per `fit_on`), and every weight on the grid is scored
-by Recall@1 of fold f's queries against a gallery of fold f's old targets only -- the held-out
-gallery, so neither R nor the gallery has seen those ids.  Recalls are averaged over folds.  This
+on fold f's queries, whose relevant targets R has never seen.  They are ranked against a held-out
+gallery: by default (`eval_gallery="support"`) the old targets of every fold, at most MAX_EVAL_GALLERY
+(the other folds' targets are distractors only; a larger gallery ranks like the production one, and on
+the real corpus a fold-sized gallery pushed alpha up), or with "fold" fold f's targets alone.  This
 removes the bias of the same-set rule, where R was fitted on the very pairs that score alpha, which
 makes v look better than it is and pushes alpha toward 1.
 Same-set (`same_set=True`, 002_... protocol): R on all support rows, alpha scored on all support
 queries against all support targets.
 Either way the final R is refitted on all support rows.  At most `max_eval_queries` queries per fold
-(a seeded random subset) are scored against the whole held-out gallery to bound the cost; every query
-still feeds the residual-angle statistics and the adaptive reference cosine c_ref (median u . v of
-out-of-fold pairs).  Ties go to the better Recall@5, then Recall@10, then the smaller weight / slope.
+(a seeded random subset) are scored to bound the cost; every query still feeds the residual-angle
+statistics and the adaptive reference cosine c_ref (median u . v of out-of-fold pairs).
+
+Each weight gets R@1/5/10, MRR@10 and the mean of R@1/5/10, averaged over folds, with a standard
+error from their spread over the folds.  The criterion (CRITERIA, docs/alpha-selection.md for the
+measurements) picks the weight: the arg-max of one score, or -- the default, "mrr-1se" -- the median
+of the weights whose MRR@10 is within one standard error of the best, and weight 0 whenever that
+plateau reaches it (the data cannot tell the blend from the old system).  Ties go to the better
+Recall@1, @5, @10, then the smaller weight.  `head_choice` says whether NLERP or adaptive beats SLERP
+by more than the standard error.
 
 Each fold costs two matmuls whatever the grid (see arcsearch.py), so one pass scores SLERP and NLERP
 at every alpha in ALPHA_GRID and adaptive NLERP at every (a, b) in ALPHA_GRID x SLOPE_GRID.
 `fit_on="both"` stacks the query pairs with the target pairs where new_target.npy exists (query
-pairs only otherwise; the report's `fit_blocks` says which were used).
+pairs only otherwise; the report's `fit_blocks` says which were used).  `fit_modalities` fits one R
+over several splits (one per query modality), drawing folds per id over all of them, and chooses
+each modality's weights on its own held-out queries.
 
-`fit_mapped_slerp` does the same for a learnt map in place of R (the adapter+slerp head): the map is
+`fit_mapped_slerp` does the same for a learnt map in place of R (the adapter heads): the map is
 trained once per fold on the other folds' rows (k trainings, then one on everything), and SLERP
-between u and the map's output is scored on the held-out fold exactly as above.  A trained map has
-no cheap "subtract the fold" trick, so its cost is (folds + 1) trainings.
+between u and the map's output is scored on the held-out fold's own gallery (a map is re-scored
+after every epoch for early stopping, so the small gallery keeps that affordable).  A trained map
+has no cheap "subtract the fold" trick, so its cost is (folds + 1) trainings.
 """
 
 from __future__ import annotations
@@ -258,7 +270,7 @@ _CRITERIA: dict[str, tuple[str, str, bool]] = {
     "mrr-1se": ("mrr@10", "se_mrr@10", True),
 }
 CRITERIA: tuple[str, ...] = tuple(_CRITERIA)
-DEFAULT_CRITERION = "mean-1se"
+DEFAULT_CRITERION = "mrr-1se"
 CRITERION_TEXT = {
     "r1": "arg-max of R@1",
     "mean": "arg-max of the mean of R@1, R@5, R@10",
