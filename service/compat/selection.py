@@ -598,9 +598,9 @@ def fit_mapped_slerp(
     the other folds' rows and once more on every row (the map that is kept).
     early_stop (cross-fit only): fit_map also takes on_epoch= (a hook called with the map after every
     epoch) and stop_after= (epochs to run); every epoch of every fold map is scored on its held-out
-    fold, the fewest epochs within one standard error of the best held-out score are chosen, and the
-    final map is trained for that many.  The score is the criterion's at the chosen weight (`mode`
-    adapter+slerp) or at weight 1 (`mode` adapter: the map alone).  The report also scores Procrustes
+    fold, the fewest epochs within one standard error of the best held-out score of the map alone are
+    chosen, and the final map is trained for that many (adapter+slerp's weight is then chosen on the
+    held-out scores of that epoch).  The report also scores Procrustes
     (R fitted on the same folds) on the same held-out queries, and says when the map loses to it.
     """
     _check_fit_args(split, fit_on, folds, same_set)
@@ -640,7 +640,7 @@ def fit_mapped_slerp(
             procrustes.append(_score_fold(split, thin_rotation(m_total - per_fold_m[f]), q_rows, t_rows))
         oof_cos = np.concatenate(cos_parts)
         if early_stop:
-            stopping = _early_stop(by_epoch, criterion, mode)
+            stopping = _early_stop(by_epoch, criterion)
             held = [epochs[stopping["epochs"] - 1] for epochs in by_epoch]
     if stopping is not None:
         mapper = fit_map(*_stack(blocks), stop_after=stopping["epochs"])
@@ -669,19 +669,17 @@ def fit_mapped_slerp(
     return MappedFit(mapper=mapper, alpha=float(best["alpha"]), report=report)
 
 
-def _epoch_score(held: Sequence[_Held], criterion: str, mode: str) -> dict[str, float]:
-    """Held-out score of one epoch: the map alone (alpha 1) or SLERP at the weight the criterion picks."""
-    if mode != "adapter+slerp":
-        return _curve_row({"alpha": 1.0}, _fold_scores(held, _slerp_weights(1.0)))
-    return choose([_curve_row({"alpha": a}, _fold_scores(held, _slerp_weights(a))) for a in ALPHA_GRID], criterion)
+def _early_stop(by_epoch: Sequence[Sequence[_Held]], criterion: str) -> dict[str, Any]:
+    """The fewest epochs whose held-out score (the map alone) is within one standard error of the best epoch's.
 
-
-def _early_stop(by_epoch: Sequence[Sequence[_Held]], criterion: str, mode: str) -> dict[str, Any]:
-    """The fewest epochs whose held-out score is within one standard error of the best epoch's."""
+    The map alone, not the blend: a blend's score hardly moves while its weight stays near 0, so it
+    would stop an adapter that is still learning.
+    """
     score = _CRITERIA[criterion][0]
     n_epochs = min(len(e) for e in by_epoch)
     curve = [
-        {"epoch": e + 1, **_epoch_score([epochs[e] for epochs in by_epoch], criterion, mode)} for e in range(n_epochs)
+        {"epoch": e + 1, **_curve_row({"alpha": 1.0}, _fold_scores([ep[e] for ep in by_epoch], _slerp_weights(1.0)))}
+        for e in range(n_epochs)
     ]
     best = max(curve, key=lambda r: r[score])
     se = curve_se(curve, criterion)
