@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 TEST_REDIS_URL ?= redis://127.0.0.1:6379/15
 
-.PHONY: install check test test-fast fuzz demo serve redis clean
+.PHONY: install check test test-fast fuzz chaos demo serve redis clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -40,6 +40,11 @@ fuzz: $(STAMP)
 	OMP_WAIT_POLICY=PASSIVE NOBACKFILL_FUZZ_EXAMPLES=$${NOBACKFILL_FUZZ_EXAMPLES:-600} \
 	  NOBACKFILL_FUZZ_MIN_CASES=$${NOBACKFILL_FUZZ_MIN_CASES:-1000} \
 	  $(BIN)/pytest -q -p no:cacheprovider -s tests/test_fuzz.py
+
+# Faults under load, the long versions (about 8 minutes): Redis killed / paused, a 4x burst, failing
+# encoders, SIGTERM, the gallery's bytes (loadtest/chaos.py; `make test` runs each for seconds).
+chaos: $(STAMP) redis
+	$(BIN)/python loadtest/chaos.py --json loadtest/results/chaos.json
 
 demo: $(STAMP)
 	$(BIN)/nobackfill demo

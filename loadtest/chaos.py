@@ -1,0 +1,763 @@
+"""Faults under load, measured against a real service process, a real Redis and real FAISS.
+
+    .venv/bin/python loadtest/chaos.py [--world DIR] [--scenarios a,b,...] [--short] [--json OUT]
+
+Scenarios (each starts its own redis-server and service process, and stops them):
+    redis-kill      Redis SIGKILLed mid-run and restarted empty, under a Locust run: failed requests,
+                    and how long until the cache hit ratio (scraped from /metrics) is back
+    redis-pause     Redis frozen with SIGSTOP under load: failures and latency while it is frozen
+    burst           the sustainable rate measured closed-loop, then 4x it offered open-loop: how the
+                    excess is refused (503 + Retry-After, how fast), the accepted p99, the RSS, recovery
+    encoder-faults  inputs that make the new model raise, return NaN or hang, mixed into normal load:
+                    which requests fail with which code, how long they take, what /readyz says
+    sigterm         SIGTERM mid-load: accepted requests left unanswered, seconds until the process exits
+    gallery-bytes   sha256 of every gallery file before and after a load run and two profile reloads
+The service runs the synthetic encoders through the test-only `faulty-*` backends
+(tests/faulty_encoder.py: simulated models that misbehave only on marked inputs) with a simulated
+per-batch cost, so every fault is injected on purpose and nothing else differs from `nobackfill serve`.
+`--short` runs every scenario in seconds (the version `make test` runs); the default is the long one
+(`make chaos`).  NOBACKFILL_* variables in the environment reach the service (e.g.
+NOBACKFILL_API__MAX_IN_FLIGHT=64 for the burst's latency / refusal trade-off).  Prints one JSON object
+per scenario (and writes them all to --json).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import csv
+import hashlib
+import json
+import os
+import random
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+PYTHON = sys.executable
+NOBACKFILL = [PYTHON, "-m", "service.cli"]
+FAULTY_SERVE = [PYTHON, str(ROOT / "tests" / "faulty_encoder.py"), "serve"]
+CAPTION = "item-{:010d} caption-{}"
+ADMIN_KEY = "chaos-admin-key"
+CACHE_DEADLINE_S = 4 * 0.05  # redis_cache.DEADLINE_TIMEOUTS x the default socket timeout
+
+
+@dataclass(frozen=True)
+class Plan:
+    """Durations and rates of one run: long (make chaos) or short (make test)."""
+
+    gallery_size: int
+    nlist: int
+    locust_s: int
+    kill_at_s: int
+    down_s: int
+    pause_run_s: float
+    pause_at_s: float
+    pause_s: float
+    capacity_s: float
+    burst_s: float
+    recover_s: float
+    faults_s: float
+    sigterm_after_s: float
+
+
+LONG = Plan(100_000, 256, 120, 40, 20, 30, 10, 10, 10, 30, 10, 30, 5)
+SHORT = Plan(20_000, 64, 16, 5, 3, 6, 2, 2, 3, 4, 3, 5, 2)
+
+
+def free_port() -> int:
+    """A TCP port nobody listens on right now."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def build_world(root: Path, plan: Plan) -> Path:
+    """Gallery, support set and profile of the synthetic world under root (built once, then reused)."""
+    if (root / "profile" / "profile.json").exists():
+        return root
+    root.mkdir(parents=True, exist_ok=True)
+    run = [
+        [
+            "gallery",
+            "build",
+            "--size",
+            str(plan.gallery_size),
+            "--out",
+            str(root / "gallery"),
+            "--nlist",
+            str(plan.nlist),
+        ],
+        ["synth", "support", "--n", "4000", "--out", str(root / "support")],
+        ["fit", str(root / "support"), "--out", str(root / "profile"), "--folds", "3"],
+    ]
+    for args in run:
+        subprocess.run([*NOBACKFILL, *args], check=True, cwd=ROOT, capture_output=True)
+    return root
+
+
+class Redis:
+    """A throwaway redis-server on a fixed port that can be killed, restarted, paused and resumed."""
+
+    def __init__(self) -> None:
+        self.port = free_port()
+        self.process: subprocess.Popen[bytes] | None = None
+
+    @property
+    def url(self) -> str:
+        return f"redis://127.0.0.1:{self.port}/0"
+
+    def start(self) -> None:
+        args = ["redis-server", "--port", str(self.port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"]
+        self.process = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        for _ in range(200):
+            with socket.socket() as sock:
+                if sock.connect_ex(("127.0.0.1", self.port)) == 0:
+                    return
+            time.sleep(0.025)
+        raise TimeoutError("redis-server did not start")
+
+    def kill(self) -> None:
+        if self.process is not None:
+            self.process.send_signal(signal.SIGCONT)
+            self.process.kill()
+            self.process.wait()
+            self.process = None
+
+    def signal(self, sig: int) -> None:
+        assert self.process is not None
+        self.process.send_signal(sig)
+
+
+class Service:
+    """`nobackfill serve` with the faulty backends, on its own port; RSS read from /proc."""
+
+    def __init__(self, world: Path, redis_url: str | None, **env: str) -> None:
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.env = {
+            **os.environ,
+            "NOBACKFILL_INDEX__GALLERY_DIR": str(world / "gallery"),
+            "NOBACKFILL_COMPAT__PROFILE_DIR": str(world / "profile"),
+            "NOBACKFILL_API__PORT": str(self.port),
+            "NOBACKFILL_API__ADMIN_KEY": ADMIN_KEY,
+            "NOBACKFILL_OLD__BACKEND": "faulty-old",
+            "NOBACKFILL_NEW__BACKEND": "faulty-new",
+            # A real model's cost, simulated (a sleep, like GPU work that releases the GIL).
+            "NOBACKFILL_OLD__SIMULATED_COST_MS": "3",
+            "NOBACKFILL_OLD__SIMULATED_COST_PER_ITEM_MS": "0.3",
+            "NOBACKFILL_NEW__SIMULATED_COST_MS": "4",
+            "NOBACKFILL_NEW__SIMULATED_COST_PER_ITEM_MS": "0.5",
+            "OMP_NUM_THREADS": "1",
+            **({"NOBACKFILL_CACHE__REDIS_URL": redis_url} if redis_url else {}),
+            **env,
+        }
+        self.process: subprocess.Popen[bytes] | None = None
+
+    def start(self, log: Path) -> None:
+        # The log goes to a file, never an unread pipe: a full pipe would block the service's writes.
+        self.log = log
+        with log.open("wb") as sink:
+            self.process = subprocess.Popen(FAULTY_SERVE, env=self.env, cwd=ROOT, stdout=sink, stderr=sink)
+        deadline = time.monotonic() + 180
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                raise RuntimeError(f"service exited: {log.read_text()[-2000:]}")
+            try:
+                if httpx.get(self.url + "/readyz", timeout=1).status_code == 200:
+                    return
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.2)
+        raise TimeoutError("service did not become ready")
+
+    def rss_mb(self) -> float:
+        assert self.process is not None
+        for line in Path(f"/proc/{self.process.pid}/status").read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024
+        return float("nan")
+
+    def stop(self) -> None:
+        if self.process is not None and self.process.poll() is None:
+            self.process.send_signal(signal.SIGINT)
+            try:
+                self.process.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+        self.process = None
+
+
+# ---- load ---------------------------------------------------------------------------------------------
+
+
+@dataclass
+class Shot:
+    """One request: when it was sent (s from the start), how long it took, what came back."""
+
+    sent: float
+    seconds: float
+    status: int  # 0: no HTTP answer
+    code: str = ""  # error code from the envelope, or the transport error's class name
+    cache: str = ""
+    retry_after: str | None = None
+    tag: str = ""
+
+
+@dataclass
+class Queries:
+    """Captions of random gallery items; a share repeats a hot set so the old-embedding cache hits."""
+
+    gallery_size: int
+    hot: int = 500
+    repeat: float = 0.8
+    rng: random.Random = field(default_factory=lambda: random.Random(0))
+
+    def text(self) -> str:
+        if self.rng.random() < self.repeat:
+            i = self.rng.randrange(self.hot)
+            return CAPTION.format(i * 7919 % self.gallery_size, 1)
+        return CAPTION.format(self.rng.randrange(self.gallery_size), self.rng.randrange(2, 10_000))
+
+
+async def _shoot(client: httpx.AsyncClient, start: float, text: str, tag: str, shots: list[Shot]) -> None:
+    sent = time.perf_counter()
+    try:
+        response = await client.post("/v1/search", json={"queries": [{"text": text}], "k": 10, "mode": "slerp"})
+    except httpx.HTTPError as exc:
+        shots.append(Shot(sent - start, time.perf_counter() - sent, 0, type(exc).__name__, tag=tag))
+        return
+    took = time.perf_counter() - sent
+    body = response.json() if response.headers.get("content-type", "").startswith("application/json") else {}
+    code = body.get("error", {}).get("code", "") if response.status_code != 200 else ""
+    cache = body["results"][0].get("cache", "") if response.status_code == 200 else ""
+    shots.append(Shot(sent - start, took, response.status_code, code, cache, response.headers.get("retry-after"), tag))
+
+
+class RawClient:
+    """A minimal HTTP/1.1 keep-alive client on asyncio streams.
+
+    httpx spends about a millisecond of CPU per request, so on a 2-core box a burst generator built on
+    it saturates itself before the service: its own queue would be measured as the service's latency.
+    This one writes the request bytes and reads the status, the headers and Content-Length bytes.
+    """
+
+    def __init__(self, url: str) -> None:
+        host, _, port = url.removeprefix("http://").partition(":")
+        self.host, self.port = host, int(port)
+        self.idle: list[tuple[asyncio.StreamReader, asyncio.StreamWriter]] = []
+
+    async def post(self, path: str, body: bytes) -> tuple[int, dict[str, str], bytes]:
+        """(status, lower-cased headers, body); OSError / IncompleteReadError when the connection fails."""
+        reader, writer = self.idle.pop() if self.idle else await asyncio.open_connection(self.host, self.port)
+        head = f"POST {path} HTTP/1.1\r\nHost: {self.host}\r\nContent-Type: application/json\r\n"
+        writer.write(f"{head}Content-Length: {len(body)}\r\n\r\n".encode() + body)
+        try:
+            status_line = await reader.readuntil(b"\r\n")
+            headers = {}
+            while (line := await reader.readuntil(b"\r\n")) != b"\r\n":
+                name, _, value = line.decode("latin-1").partition(":")
+                headers[name.strip().lower()] = value.strip()
+            payload = await reader.readexactly(int(headers.get("content-length", "0")))
+        except BaseException:
+            writer.close()
+            raise
+        if headers.get("connection", "").lower() == "close":
+            writer.close()
+        else:
+            self.idle.append((reader, writer))
+        return int(status_line.split()[1]), headers, payload
+
+    def close(self) -> None:
+        for _, writer in self.idle:
+            writer.close()
+        self.idle.clear()
+
+
+async def _raw_shoot(client: RawClient, start: float, text: str, tag: str, shots: list[Shot]) -> None:
+    body = json.dumps({"queries": [{"text": text}], "k": 10, "mode": "slerp"}).encode()
+    sent = time.perf_counter()
+    try:
+        status, headers, payload = await client.post("/v1/search", body)
+    except (OSError, asyncio.IncompleteReadError) as exc:
+        shots.append(Shot(sent - start, time.perf_counter() - sent, 0, type(exc).__name__, tag=tag))
+        return
+    took = time.perf_counter() - sent
+    code = json.loads(payload).get("error", {}).get("code", "") if status != 200 else ""
+    shots.append(Shot(sent - start, took, status, code, "", headers.get("retry-after"), tag))
+
+
+async def raw_open_loop(
+    url: str, rate: float, seconds: float, text_of: Callable[[], tuple[str, str]], shots: list[Shot]
+) -> float:
+    """open_loop on RawClient: light enough to offer several times the service's capacity."""
+    client = RawClient(url)
+    start = time.perf_counter()
+    tasks: set[asyncio.Task[None]] = set()
+    n = 0
+    while (now := time.perf_counter() - start) < seconds:
+        while n < int(now * rate) + 1:
+            task = asyncio.create_task(_raw_shoot(client, start, *text_of(), shots))
+            tasks.add(task)
+            task.add_done_callback(tasks.discard)
+            n += 1
+        await asyncio.sleep(0.002)
+    sent_for = time.perf_counter() - start
+    await asyncio.gather(*tasks)
+    client.close()
+    return n / sent_for
+
+
+async def open_loop(
+    url: str, rate: float, seconds: float, text_of: Callable[[], tuple[str, str]], shots: list[Shot]
+) -> float:
+    """Send at `rate` requests/s for `seconds` whatever the answers (open loop); returns the achieved rate."""
+    limits = httpx.Limits(max_connections=512, max_keepalive_connections=512)
+    async with httpx.AsyncClient(base_url=url, timeout=60, limits=limits) as client:
+        start = time.perf_counter()
+        tasks: set[asyncio.Task[None]] = set()
+        n = 0
+        while (now := time.perf_counter() - start) < seconds:
+            due = int(now * rate) + 1
+            while n < due:
+                text, tag = text_of()
+                task = asyncio.create_task(_shoot(client, start, text, tag, shots))
+                tasks.add(task)
+                task.add_done_callback(tasks.discard)
+                n += 1
+            await asyncio.sleep(0.002)
+        sent_for = time.perf_counter() - start
+        await asyncio.gather(*tasks)
+    return n / sent_for
+
+
+async def closed_loop(url: str, clients: int, seconds: float, text_of: Callable[[], tuple[str, str]]) -> float:
+    """Answered requests per second with `clients` callers each sending as soon as the last answer came."""
+    shots: list[Shot] = []
+    start = time.perf_counter()
+
+    async def caller() -> None:
+        client = RawClient(url)
+        while time.perf_counter() - start < seconds:
+            await _raw_shoot(client, start, *text_of(), shots)
+        client.close()
+
+    await asyncio.gather(*(caller() for _ in range(clients)))
+    return sum(s.status == 200 for s in shots) / (time.perf_counter() - start)
+
+
+SUSTAINED_P99_S = 0.25
+
+
+async def sustainable_rate(url: str, seconds: float, text_of: Callable[[], tuple[str, str]]) -> float:
+    """The highest open-loop rate, in steps of a quarter of the closed-loop maximum, that is answered
+    in full with a p99 under SUSTAINED_P99_S (the closed-loop maximum itself queues without bound)."""
+    ceiling = await closed_loop(url, 16, seconds, text_of)
+    sustained = ceiling / 8
+    for share in (0.25, 0.5, 0.75, 1.0):
+        shots: list[Shot] = []
+        await raw_open_loop(url, share * ceiling, seconds, text_of, shots)
+        if any(s.status != 200 for s in shots) or pct([s.seconds for s in shots], 99) > SUSTAINED_P99_S * 1000:
+            break
+        sustained = share * ceiling
+        await asyncio.sleep(0.5)
+    return sustained
+
+
+def pct(values: list[float], q: float) -> float:
+    """q-th percentile in milliseconds (nan for none)."""
+    return float(np.percentile(np.array(values) * 1000, q)) if values else float("nan")
+
+
+def metric(url: str, name: str, **labels: str) -> float:
+    """One sample from /metrics (0 when absent)."""
+    text = httpx.get(url + "/metrics", timeout=5).text
+    want = name + ("{" + ",".join(f'{k}="{v}"' for k, v in labels.items()) + "}" if labels else "")
+    for line in text.splitlines():
+        if line.startswith(want + " "):
+            return float(line.split()[-1])
+    return 0.0
+
+
+# ---- scenarios ---------------------------------------------------------------------------------------
+
+
+def redis_kill(world: Path, plan: Plan, out: Path) -> dict[str, Any]:
+    """Locust runs for locust_s; Redis is SIGKILLed at kill_at_s and restarted (empty) down_s later."""
+    redis = Redis()
+    redis.start()
+    service = Service(world, redis.url)
+    service.start(out / "chaos-redis-kill-service.log")
+    samples: list[tuple[float, float, float]] = []
+    prefix = out / "chaos-redis-kill"
+    locust = subprocess.Popen(
+        [
+            str(Path(PYTHON).with_name("locust")), "-f", str(ROOT / "loadtest" / "locustfile.py"), "--headless",
+            "-u", "16", "-r", "16", "-t", f"{plan.locust_s}s", "--host", service.url, "--csv", str(prefix),
+            "--user-rate", "10", "--mode-mix", "slerp:1", "--batch-mix", "1:1", "--hot-set", "500",
+            "--repeat-ratio", "0.8", "--gallery-size", str(plan.gallery_size), "--only-summary",
+            "--hit-report", str(out / "chaos-hit.json"), "--loglevel", "WARNING",
+        ],
+        cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )  # fmt: skip
+    start = time.monotonic()
+    killed_at = restarted_at = None
+    try:
+        while locust.poll() is None:
+            t = time.monotonic() - start
+            if killed_at is None and t >= plan.kill_at_s:
+                redis.kill()
+                killed_at = t
+            if killed_at is not None and restarted_at is None and t >= plan.kill_at_s + plan.down_s:
+                redis.start()
+                restarted_at = t
+            samples.append((t, metric(service.url, "nobackfill_cache_events_total", event="hit"),
+                            metric(service.url, "nobackfill_cache_events_total", event="miss")))  # fmt: skip
+            time.sleep(0.5)
+    finally:
+        service.stop()
+        redis.kill()
+    stats = _locust_totals(prefix)
+    ratio = _windowed_hit_ratio(samples, window_s=2.0)
+    before = [r for t, r in ratio if plan.kill_at_s * 0.5 <= t < plan.kill_at_s]
+    baseline = float(np.mean(before)) if before else float("nan")
+    back = next((t for t, r in ratio if restarted_at is not None and t > restarted_at and r >= 0.9 * baseline), None)
+    down = [
+        r for t, r in ratio if killed_at is not None and restarted_at is not None and killed_at + 1 < t < restarted_at
+    ]
+    return {
+        "scenario": "redis-kill",
+        "requests": stats["requests"],
+        "failed": stats["failures"],
+        "p50_ms": stats["p50"],
+        "p99_ms": stats["p99"],
+        "max_ms": stats["max"],
+        "hit_ratio_before": round(baseline, 3),
+        "hit_ratio_down": round(float(np.mean(down or [np.nan])), 3),
+        "seconds_to_hit_ratio_back": None if back is None or restarted_at is None else round(back - restarted_at, 1),
+        "killed_at_s": killed_at,
+        "down_s": plan.down_s,
+    }  # fmt: skip
+
+
+def _locust_totals(prefix: Path) -> dict[str, float]:
+    with open(f"{prefix}_stats.csv", newline="") as fh:
+        row = next(r for r in csv.DictReader(fh) if r["Name"] == "Aggregated")
+    return {
+        "requests": int(row["Request Count"]),
+        "failures": int(row["Failure Count"]),
+        "p50": float(row["50%"]),
+        "p99": float(row["99%"]),
+        "max": float(row["Max Response Time"]),
+    }
+
+
+def _windowed_hit_ratio(samples: list[tuple[float, float, float]], window_s: float) -> list[tuple[float, float]]:
+    """(end time, hits / (hits + misses)) over each window of the scraped counters."""
+    out = []
+    j = 0
+    for i, (t, hits, misses) in enumerate(samples):
+        while samples[j][0] < t - window_s:
+            j += 1
+        if i > j:
+            dh, dm = hits - samples[j][1], misses - samples[j][2]
+            if dh + dm > 0:
+                out.append((t, dh / (dh + dm)))
+    return out
+
+
+def redis_pause(world: Path, plan: Plan, out: Path) -> dict[str, Any]:
+    """Open-loop load; Redis SIGSTOPped at pause_at_s for pause_s, then SIGCONT."""
+    redis = Redis()
+    redis.start()
+    service = Service(world, redis.url)
+    service.start(out / "chaos-redis-pause-service.log")
+    queries = Queries(plan.gallery_size)
+    shots: list[Shot] = []
+
+    async def run() -> float:
+        load = asyncio.create_task(
+            raw_open_loop(service.url, 100, plan.pause_run_s, lambda: (queries.text(), ""), shots)
+        )
+        await asyncio.sleep(plan.pause_at_s)
+        redis.signal(signal.SIGSTOP)
+        await asyncio.sleep(plan.pause_s)
+        redis.signal(signal.SIGCONT)
+        return await load
+
+    try:
+        rate = asyncio.run(run())
+    finally:
+        service.stop()
+        redis.kill()
+    paused = [s for s in shots if plan.pause_at_s <= s.sent < plan.pause_at_s + plan.pause_s]
+    other = [s for s in shots if s not in paused]
+    return {
+        "scenario": "redis-pause",
+        "requests": len(shots),
+        "rate_rps": round(rate, 1),
+        "failed": sum(s.status != 200 for s in shots),
+        "paused_requests": len(paused),
+        "paused_p50_ms": round(pct([s.seconds for s in paused], 50), 1),
+        "paused_p99_ms": round(pct([s.seconds for s in paused], 99), 1),
+        "paused_max_ms": round(max((s.seconds for s in paused), default=float("nan")) * 1000, 1),
+        "other_p99_ms": round(pct([s.seconds for s in other], 99), 1),
+        "cache_deadline_ms": CACHE_DEADLINE_S * 1000,
+    }
+
+
+def burst(world: Path, plan: Plan, out: Path) -> dict[str, Any]:
+    """Find the sustainable rate, offer 4x it open-loop, then half of it: refusals, p99, RSS, recovery."""
+    # Model-bound, as on a GPU box: the encoders' simulated time, not this box's 2 cores, sets the
+    # sustainable rate, so 4x it is a rate this box can still offer and refuse.
+    model_bound = {
+        f"NOBACKFILL_{role}__{name}": value
+        for role in ("OLD", "NEW")
+        for name, value in (("SIMULATED_COST_MS", "20"), ("SIMULATED_COST_PER_ITEM_MS", "5"), ("MAX_BATCH_SIZE", "4"))
+    }
+    service = Service(world, None, **model_bound)
+    service.start(out / "chaos-burst-service.log")
+    queries = Queries(plan.gallery_size)
+    text = lambda: (queries.text(), "")  # noqa: E731
+    rss: list[float] = []
+    server: list[tuple[float, float]] = []
+
+    async def run() -> tuple[float, float, list[Shot], float, list[Shot]]:
+        capacity = await sustainable_rate(service.url, plan.capacity_s, text)
+        rss.append(service.rss_mb())
+
+        async def sample_rss() -> None:
+            while True:
+                rss.append(service.rss_mb())
+                await asyncio.sleep(0.25)
+
+        sampler = asyncio.create_task(sample_rss())
+        shots: list[Shot] = []
+        server.append(_search_seconds(service.url))
+        offered = await raw_open_loop(service.url, 4 * capacity, plan.burst_s, text, shots)
+        server.append(_search_seconds(service.url))
+        sampler.cancel()
+        after: list[Shot] = []
+        await asyncio.sleep(1.0)
+        await raw_open_loop(service.url, 0.5 * capacity, plan.recover_s, text, after)
+        return capacity, offered, shots, service.rss_mb(), after
+
+    try:
+        capacity, offered, shots, rss_after, after = asyncio.run(run())
+    finally:
+        service.stop()
+    ok = [s for s in shots if s.status == 200]
+    refused = [s for s in shots if s.status == 503]
+    return {
+        "scenario": "burst",
+        "sustainable_rps": round(capacity, 1),
+        "offered_rps": round(offered, 1),
+        "requests": len(shots),
+        "accepted": len(ok),
+        "refused_503": len(refused),
+        "refused_with_retry_after": sum(s.retry_after is not None for s in refused),
+        "other_failures": len(shots) - len(ok) - len(refused),
+        "refusal_p50_ms": round(pct([s.seconds for s in refused], 50), 1),
+        "refusal_p99_ms": round(pct([s.seconds for s in refused], 99), 1),
+        "accepted_p50_ms": round(pct([s.seconds for s in ok], 50), 1),
+        "accepted_p99_ms": round(pct([s.seconds for s in ok], 99), 1),
+        # Inside the service (middleware to response): the rest of a client's wait is queueing before it.
+        "server_mean_ms": round(1000 * (server[1][0] - server[0][0]) / max(server[1][1] - server[0][1], 1), 1),
+        "rss_mb_before": round(rss[0], 1),
+        "rss_mb_max": round(max(rss), 1),
+        "rss_mb_after": round(rss_after, 1),
+        "recovery_requests": len(after),
+        "recovery_failures": sum(s.status != 200 for s in after),
+        "recovery_p99_ms": round(pct([s.seconds for s in after], 99), 1),
+    }
+
+
+def _search_seconds(url: str) -> tuple[float, float]:
+    """(sum, count) of the service's own request-duration histogram for /v1/search."""
+    name = "nobackfill_request_duration_seconds"
+    return metric(url, f"{name}_sum", route="/v1/search"), metric(url, f"{name}_count", route="/v1/search")
+
+
+def encoder_faults(world: Path, plan: Plan, out: Path) -> dict[str, Any]:
+    """Marked inputs make the new model raise (3 %), return NaN (3 %) or hang 2 s (0.5 %; timeout 1 s)."""
+    service = Service(
+        world,
+        None,
+        NOBACKFILL_NEW__TIMEOUT_S="1",
+        NOBACKFILL_NEW__REPLICAS="2",
+        FAULTY_HANG_S="2",
+    )
+    service.start(out / "chaos-encoder-faults-service.log")
+    queries = Queries(plan.gallery_size)
+    rng = random.Random(1)
+
+    def text() -> tuple[str, str]:
+        draw = rng.random()
+        for tag, share in (("raise", 0.03), ("nan", 0.03), ("hang", 0.005)):
+            if draw < share:
+                return f"{queries.text()} !{tag}-new", tag
+            draw -= share
+        return queries.text(), ""
+
+    shots: list[Shot] = []
+    readiness: list[int] = []
+
+    async def run() -> float:
+        async def poll() -> None:
+            async with httpx.AsyncClient(base_url=service.url, timeout=5) as client:
+                while True:
+                    readiness.append((await client.get("/readyz")).status_code)
+                    await asyncio.sleep(0.1)
+
+        poller = asyncio.create_task(poll())
+        rate = await open_loop(service.url, 60, plan.faults_s, text, shots)
+        poller.cancel()
+        return rate
+
+    try:
+        rate = asyncio.run(run())
+    finally:
+        service.stop()
+    by_tag: dict[str, Any] = {}
+    for tag in ("", "raise", "nan", "hang"):
+        mine = [s for s in shots if s.tag == tag]
+        codes: dict[str, int] = {}
+        for s in mine:
+            key = "200" if s.status == 200 else f"{s.status} {s.code}"
+            codes[key] = codes.get(key, 0) + 1
+        by_tag[tag or "clean"] = {
+            "requests": len(mine),
+            "answers": codes,
+            "max_ms": round(pct([s.seconds for s in mine], 100), 1),
+        }
+    return {
+        "scenario": "encoder-faults",
+        "rate_rps": round(rate, 1),
+        "by_input": by_tag,
+        "readyz_polls": len(readiness),
+        "readyz_503": sum(code == 503 for code in readiness),
+    }  # fmt: skip
+
+
+def sigterm(world: Path, plan: Plan, out: Path) -> dict[str, Any]:
+    """Open-loop load; SIGTERM after sigterm_after_s; keep sending 3 s more."""
+    service = Service(world, None)
+    service.start(out / "chaos-sigterm-service.log")
+    queries = Queries(plan.gallery_size)
+    shots: list[Shot] = []
+    exit_s: list[float] = []
+    assert service.process is not None
+    process = service.process
+
+    async def run() -> None:
+        load = asyncio.create_task(
+            open_loop(service.url, 100, plan.sigterm_after_s + 3, lambda: (queries.text(), ""), shots)
+        )
+        await asyncio.sleep(plan.sigterm_after_s)
+        sent = time.perf_counter()
+        process.send_signal(signal.SIGTERM)
+        while process.poll() is None:
+            await asyncio.sleep(0.01)
+        exit_s.append(time.perf_counter() - sent)
+        await load
+
+    try:
+        asyncio.run(run())
+    finally:
+        service.stop()
+    refused = {"ConnectError"}  # never accepted: the port was closed
+    answered = [s for s in shots if s.status != 0]
+    dropped = [s for s in shots if s.status == 0 and s.code not in refused]
+    return {
+        "scenario": "sigterm",
+        "requests": len(shots),
+        "answered": len(answered),
+        "answered_non_200": sum(s.status != 200 for s in answered),
+        "refused_connections": sum(s.code in refused for s in shots),
+        "accepted_but_unanswered": len(dropped),
+        "unanswered_errors": sorted({s.code for s in dropped}),
+        "exit_seconds": round(exit_s[0], 2) if exit_s else None,
+        "exit_code": process.returncode,
+    }  # fmt: skip
+
+
+def gallery_bytes(world: Path, plan: Plan, out: Path) -> dict[str, Any]:
+    """sha256 of every gallery file, before and after load plus two admin profile reloads."""
+
+    def digests() -> dict[str, str]:
+        return {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted((world / "gallery").iterdir())}
+
+    before = digests()
+    service = Service(world, None)
+    service.start(out / "chaos-gallery-bytes-service.log")
+    queries = Queries(plan.gallery_size)
+    shots: list[Shot] = []
+    reloads = []
+    try:
+        asyncio.run(open_loop(service.url, 50, plan.sigterm_after_s, lambda: (queries.text(), ""), shots))
+        for _ in range(2):
+            response = httpx.post(
+                service.url + "/v1/admin/reload-profile", headers={"Authorization": f"Bearer {ADMIN_KEY}"}, timeout=30
+            )
+            reloads.append(response.status_code)
+        asyncio.run(open_loop(service.url, 50, plan.sigterm_after_s, lambda: (queries.text(), ""), shots))
+    finally:
+        service.stop()
+    after = digests()
+    return {
+        "scenario": "gallery-bytes",
+        "files": len(before),
+        "requests": len(shots),
+        "failed": sum(s.status != 200 for s in shots),
+        "reloads": reloads,
+        "identical": before == after,
+    }
+
+
+SCENARIOS: dict[str, Callable[[Path, Plan, Path], dict[str, Any]]] = {
+    "redis-kill": redis_kill,
+    "redis-pause": redis_pause,
+    "burst": burst,
+    "encoder-faults": encoder_faults,
+    "sigterm": sigterm,
+    "gallery-bytes": gallery_bytes,
+}
+
+
+def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
+    """Run the chosen scenarios; print and return one result each."""
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--world", type=Path, default=None, help="world folder (built when empty)")
+    parser.add_argument("--scenarios", default=",".join(SCENARIOS))
+    parser.add_argument("--short", action="store_true", help="seconds per scenario (the make test version)")
+    parser.add_argument("--out", type=Path, default=ROOT / "loadtest" / "results")
+    parser.add_argument("--json", type=Path, default=None, help="also write the results here")
+    args = parser.parse_args(argv)
+    plan = SHORT if args.short else LONG
+    world = build_world(args.world or ROOT / "artifacts" / ("chaos-short" if args.short else "chaos"), plan)
+    args.out.mkdir(parents=True, exist_ok=True)
+    results = []
+    for name in args.scenarios.split(","):
+        started = time.monotonic()
+        result = SCENARIOS[name](world, plan, args.out)
+        result["seconds"] = round(time.monotonic() - started, 1)
+        print(json.dumps(result), flush=True)
+        results.append(result)
+    if args.json:
+        args.json.write_text(json.dumps(results, indent=2))
+    return results
+
+
+if __name__ == "__main__":
+    main()
