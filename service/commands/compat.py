@@ -192,6 +192,7 @@ def _plot_png(panels: list[tuple[dict[str, Any], str]]) -> bytes:
                 ax.set_title(f"{title}\n{report.get('criterion_text', 'arg-max of R@1')}", fontsize=9)
                 ax.grid(True, alpha=0.3)
                 ax.legend()
+        fig.tight_layout()
         buf = io.BytesIO()
         fig.savefig(buf, format="png", bbox_inches="tight")
         return buf.getvalue()
