@@ -39,7 +39,7 @@ RESULTS = ROOT / "loadtest" / "results"
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "tests"))
 
-from service.compat import selection  # noqa: E402
+from service.compat import evaluation, selection  # noqa: E402
 from service.compat.arcsearch import summarise_blends  # noqa: E402
 from service.compat.io import Split, default_ids, load_split  # noqa: E402
 from service.compat.metrics import KS, recall_at_k, relevance  # noqa: E402
@@ -62,6 +62,7 @@ class TestCurves:
     nlerp: dict[float, float]
     summary: Any
     cos: npt.NDArray[np.float64]
+    oracle: float  # the weight `nobackfill eval` reports as the oracle
 
     def adaptive(self, a: float, b: float, c_ref: float) -> float:
         """Test R@1 of adaptive NLERP at (a, b, c_ref)."""
@@ -70,13 +71,14 @@ class TestCurves:
 
 
 def test_curves(test: Split, rotation: npt.NDArray[np.float32]) -> TestCurves:
-    """SLERP and NLERP test R@1 over the grid under the final R (two matmuls, as evaluation's oracle)."""
+    """SLERP test R@1 over the grid under the final R (`nobackfill eval`'s oracle curve), and NLERP's."""
     rel = relevance(test.query_ids, test.target_ids)
     targets = normalize_rows(test.old_target)
+    full = evaluation.slerp_curve(rotation, test, targets)
+    slerp = {a: rec[1] for a, rec in full.items()}
     summary, theta, cos = summarise_blends(test.old_query, test.new_query, rotation, targets, rel, k=max(KS))
-    slerp = {a: recall_at_k(summary.ranks(selection.slerp_lambda(a, theta)), KS)[1] for a in selection.ALPHA_GRID}
     nlerp = {a: recall_at_k(summary.ranks(np.full(len(theta), a)), KS)[1] for a in selection.ALPHA_GRID}
-    return TestCurves(slerp, nlerp, summary, cos)
+    return TestCurves(slerp, nlerp, summary, cos, evaluation.oracle_alpha(full))
 
 
 def digits_splits(seed: int = 0) -> tuple[Split, Split]:
@@ -157,7 +159,7 @@ def one_upgrade(
             if (folds, gallery) == (5, selection.DEFAULT_EVAL_GALLERY):
                 heads.append(_head_row(rep, curves, seed))
     assert curves is not None
-    oracle_alpha = max(curves.slerp, key=lambda a: (curves.slerp[a], -a))
+    oracle_alpha = curves.oracle
     out["old"] = curves.slerp[0.0]
     out["aligned"] = curves.slerp[1.0]
     out["oracle"] = {"alpha": oracle_alpha, "r1": curves.slerp[oracle_alpha]}

@@ -37,15 +37,23 @@ _CHUNK = 16384
 COLUMNS = ("method", "alpha", "recall@1", "recall@5", "recall@10", "compatible", "pfr", "nfr")
 
 
+def slerp_curve(
+    rotation: npt.NDArray[np.float32], split: Split, targets: npt.NDArray[np.float32]
+) -> dict[float, dict[int, float]]:
+    """Recall@K of SLERP at every grid weight on this split, under R (two matmuls, arcsearch.py)."""
+    rel = relevance(split.query_ids, split.target_ids)
+    summary, theta, _ = summarise_blends(split.old_query, split.new_query, rotation, targets, rel, k=max(KS))
+    return {a: recall_at_k(summary.ranks(slerp_lambda(a, theta)), KS) for a in ALPHA_GRID}
+
+
+def oracle_alpha(curve: dict[float, dict[int, float]]) -> float:
+    """Best weight of a test curve (ties: better @5, @10, then smaller alpha): an upper bound, not deployable."""
+    return max(curve, key=lambda a: (curve[a][1], curve[a][5], curve[a][10], -a))
+
+
 def _oracle_alpha(profile: CompatProfile, split: Split, targets: npt.NDArray[np.float32]) -> float:
     """Best SLERP weight on the grid for this test set (ties: better @5, @10, then smaller alpha)."""
-    rel = relevance(split.query_ids, split.target_ids)
-    summary, theta, _ = summarise_blends(split.old_query, split.new_query, profile.rotation, targets, rel, k=max(KS))
-    scored = []
-    for a in ALPHA_GRID:
-        rec = recall_at_k(summary.ranks(slerp_lambda(a, theta)), KS)
-        scored.append((rec[1], rec[5], rec[10], -a))
-    return -max(scored)[3]
+    return oracle_alpha(slerp_curve(profile.rotation, split, targets))
 
 
 def _row(
