@@ -402,6 +402,7 @@ def fit(
             modality=modality,
             force=force,
             criterion=criterion.value,
+            eval_gallery=eval_gallery.value,
         )
         return
 
@@ -618,6 +619,7 @@ def _fit_adapter(
     modality: str,
     force: bool,
     criterion: str,
+    eval_gallery: str,
 ) -> None:
     """--head adapter / adapter+slerp: train the MKP adapter, save.
 
@@ -682,6 +684,7 @@ def _fit_adapter(
                 seed=seed,
                 criterion=criterion,
                 early_stop=not same_set,
+                eval_gallery=eval_gallery,  # type: ignore[arg-type]
             )
             adapter, report = result.mapper, result.report
             alphas = {modality: result.alpha}

@@ -32,9 +32,9 @@ each modality's weights on its own held-out queries.
 
 `fit_mapped_slerp` does the same for a learnt map in place of R (the adapter heads): the map is
 trained once per fold on the other folds' rows (k trainings, then one on everything), and SLERP
-between u and the map's output is scored on the held-out fold's own gallery (a map is re-scored
-after every epoch for early stopping, so the small gallery keeps that affordable).  A trained map
-has no cheap "subtract the fold" trick, so its cost is (folds + 1) trainings.
+between u and the map's output is scored on the held-out queries against the same held-out gallery
+(after every epoch, for early stopping).  A trained map has no cheap "subtract the fold" trick, so
+its cost is (folds + 1) trainings.
 """
 
 from __future__ import annotations
@@ -591,6 +591,7 @@ def fit_mapped_slerp(
     seed: int = 0,
     criterion: str = DEFAULT_CRITERION,
     early_stop: bool = False,
+    eval_gallery: EvalGallery = DEFAULT_EVAL_GALLERY,
 ) -> MappedFit[M]:
     """Choose SLERP's weight between u and a learnt map's output, cross-fitting the map like R above.
 
@@ -621,7 +622,7 @@ def fit_mapped_slerp(
         cos_parts = []
         for f in range(folds):
             q_rows = _sample_rows(np.flatnonzero(q_fold == f), max_eval_queries, rng)
-            t_rows = np.flatnonzero(t_fold == f)
+            t_rows = _gallery_rows(t_fold, f, eval_gallery, rng)
             epochs_f: list[_Held] = []
 
             def hook(
@@ -654,7 +655,7 @@ def fit_mapped_slerp(
     rows = [_curve_row({"alpha": a}, _fold_scores(held, _slerp_weights(a))) for a in ALPHA_GRID]
     best = choose(rows, criterion)
     report: dict[str, Any] = {
-        **_report_basics(split, blocks, held, fit_on, folds, same_set, criterion),
+        **_report_basics(split, blocks, held, fit_on, folds, same_set, criterion, eval_gallery),
         "alpha_grid": list(ALPHA_GRID),
         "support_recall": {mode: rows},
         "chosen": {mode: best},
