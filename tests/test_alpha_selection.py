@@ -125,3 +125,18 @@ def test_a_useless_new_model_keeps_weight_zero(tmp_path: Path, seed: int) -> Non
     support, test = load_split(folders["s"]), load_split(folders["t"])
     fitted = selection.fit(support, folds=5, seed=seed)
     assert _test_r1(test, fitted, fitted.params["slerp"]["alpha"]) >= _test_r1(test, fitted, 0.0)
+
+
+def test_several_modalities_share_one_r_and_draw_folds_per_id_over_all(tmp_path: Path) -> None:
+    world = make_world(8, 12, 6)
+    text = load_split(write_split(tmp_path / "text", 300, world, seed=1))
+    image = load_split(write_split(tmp_path / "image", 200, world, seed=2))  # ids 0..199: shared with text
+    joint = selection._assign_joint([text, image], 4, np.random.default_rng(0))
+    (tq, _), (iq, it) = joint
+    assert np.array_equal(tq[:200], iq) and np.array_equal(iq, it)  # one id, one fold, whatever the split
+    fitted = selection.fit_modalities({"text": text, "image": image}, folds=4)
+    assert set(fitted.params) == set(fitted.reports) == {"text", "image"}
+    assert fitted.reports["image"]["support_queries"] == 200
+    assert fitted.reports["text"]["fit_rows_all_modalities"] == 2 * 300 + 2 * 200
+    with pytest.raises(InputError, match="no support set"):
+        selection.fit_modalities({})
