@@ -35,7 +35,7 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -298,48 +298,42 @@ async def _raw_shoot(client: RawClient, start: float, text: str, tag: str, shots
     shots.append(Shot(sent - start, took, status, code, "", headers.get("retry-after"), tag))
 
 
-async def raw_open_loop(
-    url: str, rate: float, seconds: float, text_of: Callable[[], tuple[str, str]], shots: list[Shot]
-) -> float:
-    """open_loop on RawClient: light enough to offer several times the service's capacity."""
-    client = RawClient(url)
+async def _paced(rate: float, seconds: float, shoot: Callable[[float], Awaitable[None]]) -> float:
+    """Start shoot(start) `rate` times a second for `seconds` whatever the answers (open loop), then wait
+    for every answer; returns the rate actually offered."""
     start = time.perf_counter()
     tasks: set[asyncio.Task[None]] = set()
     n = 0
     while (now := time.perf_counter() - start) < seconds:
         while n < int(now * rate) + 1:
-            task = asyncio.create_task(_raw_shoot(client, start, *text_of(), shots))
+            task = asyncio.create_task(shoot(start))
             tasks.add(task)
             task.add_done_callback(tasks.discard)
             n += 1
         await asyncio.sleep(0.002)
     sent_for = time.perf_counter() - start
     await asyncio.gather(*tasks)
-    client.close()
     return n / sent_for
+
+
+async def raw_open_loop(
+    url: str, rate: float, seconds: float, text_of: Callable[[], tuple[str, str]], shots: list[Shot]
+) -> float:
+    """The open loop on RawClient: light enough to offer several times the service's capacity."""
+    client = RawClient(url)
+    try:
+        return await _paced(rate, seconds, lambda start: _raw_shoot(client, start, *text_of(), shots))
+    finally:
+        client.close()
 
 
 async def open_loop(
     url: str, rate: float, seconds: float, text_of: Callable[[], tuple[str, str]], shots: list[Shot]
 ) -> float:
-    """Send at `rate` requests/s for `seconds` whatever the answers (open loop); returns the achieved rate."""
+    """The open loop on httpx, whose errors tell a refused connection from a dropped one (SIGTERM)."""
     limits = httpx.Limits(max_connections=512, max_keepalive_connections=512)
     async with httpx.AsyncClient(base_url=url, timeout=60, limits=limits) as client:
-        start = time.perf_counter()
-        tasks: set[asyncio.Task[None]] = set()
-        n = 0
-        while (now := time.perf_counter() - start) < seconds:
-            due = int(now * rate) + 1
-            while n < due:
-                text, tag = text_of()
-                task = asyncio.create_task(_shoot(client, start, text, tag, shots))
-                tasks.add(task)
-                task.add_done_callback(tasks.discard)
-                n += 1
-            await asyncio.sleep(0.002)
-        sent_for = time.perf_counter() - start
-        await asyncio.gather(*tasks)
-    return n / sent_for
+        return await _paced(rate, seconds, lambda start: _shoot(client, start, *text_of(), shots))
 
 
 async def closed_loop(url: str, clients: int, seconds: float, text_of: Callable[[], tuple[str, str]]) -> float:
