@@ -511,16 +511,19 @@ def redis_pause(world: Path, plan: Plan, out: Path) -> dict[str, Any]:
     }
 
 
+# Model-bound, as on a GPU box: the encoders' simulated time, not this box's 2 cores, sets the
+# sustainable rate (so 4x it is a rate this box can still offer and refuse), and requests take long
+# enough that many are in flight when SIGTERM comes.
+MODEL_BOUND = {
+    f"NOBACKFILL_{role}__{name}": value
+    for role in ("OLD", "NEW")
+    for name, value in (("SIMULATED_COST_MS", "20"), ("SIMULATED_COST_PER_ITEM_MS", "5"), ("MAX_BATCH_SIZE", "4"))
+}
+
+
 def burst(world: Path, plan: Plan, out: Path) -> dict[str, Any]:
     """Find the sustainable rate, offer 4x it open-loop, then half of it: refusals, p99, RSS, recovery."""
-    # Model-bound, as on a GPU box: the encoders' simulated time, not this box's 2 cores, sets the
-    # sustainable rate, so 4x it is a rate this box can still offer and refuse.
-    model_bound = {
-        f"NOBACKFILL_{role}__{name}": value
-        for role in ("OLD", "NEW")
-        for name, value in (("SIMULATED_COST_MS", "20"), ("SIMULATED_COST_PER_ITEM_MS", "5"), ("MAX_BATCH_SIZE", "4"))
-    }
-    service = Service(world, None, **model_bound)
+    service = Service(world, None, **MODEL_BOUND)
     service.start(out / "chaos-burst-service.log")
     queries = Queries(plan.gallery_size)
     text = lambda: (queries.text(), "")  # noqa: E731
@@ -645,21 +648,24 @@ def encoder_faults(world: Path, plan: Plan, out: Path) -> dict[str, Any]:
 
 
 def sigterm(world: Path, plan: Plan, out: Path) -> dict[str, Any]:
-    """Open-loop load; SIGTERM after sigterm_after_s; keep sending 3 s more."""
-    service = Service(world, None)
+    """Open-loop load on the model-bound service; SIGTERM after sigterm_after_s; keep sending 3 s more."""
+    service = Service(world, None, **MODEL_BOUND)
     service.start(out / "chaos-sigterm-service.log")
     queries = Queries(plan.gallery_size)
     shots: list[Shot] = []
     exit_s: list[float] = []
+    signalled: list[float] = []
     assert service.process is not None
     process = service.process
 
     async def run() -> None:
+        started = time.perf_counter()  # the open loop's clock starts within a millisecond of this
         load = asyncio.create_task(
-            open_loop(service.url, 100, plan.sigterm_after_s + 3, lambda: (queries.text(), ""), shots)
+            open_loop(service.url, 60, plan.sigterm_after_s + 3, lambda: (queries.text(), ""), shots)
         )
         await asyncio.sleep(plan.sigterm_after_s)
         sent = time.perf_counter()
+        signalled.append(sent - started)
         process.send_signal(signal.SIGTERM)
         while process.poll() is None:
             await asyncio.sleep(0.01)
@@ -673,6 +679,8 @@ def sigterm(world: Path, plan: Plan, out: Path) -> dict[str, Any]:
     refused = {"ConnectError"}  # never accepted: the port was closed
     answered = [s for s in shots if s.status != 0]
     dropped = [s for s in shots if s.status == 0 and s.code not in refused]
+    at = signalled[0] if signalled else float("inf")
+    in_flight = [s for s in answered if s.sent < at < s.sent + s.seconds]
     return {
         "scenario": "sigterm",
         "requests": len(shots),
@@ -680,6 +688,7 @@ def sigterm(world: Path, plan: Plan, out: Path) -> dict[str, Any]:
         "answered_non_200": sum(s.status != 200 for s in answered),
         "refused_connections": sum(s.code in refused for s in shots),
         "accepted_but_unanswered": len(dropped),
+        "in_flight_at_sigterm_answered": len(in_flight),
         "unanswered_errors": sorted({s.code for s in dropped}),
         "exit_seconds": round(exit_s[0], 2) if exit_s else None,
         "exit_code": process.returncode,
