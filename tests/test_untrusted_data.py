@@ -99,7 +99,7 @@ async def test_a_hung_call_times_out_and_its_replica_comes_back(monkeypatch: pyt
             await batcher.encode([CAPTION.format(1) + " !hang"])
         assert "every replica is stuck" in (batcher.problem() or "")
         # Nothing can take a batch now: a call waits timeout_s for a replica, then fails the same way.
-        with pytest.raises(EncoderTimeout, match="no free replica"):
+        with pytest.raises(EncoderTimeout, match="left a call queued"):
             await batcher.encode([CAPTION.format(2)])
         for _ in range(100):  # the hung call returns after 1 s; the replica is then back in rotation
             if batcher.problem() is None:

@@ -25,7 +25,8 @@ batcher keeps serving:
     no answer within timeout_s                 EncoderTimeout (encoder_timeout, 504); the replica's
                                                thread cannot be interrupted, so the replica is "stuck"
                                                until the call returns, and takes no batch meanwhile
-    no replica free within timeout_s           EncoderTimeout for the entries that waited that long
+    an entry queued for timeout_s              EncoderTimeout (no free replica, or a queue behind stuck ones),
+                                               so no caller waits much past 2 x timeout_s in all
 All-zero rows are data (a static model's row for text with no known token), not failures: the
 pipeline answers them with its fallback.  If the collector task itself dies (a bug), the pending
 callers fail, it is restarted (counted), and `healthy` is False only if it keeps dying
@@ -243,6 +244,8 @@ class MicroBatcher:
             replica = await self._free_replica()  # a batch is formed only once a replica can take it
             if replica is None:
                 continue
+            # Entries that already waited timeout_s fail now rather than wait for a batch as well.
+            self._expire(time.perf_counter() - self.timeout_s)
             try:
                 batch = await self._next_batch() if self._depth else []
             except BaseException:
@@ -265,7 +268,7 @@ class MicroBatcher:
 
     def _expire(self, enqueued_before: float) -> None:
         """Fail the pending entries enqueued before the given time with EncoderTimeout."""
-        error = EncoderTimeout(f"encoder {self.name!r} had no free replica for {self.timeout_s:g} s")
+        error = EncoderTimeout(f"encoder {self.name!r} left a call queued for {self.timeout_s:g} s")
         for queue in self._pending.values():
             while queue and queue[0].enqueued < enqueued_before:
                 entry = queue.popleft()
