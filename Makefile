@@ -41,7 +41,7 @@ fuzz: $(STAMP)
 	  NOBACKFILL_FUZZ_MIN_CASES=$${NOBACKFILL_FUZZ_MIN_CASES:-1000} \
 	  $(BIN)/pytest -q -p no:cacheprovider -s tests/test_fuzz.py
 
-# Faults under load, the long versions (about 8 minutes): Redis killed / paused, a 4x burst, failing
+# Faults under load, the long versions (about 6 minutes, plus building a 10^5 world once): Redis killed / paused, a 4x burst, failing
 # encoders, SIGTERM, the gallery's bytes (loadtest/chaos.py; `make test` runs each for seconds).
 chaos: $(STAMP) redis
 	$(BIN)/python loadtest/chaos.py --json loadtest/results/chaos.json
