@@ -29,7 +29,7 @@ batcher keeps serving:
                                                so no caller waits much past 2 x timeout_s in all
 All-zero rows are data (a static model's row for text with no known token), not failures: the
 pipeline answers them with its fallback.  If the collector task itself dies (a bug), the pending
-callers fail, it is restarted (counted), and `healthy` is False only if it keeps dying
+callers fail, it is restarted (counted), and `alive` is False only if it keeps dying
 (MAX_RESTARTS within RESTART_WINDOW_S), so liveness fails and the orchestrator replaces the process.
 """
 
