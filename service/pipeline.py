@@ -138,10 +138,15 @@ def _fallback_modes(
     profile: CompatProfile, queries: list[Query], old: Embeddings, new: Embeddings, head_mode: str
 ) -> list[tuple[str, str | None]]:
     """(mode, fallback) per query: the head's mode, or the other endpoint alone after an all-zero encoder row."""
-    encoded = np.fromiter((q.content is not None for q in queries), dtype=bool, count=len(queries))
+    n = len(queries)
     reads_old, reads_new = head_mode not in OLD_FREE_MODES, head_mode not in NEW_FREE_MODES
-    old_zero = encoded & ~old.any(axis=1) if reads_old else np.zeros(len(queries), dtype=bool)
-    new_zero = encoded & ~new.any(axis=1) if reads_new else np.zeros(len(queries), dtype=bool)
+    old_zero = ~old.any(axis=1) if reads_old else np.zeros(n, dtype=bool)
+    new_zero = ~new.any(axis=1) if reads_new else np.zeros(n, dtype=bool)
+    if not (old_zero.any() or new_zero.any()):  # the hot path: every row has a direction
+        return [(head_mode, None)] * n
+    encoded = np.fromiter((q.content is not None for q in queries), dtype=bool, count=n)
+    old_zero &= encoded  # a caller's own embeddings were checked at validation: only encoder rows count
+    new_zero &= encoded
     new_alone = "adapter" if "adapter" in profile.modes() else "aligned"
     out: list[tuple[str, str | None]] = []
     for old_is_zero, new_is_zero in zip(old_zero.tolist(), new_zero.tolist(), strict=True):
