@@ -210,7 +210,6 @@ class Shot:
     seconds: float
     status: int  # 0: no HTTP answer
     code: str = ""  # error code from the envelope, or the transport error's class name
-    cache: str = ""
     retry_after: str | None = None
     tag: str = ""
 
@@ -229,20 +228,6 @@ class Queries:
             i = self.rng.randrange(self.hot)
             return CAPTION.format(i * 7919 % self.gallery_size, 1)
         return CAPTION.format(self.rng.randrange(self.gallery_size), self.rng.randrange(2, 10_000))
-
-
-async def _shoot(client: httpx.AsyncClient, start: float, text: str, tag: str, shots: list[Shot]) -> None:
-    sent = time.perf_counter()
-    try:
-        response = await client.post("/v1/search", json={"queries": [{"text": text}], "k": 10, "mode": "slerp"})
-    except httpx.HTTPError as exc:
-        shots.append(Shot(sent - start, time.perf_counter() - sent, 0, type(exc).__name__, tag=tag))
-        return
-    took = time.perf_counter() - sent
-    body = response.json() if response.headers.get("content-type", "").startswith("application/json") else {}
-    code = body.get("error", {}).get("code", "") if response.status_code != 200 else ""
-    cache = body["results"][0].get("cache", "") if response.status_code == 200 else ""
-    shots.append(Shot(sent - start, took, response.status_code, code, cache, response.headers.get("retry-after"), tag))
 
 
 class RawClient:
@@ -300,7 +285,7 @@ class RawClient:
         self.idle.clear()
 
 
-async def _raw_shoot(client: RawClient, start: float, text: str, tag: str, shots: list[Shot]) -> None:
+async def _shoot(client: RawClient, start: float, text: str, tag: str, shots: list[Shot]) -> None:
     body = json.dumps({"queries": [{"text": text}], "k": 10, "mode": "slerp"}).encode()
     sent = time.perf_counter()
     try:
@@ -310,7 +295,7 @@ async def _raw_shoot(client: RawClient, start: float, text: str, tag: str, shots
         return
     took = time.perf_counter() - sent
     code = json.loads(payload).get("error", {}).get("code", "") if status != 200 else ""
-    shots.append(Shot(sent - start, took, status, code, "", headers.get("retry-after"), tag))
+    shots.append(Shot(sent - start, took, status, code, headers.get("retry-after"), tag))
 
 
 async def _paced(rate: float, seconds: float, shoot: Callable[[float], Awaitable[None]]) -> float:
@@ -331,24 +316,15 @@ async def _paced(rate: float, seconds: float, shoot: Callable[[float], Awaitable
     return n / sent_for
 
 
-async def raw_open_loop(
-    url: str, rate: float, seconds: float, text_of: Callable[[], tuple[str, str]], shots: list[Shot]
-) -> float:
-    """The open loop on RawClient: light enough to offer several times the service's capacity."""
-    client = RawClient(url)
-    try:
-        return await _paced(rate, seconds, lambda start: _raw_shoot(client, start, *text_of(), shots))
-    finally:
-        client.close()
-
-
 async def open_loop(
     url: str, rate: float, seconds: float, text_of: Callable[[], tuple[str, str]], shots: list[Shot]
 ) -> float:
-    """The open loop on httpx, whose errors tell a refused connection from a dropped one (SIGTERM)."""
-    limits = httpx.Limits(max_connections=512, max_keepalive_connections=512)
-    async with httpx.AsyncClient(base_url=url, timeout=60, limits=limits) as client:
+    """The open loop on RawClient, light enough to offer several times the service's capacity."""
+    client = RawClient(url)
+    try:
         return await _paced(rate, seconds, lambda start: _shoot(client, start, *text_of(), shots))
+    finally:
+        client.close()
 
 
 async def closed_loop(url: str, clients: int, seconds: float, text_of: Callable[[], tuple[str, str]]) -> float:
@@ -359,7 +335,7 @@ async def closed_loop(url: str, clients: int, seconds: float, text_of: Callable[
     async def caller() -> None:
         client = RawClient(url)
         while time.perf_counter() - start < seconds:
-            await _raw_shoot(client, start, *text_of(), shots)
+            await _shoot(client, start, *text_of(), shots)
         client.close()
 
     await asyncio.gather(*(caller() for _ in range(clients)))
@@ -376,7 +352,7 @@ async def sustainable_rate(url: str, seconds: float, text_of: Callable[[], tuple
     sustained = ceiling / 8
     for share in (0.25, 0.5, 0.75, 1.0):
         shots: list[Shot] = []
-        await raw_open_loop(url, share * ceiling, seconds, text_of, shots)
+        await open_loop(url, share * ceiling, seconds, text_of, shots)
         if any(s.status != 200 for s in shots) or pct([s.seconds for s in shots], 99) > SUSTAINED_P99_S * 1000:
             break
         sustained = share * ceiling
@@ -496,9 +472,7 @@ def redis_pause(world: Path, plan: Plan, out: Path) -> dict[str, Any]:
     shots: list[Shot] = []
 
     async def run() -> float:
-        load = asyncio.create_task(
-            raw_open_loop(service.url, 100, plan.pause_run_s, lambda: (queries.text(), ""), shots)
-        )
+        load = asyncio.create_task(open_loop(service.url, 100, plan.pause_run_s, lambda: (queries.text(), ""), shots))
         await asyncio.sleep(plan.pause_at_s)
         redis.signal(signal.SIGSTOP)
         await asyncio.sleep(plan.pause_s)
@@ -557,12 +531,12 @@ def burst(world: Path, plan: Plan, out: Path) -> dict[str, Any]:
         sampler = asyncio.create_task(sample_rss())
         shots: list[Shot] = []
         server.append(_search_seconds(service.url))
-        offered = await raw_open_loop(service.url, 4 * capacity, plan.burst_s, text, shots)
+        offered = await open_loop(service.url, 4 * capacity, plan.burst_s, text, shots)
         server.append(_search_seconds(service.url))
         sampler.cancel()
         after: list[Shot] = []
         await asyncio.sleep(1.0)
-        await raw_open_loop(service.url, 0.5 * capacity, plan.recover_s, text, after)
+        await open_loop(service.url, 0.5 * capacity, plan.recover_s, text, after)
         return capacity, offered, shots, service.rss_mb(), after
 
     try:
@@ -633,7 +607,7 @@ def encoder_faults(world: Path, plan: Plan, out: Path) -> dict[str, Any]:
                     await asyncio.sleep(0.1)
 
         poller = asyncio.create_task(poll())
-        rate = await raw_open_loop(service.url, 60, plan.faults_s, text, shots)
+        rate = await open_loop(service.url, 60, plan.faults_s, text, shots)
         poller.cancel()
         return rate
 
@@ -676,7 +650,7 @@ def sigterm(world: Path, plan: Plan, out: Path) -> dict[str, Any]:
     async def run() -> None:
         started = time.perf_counter()  # the open loop's clock starts within a millisecond of this
         load = asyncio.create_task(
-            raw_open_loop(service.url, 60, plan.sigterm_after_s + 3, lambda: (queries.text(), ""), shots)
+            open_loop(service.url, 60, plan.sigterm_after_s + 3, lambda: (queries.text(), ""), shots)
         )
         await asyncio.sleep(plan.sigterm_after_s)
         sent = time.perf_counter()
@@ -732,13 +706,13 @@ def gallery_bytes(world: Path, plan: Plan, out: Path) -> dict[str, Any]:
     shots: list[Shot] = []
     reloads = []
     try:
-        asyncio.run(raw_open_loop(service.url, 50, plan.sigterm_after_s, lambda: (queries.text(), ""), shots))
+        asyncio.run(open_loop(service.url, 50, plan.sigterm_after_s, lambda: (queries.text(), ""), shots))
         for _ in range(2):
             response = httpx.post(
                 service.url + "/v1/admin/reload-profile", headers={"Authorization": f"Bearer {ADMIN_KEY}"}, timeout=30
             )
             reloads.append(response.status_code)
-        asyncio.run(raw_open_loop(service.url, 50, plan.sigterm_after_s, lambda: (queries.text(), ""), shots))
+        asyncio.run(open_loop(service.url, 50, plan.sigterm_after_s, lambda: (queries.text(), ""), shots))
     finally:
         service.stop()
     after = digests()
