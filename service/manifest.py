@@ -26,24 +26,45 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import sys
 from collections.abc import Collection, Mapping
 from pathlib import Path, PurePosixPath
 from typing import Any
+
+from tqdm import tqdm  # type: ignore[import-untyped]
 
 from service.errors import ArtifactError
 
 MANIFEST_NAME = "manifest.json"
 MANIFEST_VERSION = 1
 _BLOCK = 8 << 20
+_PROGRESS_MIN_BYTES = 256 << 20
 
 
-def sha256_of(path: Path) -> str:
-    """Hex sha256 of a file, read in 8 MiB blocks."""
+def sha256_of(path: Path, progress: bool | None = False) -> str:
+    """Hex sha256 of a file, read in 8 MiB blocks; a progress bar if asked (None: big files on a terminal)."""
+    size = path.stat().st_size
+    show = (size >= _PROGRESS_MIN_BYTES and sys.stderr.isatty()) if progress is None else progress
     digest = hashlib.sha256()
-    with path.open("rb") as f:
+    with (
+        path.open("rb") as f,
+        tqdm(total=size, unit="B", unit_scale=True, desc=f"sha256 {path.name}", disable=not show) as bar,
+    ):
         while block := f.read(_BLOCK):
             digest.update(block)
+            bar.update(len(block))
     return digest.hexdigest()
+
+
+def write_json_durably(path: Path, data: Any) -> None:
+    """Write data as indented JSON through a temp file, fsync and one rename: complete or absent."""
+    tmp = path.with_name(path.name + ".tmp")
+    with tmp.open("w", encoding="utf-8") as f:
+        json.dump(data, f, indent=2, sort_keys=True)
+        f.write("\n")
+        f.flush()
+        os.fsync(f.fileno())
+    tmp.replace(path)
 
 
 def _files(folder: Path) -> list[str]:
@@ -60,13 +81,7 @@ def write_manifest(folder: Path, known: Mapping[str, str] | None = None) -> dict
         for name in _files(folder)
     }
     manifest = {"manifest_version": MANIFEST_VERSION, "algorithm": "sha256", "files": files}
-    tmp = folder / (MANIFEST_NAME + ".tmp")
-    with tmp.open("w", encoding="utf-8") as f:
-        json.dump(manifest, f, indent=2, sort_keys=True)
-        f.write("\n")
-        f.flush()
-        os.fsync(f.fileno())
-    tmp.replace(folder / MANIFEST_NAME)
+    write_json_durably(folder / MANIFEST_NAME, manifest)
     return manifest
 
 

@@ -14,39 +14,18 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-import os
-import sys
 from pathlib import Path
 from typing import Any
 
-from tqdm import tqdm  # type: ignore[import-untyped]
-
 from service.errors import ArtifactError
-from service.manifest import MANIFEST_NAME, verify_manifest, write_manifest
+from service.manifest import MANIFEST_NAME, verify_manifest, write_json_durably, write_manifest
 
 INDEX_NAME = "index.faiss"
 META_NAME = "gallery.json"
 FORMAT_VERSION = 1
-_HASH_BLOCK = 8 << 20
-_PROGRESS_MIN_BYTES = 256 << 20
 _EDGE_BYTES = 1 << 20
 
 log = logging.getLogger(__name__)
-
-
-def sha256_file(path: Path, progress: bool | None = None) -> str:
-    """Hex sha256 of a file, read in 8 MiB blocks; a progress bar for big files on a terminal (None = auto)."""
-    size = path.stat().st_size
-    show = (size >= _PROGRESS_MIN_BYTES and sys.stderr.isatty()) if progress is None else progress
-    digest = hashlib.sha256()
-    with (
-        path.open("rb") as f,
-        tqdm(total=size, unit="B", unit_scale=True, desc=f"sha256 {path.name}", disable=not show) as bar,
-    ):
-        while block := f.read(_HASH_BLOCK):
-            digest.update(block)
-            bar.update(len(block))
-    return digest.hexdigest()
 
 
 def edges_sha256(path: Path) -> str:
@@ -63,13 +42,7 @@ def edges_sha256(path: Path) -> str:
 def write_meta(folder: Path, meta: dict[str, Any]) -> None:
     """Write gallery.json, then manifest.json, durably (temp file, fsync, rename); adds meta["manifest"]."""
     meta["manifest"] = MANIFEST_NAME
-    tmp = folder / (META_NAME + ".tmp")
-    with tmp.open("w", encoding="utf-8") as f:
-        json.dump(meta, f, indent=2, sort_keys=True)
-        f.write("\n")
-        f.flush()
-        os.fsync(f.fileno())
-    tmp.replace(folder / META_NAME)
+    write_json_durably(folder / META_NAME, meta)
     # The index was hashed for gallery.json already; a 10^7-row gallery should not be read twice.
     write_manifest(folder, known={str(meta.get("index_file", INDEX_NAME)): str(meta["sha256"])})
 

@@ -24,10 +24,11 @@ from tqdm import tqdm  # type: ignore[import-untyped]
 import service
 from service.atomic_dir import replace_dir, sibling_dir
 from service.errors import InputError
-from service.index.artifact import FORMAT_VERSION, INDEX_NAME, META_NAME, edges_sha256, sha256_file, write_meta
+from service.index.artifact import FORMAT_VERSION, INDEX_NAME, META_NAME, edges_sha256, write_meta
 from service.index.coarse import TwoLevel, assign_two_level, train_two_level
 from service.index.params import BuildParams
 from service.index.sources import Rows, Source, chunks, sample_positions
+from service.manifest import sha256_of
 
 Log = Callable[[str], None]
 _AGREEMENT_SAMPLE = 2000
@@ -199,7 +200,7 @@ def _meta(
         },
         "index_file": INDEX_NAME,
         "index_bytes": index_path.stat().st_size,
-        "sha256": sha256_file(index_path),
+        "sha256": sha256_of(index_path, progress=None),
         "edges_sha256": edges_sha256(index_path),
         "created_at": datetime.now(UTC).isoformat(timespec="seconds"),
         "versions": {"nobackfill": service.__version__, "faiss": faiss.__version__},

@@ -25,7 +25,8 @@ import numpy.typing as npt
 
 from service.errors import ArtifactError, InputError
 from service.index import graph_quantizer
-from service.index.artifact import INDEX_NAME, edges_sha256, read_checked_meta, sha256_file
+from service.index.artifact import INDEX_NAME, edges_sha256, read_checked_meta
+from service.manifest import sha256_of
 
 Verify = Literal["sha256", "size"]
 Coarse = Literal["auto", "flat", "hnsw"]
@@ -92,7 +93,7 @@ class Gallery:
                 "(truncated or replaced)"
             )
         if verify == "sha256":
-            digest = sha256_file(path, progress)
+            digest = sha256_of(path, progress)
             if digest != meta["sha256"]:
                 raise ArtifactError(
                     f"gallery {folder}: fingerprint mismatch: {path.name} has sha256 {digest[:16]}..., "
