@@ -42,6 +42,8 @@ from typing import Any
 
 import httpx
 import numpy as np
+from prometheus_client.parser import text_string_to_metric_families
+from report import cache_counts  # loadtest/report.py: (hits, misses) of one scrape
 
 ROOT = Path(__file__).resolve().parents[1]
 PYTHON = sys.executable
@@ -365,14 +367,9 @@ def pct(values: list[float], q: float) -> float:
     return float(np.percentile(np.array(values) * 1000, q)) if values else float("nan")
 
 
-def metric(url: str, name: str, **labels: str) -> float:
-    """One sample from /metrics (0 when absent)."""
-    text = httpx.get(url + "/metrics", timeout=5).text
-    want = name + ("{" + ",".join(f'{k}="{v}"' for k, v in labels.items()) + "}" if labels else "")
-    for line in text.splitlines():
-        if line.startswith(want + " "):
-            return float(line.split()[-1])
-    return 0.0
+def scrape(url: str) -> str:
+    """The service's /metrics text."""
+    return httpx.get(url + "/metrics", timeout=5).text
 
 
 # ---- scenarios ---------------------------------------------------------------------------------------
@@ -407,8 +404,7 @@ def redis_kill(world: Path, plan: Plan, out: Path) -> dict[str, Any]:
             if killed_at is not None and restarted_at is None and t >= plan.kill_at_s + plan.down_s:
                 redis.start()
                 restarted_at = t
-            samples.append((t, metric(service.url, "nobackfill_cache_events_total", event="hit"),
-                            metric(service.url, "nobackfill_cache_events_total", event="miss")))  # fmt: skip
+            samples.append((t, *cache_counts(scrape(service.url))))
             time.sleep(0.5)
     finally:
         service.stop()
@@ -571,8 +567,14 @@ def burst(world: Path, plan: Plan, out: Path) -> dict[str, Any]:
 
 def _search_seconds(url: str) -> tuple[float, float]:
     """(sum, count) of the service's own request-duration histogram for /v1/search."""
-    name = "nobackfill_request_duration_seconds"
-    return metric(url, f"{name}_sum", route="/v1/search"), metric(url, f"{name}_count", route="/v1/search")
+    found = {"_sum": 0.0, "_count": 0.0}
+    for family in text_string_to_metric_families(scrape(url)):
+        if family.name == "nobackfill_request_duration_seconds":
+            for sample in family.samples:
+                suffix = sample.name.removeprefix(family.name)
+                if suffix in found and sample.labels.get("route") == "/v1/search":
+                    found[suffix] = sample.value
+    return found["_sum"], found["_count"]
 
 
 def encoder_faults(world: Path, plan: Plan, out: Path) -> dict[str, Any]:
