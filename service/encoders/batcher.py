@@ -242,10 +242,10 @@ class MicroBatcher:
                 await self._wakeup.wait()
                 continue
             replica = await self._free_replica()  # a batch is formed only once a replica can take it
+            # Entries that already waited timeout_s fail now rather than wait (longer) for a batch.
+            self._expire(time.perf_counter() - self.timeout_s)
             if replica is None:
                 continue
-            # Entries that already waited timeout_s fail now rather than wait for a batch as well.
-            self._expire(time.perf_counter() - self.timeout_s)
             try:
                 batch = await self._next_batch() if self._depth else []
             except BaseException:
@@ -259,11 +259,10 @@ class MicroBatcher:
             task.add_done_callback(self._running.discard)
 
     async def _free_replica(self) -> int | None:
-        """An idle replica; None after timeout_s without one (the entries that waited that long fail)."""
+        """An idle replica; None after timeout_s without one."""
         try:
             return await asyncio.wait_for(self._idle.get(), self.timeout_s)
         except TimeoutError:
-            self._expire(time.perf_counter() - self.timeout_s)
             return None
 
     def _expire(self, enqueued_before: float) -> None:
