@@ -452,12 +452,14 @@ class Pipeline:
         for j, row in zip(misses, encoded, strict=True):
             old[rows[j]] = row
             cache_status[rows[j]] = "miss" if caching else "off"
+        if not caching:
+            return
         usable = usable_rows(encoded)
-        if caching and usable.any():
+        if not usable.all():
             # An all-zero row (no known token) is served by the fallback, never cached.
-            if not usable.all():
-                miss_inputs = [text for text, ok in zip(miss_inputs, usable.tolist(), strict=True) if ok]
-                encoded = encoded[usable]
+            miss_inputs = [text for text, ok in zip(miss_inputs, usable.tolist(), strict=True) if ok]
+            encoded = encoded[usable]
+        if miss_inputs:
             task = asyncio.create_task(self.cache.set_many(modality, miss_inputs, encoded))
             self._background.add(task)
             task.add_done_callback(self._background.discard)
