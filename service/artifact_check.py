@@ -62,9 +62,10 @@ def check_compatible(
     # gallery.json: "old_model" (identity from OUT.json) since `encode`; only "old_model_id" before.
     gallery_block = gallery.meta.get("old_model") or {"model_id": gallery.meta.get("old_model_id")}
     models = profile.models or {}
+    profile_old = {"model_id": profile.old_model_id, **(models.get("old") or {})}
     checks = [
         ("old", gallery_name, gallery.dim, gallery_block),
-        ("old", profile_name, profile.old_dim, {"model_id": profile.old_model_id, **(models.get("old") or {})}),
+        ("old", profile_name, profile.old_dim, profile_old),
         ("new", profile_name, profile.new_dim, {"model_id": profile.new_model_id, **(models.get("new") or {})}),
     ]
     problems = []
@@ -73,7 +74,7 @@ def check_compatible(
         clauses = _disagreements(encoder, dim, *_recorded(block))
         if clauses:
             problems.append(f"{encoder_name} vs the {artifact}: {', '.join(clauses)}")
-    between = _between_artifacts(_recorded(checks[1][3]), _recorded(gallery_block))
+    between = _between_artifacts(_recorded(profile_old), _recorded(gallery_block))
     if between:
         problems.append(f"the {profile_name} vs the {gallery_name}: {', '.join(between)}")
     if problems:
