@@ -6,6 +6,7 @@ STAMP := $(VENV)/.installed
 TEST_REDIS_URL ?= redis://127.0.0.1:6379/15
 
 .PHONY: install check test test-fast fuzz chaos demo serve redis clean
+.PHONY: prometheus deploy-env k8s-secret deploy-check
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -26,12 +27,30 @@ redis:
 	    --dir /tmp --logfile /tmp/nobackfill-redis.log; \
 	  for i in 1 2 3 4 5 6 7 8 9 10; do redis-cli ping >/dev/null 2>&1 && break; sleep 0.5; done; }
 
+# promtool and prometheus from Debian's package, for tests/test_deploy.py (nothing is started here).
+prometheus:
+	@command -v promtool >/dev/null && command -v prometheus >/dev/null || { \
+	  apt-get update -q && apt-get install -y -q --no-install-recommends prometheus; }
+
+# Secrets for docker-compose.yml (.env) and for the Kubernetes Secret (deploy/k8s/base/secret.env):
+# random values, both files gitignored, never overwritten (docs/deploy.md).
+deploy-env:
+	python3 deploy/make_env.py deploy/compose.env.example .env
+
+k8s-secret:
+	python3 deploy/make_env.py deploy/k8s/base/secret.env.example deploy/k8s/base/secret.env
+
+# The deployment checks too long for `make test`: the compose stack's processes started directly from
+# the compose file's commands and environment (init, Redis with a password, the service, Prometheus).
+deploy-check: $(STAMP) redis prometheus
+	NOBACKFILL_DEPLOY_CHECK=1 OMP_WAIT_POLICY=PASSIVE $(BIN)/pytest -q -p no:cacheprovider -s tests/test_deploy.py
+
 check: $(STAMP)
 	$(BIN)/ruff check service tests loadtest
 	$(BIN)/ruff format --check service tests loadtest
 	$(BIN)/mypy
 
-test: $(STAMP) redis
+test: $(STAMP) redis prometheus
 	OMP_WAIT_POLICY=PASSIVE NOBACKFILL_TEST_REDIS_URL=$(TEST_REDIS_URL) $(BIN)/pytest -q -p no:cacheprovider
 
 # schemathesis against a real `nobackfill serve` process and its own OpenAPI document: >= 1,000

@@ -16,7 +16,6 @@ match what the service computes for the same input.
 
 from __future__ import annotations
 
-import os
 import sys
 import time
 from collections.abc import Iterator
@@ -31,6 +30,7 @@ import service
 from service.bulk.atomic import make_parents, publish_files, refuse_existing, remove_empty, temp_json
 from service.bulk.inputs import Bad, InputSpec, Item, Scan, image_b64, read_items
 from service.bulk.npy_writer import NpyWriter
+from service.cpu_limit import usable_cpus
 from service.encoders.base import Embeddings, Encoder, Modality, modalities_of
 from service.encoders.identity import ModelIdentity, read_json
 from service.errors import ArtifactError, InputError, NobackfillError
@@ -73,7 +73,7 @@ def load_encoder(
         model_id=model_id,
         fp16=fp16,
         # Offline, one encoder runs at a time: it may have every core (the service splits them in two).
-        threads=threads or len(os.sched_getaffinity(0)),
+        threads=threads or usable_cpus(),  # the container's CPU limit, not the node's cores
     )
     encoder = create_encoder(settings, role)
     return encoder, identity_of(encoder, backend)

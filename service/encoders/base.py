@@ -10,11 +10,12 @@ Optional, read through `describe` and `fingerprint_of` when present:
 
 from __future__ import annotations
 
-import os
 from typing import Any, Literal, Protocol, runtime_checkable
 
 import numpy as np
 import numpy.typing as npt
+
+from service.cpu_limit import usable_cpus
 
 Modality = Literal["text", "image"]
 MODALITIES: tuple[Modality, ...] = ("text", "image")
@@ -84,4 +85,4 @@ def cpu_threads(requested: int | None) -> int:
     """
     if requested is not None:
         return requested
-    return max(1, len(os.sched_getaffinity(0)) // 2)
+    return max(1, usable_cpus() // 2)  # the container's CPU limit, not the node's cores
