@@ -6,7 +6,7 @@ import sys
 
 import typer
 
-from service.commands import compat, encode, gallery, realworld, serve, synth
+from service.commands import compat, encode, gallery, realworld, serve, synth, traffic
 from service.errors import NobackfillError
 
 app = typer.Typer(no_args_is_help=True, pretty_exceptions_enable=False, add_completion=False)
@@ -15,6 +15,7 @@ profile_app = typer.Typer(no_args_is_help=True, help="Inspect compatibility prof
 app.command("fit")(compat.fit)
 app.command("eval")(compat.evaluate)
 profile_app.command("show")(compat.profile_show)
+profile_app.command("compare")(traffic.profile_compare)
 app.add_typer(profile_app, name="profile")
 app.add_typer(gallery.app, name="gallery", help="Build, inspect and evaluate frozen IVF-PQ galleries.")
 app.add_typer(synth.app, name="synth", help="Write support / test sets from the synthetic upgrade world.")
@@ -23,6 +24,7 @@ app.command("serve")(serve.serve)
 app.command("demo")(serve.demo)
 app.command("encode")(encode.encode)
 app.add_typer(encode.support_app, name="support", help="Build support sets for `fit` from your own pairs and models.")
+app.add_typer(traffic.app, name="traffic", help="Export the (old, new) query pairs sampled from live traffic.")
 
 
 def main() -> None:

@@ -23,6 +23,8 @@ Names carry the `nobackfill_` prefix and their unit; every label has a small, fi
                                                                      row, the other endpoint answered alone
     nobackfill_event_loop_lag_seconds                     gauge      how late the event loop wakes (moving average)
     nobackfill_shed_requests_total                        counter    searches refused 503 while the loop lagged
+    nobackfill_traffic_pairs_total{event}                 counter    sampled|stored|dropped|failed (old, new) query
+                                                                     pairs of the traffic sampler (service/traffic/)
     nobackfill_build_info / _profile_info / _gallery_info info
 
 Cache events: `hit` and `miss` count keys (a lookup that failed or was skipped returns misses, so
@@ -177,6 +179,13 @@ SHED_REQUESTS = Counter(
     "Searches refused with 503 before any work because the event loop ran late.",
     registry=REGISTRY,
 )
+TRAFFIC_EVENTS = ("sampled", "stored", "dropped", "failed")
+TRAFFIC_PAIRS = Counter(
+    "nobackfill_traffic_pairs_total",
+    "Traffic sampler pairs: sampled, stored, dropped (queue full / over the bound), failed (store error).",
+    ["event"],
+    registry=REGISTRY,
+)
 BUILD_INFO = Info("nobackfill_build", "Service version and build.", registry=INFO_REGISTRY)
 PROFILE_INFO = Info("nobackfill_profile", "The compat profile being served.", registry=INFO_REGISTRY)
 GALLERY_INFO = Info("nobackfill_gallery", "The frozen gallery being searched.", registry=INFO_REGISTRY)
@@ -186,6 +195,8 @@ for _stage in STAGES:
     STAGE_DURATION.labels(stage=_stage)
 for _event in CACHE_EVENTS:
     CACHE_EVENTS_TOTAL.labels(event=_event)
+for _event in TRAFFIC_EVENTS:
+    TRAFFIC_PAIRS.labels(event=_event)
 
 
 def cache_event(event: str, amount: int = 1) -> None:
@@ -194,6 +205,14 @@ def cache_event(event: str, amount: int = 1) -> None:
         raise ValueError(f"unknown cache event {event!r}")
     if amount:
         CACHE_EVENTS_TOTAL.labels(event=event).inc(amount)
+
+
+def count_traffic(event: str, amount: int = 1) -> None:
+    """Count `amount` traffic pairs of one kind (see TRAFFIC_EVENTS)."""
+    if event not in TRAFFIC_EVENTS:  # a free-form label value would make the series unbounded
+        raise ValueError(f"unknown traffic event {event!r}")
+    if amount:
+        TRAFFIC_PAIRS.labels(event=event).inc(amount)
 
 
 def render() -> tuple[bytes, str]:

@@ -38,6 +38,7 @@ from service.encoders.registry import create_encoder
 from service.errors import ArtifactError, InputError, NobackfillError, Overloaded, TooManyQueries, UnsupportedMode
 from service.index.gallery import Gallery
 from service.settings import Settings
+from service.traffic.sampler import TrafficSampler, create_sampler, identities
 
 T = TypeVar("T")
 
@@ -203,6 +204,7 @@ class Pipeline:
         self.in_flight = 0
         self.draining = False
         self._background: set[asyncio.Task[None]] = set()
+        self.traffic: TrafficSampler | None = None  # set by build() when traffic.sample_rate > 0
 
     @classmethod
     async def build(cls, settings: Settings) -> Pipeline:
@@ -246,7 +248,9 @@ class Pipeline:
         await new.start()
         metrics.PROFILE_INFO.info({"profile_id": profile.profile_id, "head": profile.head})
         metrics.GALLERY_INFO.info({"fingerprint": gallery.fingerprint, "ntotal": str(gallery.ntotal)})
-        return cls(settings, old, new, cache, gallery, profile)
+        pipeline = cls(settings, old, new, cache, gallery, profile)
+        pipeline.traffic = create_sampler(settings, *identities(settings, old_encoder, new_encoder))
+        return pipeline
 
     async def drain(self) -> None:
         """Wait for the background cache writes started so far."""
@@ -270,6 +274,8 @@ class Pipeline:
         await self.old.stop()
         await self.new.stop()
         await self.cache.aclose()
+        if self.traffic is not None:
+            await asyncio.to_thread(self.traffic.close)
 
     # -- validation -------------------------------------------------------------------------------
 
@@ -367,6 +373,9 @@ class Pipeline:
             metrics.IN_FLIGHT.dec()
         for result, status in zip(results, cache_status, strict=True):
             result.cache = status
+        if self.traffic is not None and mode not in OLD_FREE_MODES | NEW_FREE_MODES:
+            # A blending answer read both embeddings: hand them to the sampler (a queue put, never a wait).
+            self.traffic.offer_queries(queries, old, new)
         return SearchOutcome(results, timings)
 
     async def _embed(

@@ -125,6 +125,26 @@ class ApiSettings(BaseModel):
     shutdown_grace_s: int = Field(20, ge=1)
 
 
+class TrafficSettings(BaseModel):
+    """Sampling (old, new) query-embedding pairs from live traffic for refitting R (docs/traffic-learning.md)."""
+
+    # Fraction of blending-mode queries whose two embeddings are stored (float16, never the input
+    # itself).  0, the default, stores nothing: no sampler is even created.
+    sample_rate: float = Field(0.0, ge=0.0, le=1.0)
+    # The store keeps at most this many pairs (the oldest go first) and none older than ttl_s.
+    max_pairs: int = Field(100_000, ge=1)
+    ttl_s: int = Field(7 * 24 * 3600, ge=1)
+    # auto: the Redis stream when a Redis URL is set (redis_url, else cache.redis_url), local shards otherwise.
+    store: Literal["auto", "redis", "local"] = "auto"
+    redis_url: str | None = None
+    stream_key: str = "nobackfill:traffic"
+    local_dir: Path = ARTIFACTS / "traffic"
+    # Batches of sampled pairs waiting for the drain thread; past it, pairs are dropped (counted).
+    queue_size: int = Field(1024, ge=1)
+    # The drain thread writes at least this often while pairs wait.
+    flush_s: float = Field(0.5, gt=0)
+
+
 class Settings(BaseSettings):
     """Everything configurable, in one tree."""
 
@@ -140,6 +160,7 @@ class Settings(BaseSettings):
     index: IndexSettings = IndexSettings()
     compat: CompatSettings = CompatSettings()
     api: ApiSettings = ApiSettings()
+    traffic: TrafficSettings = TrafficSettings()
 
     @classmethod
     def settings_customise_sources(

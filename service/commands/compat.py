@@ -36,6 +36,9 @@ if TYPE_CHECKING:
     from service.compat.profile import CompatProfile
 
 PLOT_NAME = "fit_recall.png"
+# Weight of one unlabelled query pair (fit --add-query-pairs) against one labelled support row in R's
+# fit; measured in docs/traffic-learning.md.
+QUERY_PAIRS_WEIGHT = 1.0
 
 
 class Head(StrEnum):
@@ -334,6 +337,17 @@ def fit(
     class_map: str | None = typer.Option(
         None, help="psp / lsp: new-model output index of each old class, comma-separated [identity]."
     ),
+    add_query_pairs: list[Path] | None = typer.Option(
+        None,
+        "--add-query-pairs",
+        help="Folder of unlabelled (old, new) query pairs (`nobackfill traffic export`), repeatable: they join R's "
+        "fit in every fold; alpha is still scored on the labelled support only.",
+    ),
+    query_pairs_weight: float = typer.Option(
+        QUERY_PAIRS_WEIGHT,
+        min=0.0,
+        help="Weight of one query pair against one labelled support row in R's fit (docs/traffic-learning.md).",
+    ),
 ) -> None:
     """Fit a compat profile on a support set: Procrustes + blends, the MKP adapter (+ SLERP), or PSP / LSP."""
     from service.compat.io import load_split
@@ -357,6 +371,10 @@ def fit(
     head = head or Head.slerp
     # Cheap checks first: bad arguments or files are refused before torch is even imported.
     _check_head_options(head, adapter_opts, class_opts)
+    if add_query_pairs and head in (*ADAPTER_HEADS, *CLASS_HEADS):
+        from service.errors import InputError
+
+        raise InputError(f"--add-query-pairs refits Procrustes' R; --head {head.value} has no R to refit")
     _refuse_existing(out, force)
     dirs = _support_dirs(support_dir, support or [], query_modality.value)
     if len(dirs) > 1:
@@ -374,6 +392,8 @@ def fit(
             eval_gallery=eval_gallery.value,
             strict=strict,
             force=force,
+            add_query_pairs=add_query_pairs or [],
+            query_pairs_weight=query_pairs_weight,
         )
         return
     ((modality, support_dir),) = dirs.items()
@@ -409,6 +429,7 @@ def fit(
     from service.compat import selection
     from service.compat.profile import CompatProfile, save_profile
 
+    pairs = _query_pairs(add_query_pairs or [], split, ids)
     result = selection.fit(
         split,
         fit_on=fit_on.value,
@@ -418,6 +439,8 @@ def fit(
         seed=seed,
         criterion=criterion.value,
         eval_gallery=eval_gallery.value,
+        query_pairs=pairs,
+        query_pairs_weight=query_pairs_weight,
     )
     why = None
     if auto_head:
@@ -450,9 +473,54 @@ def fit(
         f"adaptive a={ad['a']:.1f} b={ad['b']:g} c_ref={ad['c_ref']:.4f}; "
         f"head {head.value} -> alpha {head_alpha:.2f}"
     )
+    if "query_pairs" in result.report:
+        console.print(query_pairs_line(result.report))
     if why is not None:
         console.print(f"head {head.value}: {why}")
     console.print(f"wrote profile {saved.profile_id} to {out} (plot: {out / PLOT_NAME})")
+
+
+def query_pairs_line(report: dict[str, Any]) -> str:
+    """One line: how many labelled rows and query pairs fitted R, and the cross-fitted scores with and without them."""
+    qp = report["query_pairs"]
+    w, wo = qp["with"], qp["without"]
+    return (
+        f"R fitted on {qp['labelled_rows']} labelled rows + {qp['pairs']} unlabelled query pairs (weight "
+        f"{qp['weight']:g}); cross-fitted aligned R@1 {wo['aligned_r1']:.4f} -> {w['aligned_r1']:.4f}, "
+        f"slerp R@1 {wo['slerp_r1']:.4f} (alpha {wo['slerp_alpha']:.1f}) -> {w['slerp_r1']:.4f} "
+        f"(alpha {w['slerp_alpha']:.1f}) without -> with the query pairs (± {w['slerp_se@1']:.4f})"
+    )
+
+
+def _query_pairs(folders: list[Path], split: Split, ids: ModelIds) -> list[tuple[Any, Any]]:
+    """(new, old) rows of every --add-query-pairs folder, checked against the support's dims and models."""
+    from service.encoders.identity import MODELS_JSON, ModelIdentity
+    from service.errors import InputError
+    from service.traffic.export import load_query_pairs
+
+    out = []
+    for folder in folders:
+        pairs = load_query_pairs(folder)
+        if (pairs.old.shape[1], pairs.new.shape[1]) != (split.old_dim, split.new_dim):
+            raise InputError(
+                f"{folder}: query pairs are {pairs.new.shape[1]} -> {pairs.old.shape[1]}, but the support pairs are "
+                f"{split.new_dim} -> {split.old_dim}"
+            )
+        for side, theirs, ours_id in (("old", pairs.old_model, ids.old), ("new", pairs.new_model, ids.new)):
+            if theirs is None:
+                continue
+            ours = ModelIdentity.from_dict(ids.record[side], side) if ids.record else None
+            same = ours.same_model(theirs) if ours is not None else theirs.model_id == ours_id
+            if not same:
+                print_id = f"{theirs.model_id} ({theirs.fingerprint or 'no fingerprint'})"
+                raise InputError(
+                    f"{folder / MODELS_JSON}: the {side} model is {print_id}, not the support's {ours_id}; "
+                    "query pairs must come from the same two models"
+                )
+        if not len(pairs.new):
+            raise InputError(f"{folder}: no usable query pairs (every row is all-zero)")
+        out.append((pairs.new, pairs.old))
+    return out
 
 
 # Early stopping needs room to stop in: without --epochs, a small support set trains for at least
@@ -504,6 +572,8 @@ def _fit_modalities(
     eval_gallery: str,
     strict: bool,
     force: bool,
+    add_query_pairs: list[Path] | None = None,
+    query_pairs_weight: float = QUERY_PAIRS_WEIGHT,
 ) -> None:
     """Several --support folders: one R over all their pairs, the blend weights chosen per query modality."""
     from service.compat import selection
@@ -541,6 +611,8 @@ def _fit_modalities(
         seed=seed,
         criterion=criterion,
         eval_gallery=eval_gallery,  # type: ignore[arg-type]
+        query_pairs=_query_pairs(add_query_pairs or [], splits[first], ids[first]),
+        query_pairs_weight=query_pairs_weight,
     )
     why = None
     if head is None:
@@ -594,6 +666,8 @@ def _fit_modalities(
             f"chosen alpha ({m}): slerp {p['slerp']['alpha']:.1f}, nlerp {p['nlerp']['alpha']:.1f}, "
             f"adaptive a={p['adaptive']['a']:.1f} b={p['adaptive']['b']:g} c_ref={p['adaptive']['c_ref']:.4f}"
         )
+        if "query_pairs" in fitted.reports[m]:
+            console.print(f"{m} queries: " + query_pairs_line(fitted.reports[m]))
     console.print(
         f"one R over {report['fit_rows']} pairs of {', '.join(splits)} queries ({first_rep['criterion_text']}); "
         f"head {head.value} -> alphas " + ", ".join(f"{m} {a:.2f}" for m, a in profile.alphas.items())

@@ -30,6 +30,11 @@ pairs only otherwise; the report's `fit_blocks` says which were used).  `fit_mod
 over several splits (one per query modality), drawing folds per id over all of them, and chooses
 each modality's weights on its own held-out queries.
 
+Unlabelled query pairs (`query_pairs`, e.g. sampled from live traffic by service/traffic/) join the
+fit of R only: their cross-covariance, times `query_pairs_weight`, is added to every fold's and to the
+final one, so they shape R but never score alpha (the held-out folds stay labelled support).  The
+report's `query_pairs` block compares the cross-fitted curve with and without them on the same folds.
+
 `fit_mapped_slerp` does the same for a learnt map in place of R (the adapter heads): the map is
 trained once per fold on the other folds' rows (k trainings, then one on everything), and SLERP
 between u and the map's output is scored on the held-out queries against the same held-out gallery
@@ -425,6 +430,8 @@ def fit(
     seed: int = 0,
     criterion: str = DEFAULT_CRITERION,
     eval_gallery: EvalGallery = DEFAULT_EVAL_GALLERY,
+    query_pairs: Sequence[tuple[F32, F32]] = (),
+    query_pairs_weight: float = 1.0,
 ) -> FitResult:
     """Fit R on the support split and choose the SLERP / NLERP weights and the adaptive (a, b, c_ref)."""
     multi = fit_modalities(
@@ -436,6 +443,8 @@ def fit(
         seed=seed,
         criterion=criterion,
         eval_gallery=eval_gallery,
+        query_pairs=query_pairs,
+        query_pairs_weight=query_pairs_weight,
     )
     return FitResult(rotation=multi.rotation, params=multi.params["text"], report=multi.reports["text"])
 
@@ -450,11 +459,14 @@ def fit_modalities(
     seed: int = 0,
     criterion: str = DEFAULT_CRITERION,
     eval_gallery: EvalGallery = DEFAULT_EVAL_GALLERY,
+    query_pairs: Sequence[tuple[F32, F32]] = (),
+    query_pairs_weight: float = 1.0,
 ) -> MultiFit:
     """Fit one R on the pairs of every modality's split; choose each modality's blend weights on its own folds.
 
     Folds are drawn per id over all splits together; fold f's R never sees fold f's rows of any split,
     and each modality is scored on its own held-out queries against its own held-out (or whole) gallery.
+    query_pairs: unlabelled (new, old) pairs added, times query_pairs_weight, to every R fit (never scored).
     """
     if not splits:
         raise InputError("no support set given")
@@ -467,12 +479,18 @@ def fit_modalities(
     rng = np.random.default_rng(seed)
     blocks = {m: _fit_blocks(s, fit_on) for m, s in splits.items()}
     held: dict[str, list[_Held]] = {m: [] for m in names}
+    held_without: dict[str, list[_Held]] = {m: [] for m in names}  # the same folds, R without query_pairs
     oof_cos: dict[str, F64] = {}
+    extra = _query_pairs_cov(query_pairs, query_pairs_weight)
     if same_set:
-        r_thin = thin_rotation(_total([cross_covariance(b.new, b.old) for m in names for b in blocks[m]]))
+        m_all = _total([cross_covariance(b.new, b.old) for m in names for b in blocks[m]])
+        r_thin = thin_rotation(m_all + extra)
         for m, s in splits.items():
             q_rows = _sample_rows(np.arange(len(s.old_query)), max_eval_queries, rng)
-            held[m].append(_score_fold(s, r_thin, q_rows, np.arange(len(s.old_target))))
+            t_rows = np.arange(len(s.old_target))
+            held[m].append(_score_fold(s, r_thin, q_rows, t_rows))
+            if query_pairs:
+                held_without[m].append(_score_fold(s, thin_rotation(m_all), q_rows, t_rows))
     else:
         assigned = dict(zip(names, _assign_joint([splits[m] for m in names], folds, rng), strict=True))
         fold_of = {m: {"query": q, "target": t} for m, (q, t) in assigned.items()}
@@ -480,11 +498,11 @@ def fit_modalities(
             _total([_block_cov(b, fold_of[m][b.name] == f) for m in names for b in blocks[m]]) for f in range(folds)
         ]
         m_total = _total(per_fold_m)
-        r_thin = thin_rotation(m_total)
+        r_thin = thin_rotation(m_total + extra)
         cos_parts: dict[str, list[F64]] = {m: [] for m in names}
         for f in range(folds):
             # R for fold f never sees fold f's rows: subtract its cross-covariance from the total.
-            r_f = thin_rotation(m_total - per_fold_m[f])
+            r_f = thin_rotation(m_total - per_fold_m[f] + extra)
             for m, s in splits.items():
                 q_fold, t_fold = assigned[m]
                 q_all = np.flatnonzero(q_fold == f)
@@ -492,6 +510,8 @@ def fit_modalities(
                 q_rows = _sample_rows(q_all, max_eval_queries, rng)
                 t_rows = _gallery_rows(t_fold, f, eval_gallery, rng)
                 held[m].append(_score_fold(s, r_f, q_rows, t_rows))
+                if query_pairs:
+                    held_without[m].append(_score_fold(s, thin_rotation(m_total - per_fold_m[f]), q_rows, t_rows))
         oof_cos = {m: np.concatenate(parts) for m, parts in cos_parts.items()}
     # Only the [d_new, d_old] block of R is ever read; the completion makes the stored R square.
     r_final = complete_rotation(r_thin)
@@ -512,10 +532,62 @@ def fit_modalities(
             report["fit_rows_all_modalities"] = int(sum(len(b.new) for n in names for b in blocks[n]))
         if not same_set:
             report["residual_angle_deg_out_of_fold"] = angle_stats(np.arccos(oof_cos[m]))
+        if query_pairs:
+            report["query_pairs"] = _query_pairs_report(
+                report, held_without[m], c_ref, criterion, query_pairs, query_pairs_weight
+            )
         best_head, why = head_choice(report)
         report["best_head"] = {"head": best_head, "why": why}
         reports[m] = report
     return MultiFit(rotation=r_final, params=params, reports=reports)
+
+
+def _query_pairs_cov(query_pairs: Sequence[tuple[F32, F32]], weight: float) -> F64:
+    """weight x the cross-covariance of the unlabelled (new, old) pairs; a [1, 1] zero (adds nothing) when none."""
+    if not query_pairs:
+        return np.zeros((1, 1))  # broadcasts as +0 onto any [d_new, d_old] matrix
+    if not (np.isfinite(weight) and weight >= 0.0):
+        raise InputError(f"the query-pairs weight must be a finite number >= 0, got {weight}")
+    return weight * _total([cross_covariance(new, old) for new, old in query_pairs])
+
+
+def _query_pairs_report(
+    report: dict[str, Any],
+    held_without: Sequence[_Held],
+    c_ref: float,
+    criterion: str,
+    query_pairs: Sequence[tuple[F32, F32]],
+    weight: float,
+) -> dict[str, Any]:
+    """What the query pairs did to the cross-fitted curve: aligned and chosen-SLERP scores with and without them."""
+    params_without, curves_without = _choose_blends(held_without, c_ref, criterion)
+    with_rows = report["support_recall"]["slerp"]
+    without_rows = curves_without["support_recall"]["slerp"]
+    chosen_with, chosen_without = report["chosen"]["slerp"], curves_without["chosen"]["slerp"]
+
+    def point(rows: Sequence[dict[str, float]], chosen: dict[str, float]) -> dict[str, float]:
+        aligned = rows[-1]  # alpha = 1: the map alone
+        return {
+            "aligned_r1": aligned["recall@1"],
+            "aligned_se@1": aligned["se@1"],
+            "slerp_alpha": chosen["alpha"],
+            "slerp_r1": chosen["recall@1"],
+            "slerp_se@1": chosen["se@1"],
+            "slerp_mrr@10": chosen["mrr@10"],
+        }
+
+    with_, without = point(with_rows, chosen_with), point(without_rows, chosen_without)
+    return {
+        "pairs": int(sum(len(new) for new, _ in query_pairs)),
+        "weight": weight,
+        "labelled_rows": report["fit_rows"],
+        "with": with_,
+        "without": without,
+        "delta_aligned_r1": with_["aligned_r1"] - without["aligned_r1"],
+        "delta_slerp_r1": with_["slerp_r1"] - without["slerp_r1"],
+        "curve_r1_without": [r["recall@1"] for r in without_rows],
+        "params_without": params_without,
+    }
 
 
 def _choose_blends(

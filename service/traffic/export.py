@@ -1,0 +1,128 @@
+"""`nobackfill traffic export` without the CLI, and reading an exported folder back for `fit --add-query-pairs`.
+
+    DIR/old_query.npy   [n, d_old] float32   old-model query embeddings, oldest pair first
+    DIR/new_query.npy   [n, d_new] float32   the same queries through the new model
+    DIR/models.json     the two identities (the format `support build` writes, source "traffic"),
+                        the query modalities and how many stored pairs were refused
+
+One export holds one model pair: the pair of the newest stored pair (the models being served now).
+Stored pairs of any other model pair (left from before an upgrade) are refused: counted, named in
+models.json and in the command's warning, never written.  The folder appears in one rename.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from service.encoders.identity import MODELS_JSON, ModelIdentity, read_models_json
+from service.errors import InputError
+from service.traffic.base import PairStore, parse_models_key
+
+OLD, NEW = "old_query.npy", "new_query.npy"
+F32 = npt.NDArray[np.float32]
+
+
+@dataclass(frozen=True)
+class Exported:
+    """What an export wrote and what it refused."""
+
+    pairs: int
+    old: ModelIdentity
+    new: ModelIdentity
+    modalities: dict[str, int]
+    refused: dict[str, int]  # "old_id -> new_id" -> pairs refused
+
+
+def _label(models: str) -> str:
+    """'old_id -> new_id' for a models_key string (or the raw string when it does not parse)."""
+    try:
+        old, new = parse_models_key(models)
+    except Exception:  # noqa: BLE001 (a malformed key is still reported, not fatal)
+        return models[:80]
+    return f"{old.model_id} -> {new.model_id}"
+
+
+def export_pairs(store: PairStore, out: Path, *, limit: int | None = None, force: bool = False) -> Exported:
+    """Write the store's newest `limit` pairs of the current model pair to `out`; InputError when there are none."""
+    from service.atomic_dir import replace_dir, sibling_dir
+    from service.bulk.support import models_json
+
+    if out.exists() and (not out.is_dir() or (any(out.iterdir()) and not force)):
+        raise InputError(f"{out}: exists and is not an empty folder (use --force to replace it)")
+    stored = store.read(limit)
+    if not stored.runs:
+        raise InputError(f"the {store.kind} traffic store holds no pairs (is traffic.sample_rate above 0?)")
+    current = stored.runs[0].models
+    kept = [r for r in stored.runs if r.models == current]
+    refused = Counter[str]()
+    for run in stored.runs:
+        if run.models != current:
+            refused[_label(run.models)] += len(run)
+    old_id, new_id = parse_models_key(current)
+    # Oldest first, as the pairs were served: the runs and their rows are newest first.
+    old = np.concatenate([r.old for r in kept])[::-1].astype(np.float32)
+    new = np.concatenate([r.new for r in kept])[::-1].astype(np.float32)
+    if old.shape[1] != old_id.dim or new.shape[1] != new_id.dim:
+        raise InputError(
+            f"stored pairs are {old.shape[1]}/{new.shape[1]}-d but their models say {old_id.dim}/{new_id.dim}"
+        )
+    modalities = dict(Counter(m for r in kept for m in r.modality))
+    only = next(iter(modalities)) if len(modalities) == 1 else "mixed"
+    meta: dict[str, Any] = models_json(
+        old_id,
+        new_id,
+        only,
+        "none",
+        len(old),
+        source="traffic",
+        store=store.kind,
+        query_modalities=modalities,
+        refused_pairs=dict(refused),
+    )
+    tmp = sibling_dir(out)
+    np.save(tmp / OLD, old)
+    np.save(tmp / NEW, new)
+    (tmp / MODELS_JSON).write_text(json.dumps(meta, indent=2) + "\n", encoding="utf-8")
+    replace_dir(tmp, out)
+    return Exported(len(old), old_id, new_id, modalities, dict(refused))
+
+
+@dataclass(frozen=True)
+class QueryPairs:
+    """Unlabelled (new, old) query pairs from one exported folder, zero rows dropped."""
+
+    path: Path
+    new: F32
+    old: F32
+    old_model: ModelIdentity | None
+    new_model: ModelIdentity | None
+    zero_rows: int
+
+
+def load_query_pairs(folder: Path) -> QueryPairs:
+    """Read an exported folder (old_query.npy, new_query.npy, models.json when present); InputError naming the file."""
+    from service.compat.io import load_embeddings
+
+    if not folder.is_dir():
+        raise InputError(f"{folder}: not a directory")
+    old = load_embeddings(folder / OLD, allow_zero=True)
+    new = load_embeddings(folder / NEW, allow_zero=True)
+    if len(old) != len(new):
+        raise InputError(f"{folder / NEW}: {len(new)} rows but {OLD} has {len(old)}; rows must pair up")
+    keep = old.any(axis=1) & new.any(axis=1)
+    ids = read_models_json(folder)
+    old_model, new_model = ids if ids is not None else (None, None)
+    for identity, rows, side in ((old_model, old, "old"), (new_model, new, "new")):
+        if identity is not None and identity.dim != rows.shape[1]:
+            raise InputError(
+                f"{folder / MODELS_JSON}: the {side} model is {identity.dim}-d, but {side}_query.npy holds "
+                f"{rows.shape[1]}-d rows"
+            )
+    return QueryPairs(folder, new[keep], old[keep], old_model, new_model, int((~keep).sum()))
