@@ -10,11 +10,12 @@ test set by exact search: old->old, aligned (R alone) and SLERP at the chosen al
         test: caption 1 of 2,000 gallery items vs the 20,000 items' images (old model)
         labelled: caption 0 + image of support items (both models); traffic: caption 2 of other items;
         shifted traffic: caption 2 of items from 64 of the 4,096 clusters only (a topical shift)
-    real (docs/real-models.md's corpus; build it first, see --root):
-        .venv/bin/python loadtest/traffic_evidence.py real --root /tmp/nb-real --json loadtest/results/traffic-real.json
-        test: the 1,000 test pairs vs the 4,520-text gallery (old model); labelled: support pairs;
-        traffic: queries of the support pairs left out of the labelled draw (their labels unused);
-        shifted traffic: gallery descriptions (long texts) through both models
+    real (docs/real-models.md's corpus; build it first, docs/traffic-learning.md has the commands):
+        .venv/bin/python loadtest/traffic_evidence.py real --root /tmp/nb-real --traffic 500,2000 \
+            --json loadtest/results/traffic-real.json
+        test: the 1,000 test queries vs the 4,520-text gallery (old model); labelled: support pairs;
+        traffic: queries of the support pairs left out of the labelled draw (their labels unused; at
+        most 2,000 - L exist); shifted traffic: those pairs' descriptions (long texts) as queries
 Weights: --weights 0.1,0.3,1,3 sweeps query_pairs_weight on the sizes named by --sweep.
 """
 
@@ -118,18 +119,24 @@ class SyntheticWorld:
 
 
 class RealCorpus:
-    """docs/real-models.md's support / test sets, plus the gallery texts through both models."""
+    """docs/real-models.md's support set, test queries and gallery (old model), as built under --root."""
 
     def __init__(self, root: Path) -> None:
         from service.compat.io import load_split
 
         self.support = load_split(root / "support")
-        test = load_split(root / "test")
-        self.gallery_old = np.load(root / "gallery-old.npy")
-        self.gallery_new = np.load(root / "gallery-new.npy")
-        ids = np.load(root / "corpus" / "gallery_ids.npy")
-        self.test = split_of("real-test", test.old_query, test.new_query, self.gallery_old, None, test.query_ids, ids)
-        self.targets = normalize_rows(self.gallery_old)
+        gallery_ids = np.load(root / "corpus" / "gallery_ids.npy")
+        gallery_old = np.load(root / "gallery-old.npy")
+        self.test = split_of(
+            "real-test",
+            np.load(root / "test-old.npy"),
+            np.load(root / "test-new.npy"),
+            gallery_old,
+            None,
+            np.load(root / "test-query-ids.npy"),
+            gallery_ids,
+        )
+        self.targets = normalize_rows(gallery_old)
         self.order: dict[int, np.ndarray] = {}
 
     def _perm(self, draw: int) -> np.ndarray:
@@ -138,10 +145,9 @@ class RealCorpus:
         return self.order[draw]
 
     def labelled(self, n: int, draw: int) -> Split:
-        """n support pairs of this draw (query pairs; their relevant descriptions as targets)."""
-        s, rows = self.support, self._perm(draw)[:n]
-        qid = s.query_ids[rows]
-        keep = np.isin(s.target_ids, qid)
+        """n support pairs of this draw: their queries and their relevant descriptions, both models."""
+        s, rows = self.support, np.sort(self._perm(draw)[:n])
+        keep = np.isin(s.target_ids, s.query_ids[rows])
         nt = None if s.new_target is None else s.new_target[keep]
         return split_of(
             f"labelled-{n}-{draw}",
@@ -149,22 +155,63 @@ class RealCorpus:
             s.new_query[rows],
             s.old_target[keep],
             nt,
-            qid,
+            s.query_ids[rows],
             s.target_ids[keep],
         )
 
     def traffic(self, n: int, draw: int, shifted: bool, skip: int) -> Pairs:
-        """Queries of support pairs outside the labelled draw; shifted: gallery descriptions."""
+        """Queries of support pairs outside the labelled draw (at most what is left); shifted: their descriptions."""
+        s, rows = self.support, self._perm(draw)[skip : skip + n]
         if shifted:
-            rows = np.random.default_rng(2000 + draw).permutation(len(self.gallery_old))[:n]
-            return self.gallery_new[rows], self.gallery_old[rows]
-        rows = self._perm(draw)[skip : skip + n]
-        return self.support.new_query[rows], self.support.old_query[rows]
+            assert s.new_target is not None, "support build writes new_target.npy"
+            t_rows = np.flatnonzero(np.isin(s.target_ids, s.query_ids[rows]))
+            return s.new_target[t_rows], s.old_target[t_rows]
+        return s.new_query[rows], s.old_query[rows]
+
+
+def markdown(rows: list[dict[str, Any]]) -> str:
+    """The docs tables from a run's rows: test R@1 (%) per labelled x traffic size, then the weight sweep."""
+
+    def cell(r: dict[str, Any] | None, key: str) -> str:
+        if r is None:
+            return "-"
+        sd = f" ±{r[key + '_sd'] * 100:.1f}" if r[key + "_sd"] else ""
+        alpha = f" (α {r['alpha']:.2f})" if key == "slerp" else ""
+        return f"{r[key] * 100:.1f}{sd}{alpha}"
+
+    main_w = rows[0]["weight"]
+    main = [r for r in rows if r["weight"] == main_w]
+    lines = [
+        "| labelled | traffic | old | aligned | slerp | aligned, shifted traffic | slerp, shifted traffic |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for r in main:
+        if r["shifted"]:
+            continue
+        shifted = next(
+            (x for x in main if x["shifted"] and (x["labelled"], x["traffic"]) == (r["labelled"], r["traffic"])), None
+        )
+        lines.append(
+            f"| {r['labelled']} | {r['traffic']} | {r['old'] * 100:.1f} | {cell(r, 'aligned')} | {cell(r, 'slerp')} | "
+            f"{cell(shifted, 'aligned')} | {cell(shifted, 'slerp')} |"
+        )
+    sweep = sorted({(r["labelled"], r["traffic"]) for r in rows if r["weight"] != main_w})
+    if sweep:
+        weights = sorted({r["weight"] for r in rows})
+        lines += ["", "| labelled | traffic | " + " | ".join(f"weight {w:g}" for w in weights) + " |"]
+        lines.append("|---|---|" + "---|" * len(weights))
+        for n_l, n_t in sweep:
+            by_w = {r["weight"]: r for r in rows if (r["labelled"], r["traffic"], r["shifted"]) == (n_l, n_t, False)}
+            cells = [
+                f"{by_w[w]['aligned'] * 100:.1f} / {by_w[w]['slerp'] * 100:.1f}" if w in by_w else "-" for w in weights
+            ]
+            lines.append(f"| {n_l} | {n_t} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("world", choices=["synthetic", "real"])
+    parser.add_argument("world", choices=["synthetic", "real", "table"], help="table: print --json's tables")
     parser.add_argument(
         "--root",
         type=Path,
@@ -182,6 +229,9 @@ def main() -> None:
     parser.add_argument("--test", type=int, default=2_000)
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
+    if args.world == "table":
+        print(markdown(json.loads(args.json.read_text())["rows"]))
+        return
     started = time.perf_counter()
     world: Any = SyntheticWorld(args.gallery, args.test) if args.world == "synthetic" else RealCorpus(args.root)
     labelled_sizes = [int(x) for x in args.labelled.split(",")]
@@ -196,11 +246,12 @@ def main() -> None:
         return [world.traffic(n_t, draw, shifted)]
 
     def run(n_l: int, n_t: int, shifted: bool, weight: float) -> None:
-        draws = [
-            score(world.labelled(n_l, d), traffic_of(n_l, n_t, d, shifted), world.test, world.targets, weight, d)
-            for d in range(args.draws)
-        ]
-        row: dict[str, Any] = {"labelled": n_l, "traffic": n_t, "shifted": shifted, "weight": weight}
+        draws, used = [], 0
+        for d in range(args.draws):
+            traffic = traffic_of(n_l, n_t, d, shifted)
+            used = sum(len(new) for new, _ in traffic)  # the real corpus has at most 2,000 - L
+            draws.append(score(world.labelled(n_l, d), traffic, world.test, world.targets, weight, d))
+        row: dict[str, Any] = {"labelled": n_l, "traffic": used, "shifted": shifted, "weight": weight}
         for key in ("old", "aligned", "slerp", "alpha", "oracle"):
             vals = np.array([d[key] for d in draws])
             row[key] = float(vals.mean())
@@ -208,7 +259,7 @@ def main() -> None:
         rows.append(row)
         pct = {k: row[k] * 100 for k in ("old", "aligned", "aligned_sd", "slerp", "slerp_sd", "oracle")}
         print(
-            f"L={n_l:5d} T={n_t:6d} {'shifted' if shifted else 'same   '} w={weight:<4g} old {pct['old']:5.1f}  "
+            f"L={n_l:5d} T={used:6d} {'shifted' if shifted else 'same   '} w={weight:<4g} old {pct['old']:5.1f}  "
             f"aligned {pct['aligned']:5.1f} ±{pct['aligned_sd']:4.1f}  slerp {pct['slerp']:5.1f} "
             f"±{pct['slerp_sd']:4.1f} (alpha {row['alpha']:.2f})  oracle {pct['oracle']:5.1f}",
             flush=True,
@@ -228,6 +279,7 @@ def main() -> None:
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps(out, indent=2) + "\n")
+    print(markdown(rows))
     print(f"done in {out['seconds']} s")
 
 
