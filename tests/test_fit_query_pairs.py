@@ -62,6 +62,8 @@ def test_query_pairs_lift_held_out_aligned_recall(folders: dict[str, Path]) -> N
     # The report's cross-fitted curve says the same as the test set: R alone got much better.
     assert qp["with"]["aligned_r1"] - qp["without"]["aligned_r1"] >= MARGIN
     assert "24 labelled rows + 2000 unlabelled query pairs" in done.stdout
+    shown = cli("profile", "show", root / "pairs")
+    assert "24 labelled rows + 2000 unlabelled query pairs" in shown.stdout
     assert "query_pairs" not in json.loads((root / "plain" / "profile.json").read_text())["fit_report"]
 
 

@@ -1014,6 +1014,8 @@ def _show_selection(console: Any, rep: dict[str, Any], modality: str) -> None:
         console.print(f"{prefix}chosen {mode}: support {recalls}")
     if "best_head" in rep:
         console.print(f"{prefix}best head {rep['best_head']['head']}: {rep['best_head']['why']}")
+    if "query_pairs" in rep:
+        console.print(prefix + query_pairs_line(rep))
     for key in ("residual_angle_deg", "residual_angle_deg_out_of_fold"):
         if key in rep:
             stats = ", ".join(f"{k} {v:.2f}" for k, v in rep[key].items())
