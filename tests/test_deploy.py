@@ -990,6 +990,28 @@ def test_real_cgroup_quota_caps_torch_and_faiss_threads() -> None:
         group.rmdir()
 
 
+def test_deploy_doc_says_how_each_command_was_checked() -> None:
+    # docs/deploy.md: every command line of its bash blocks says "ran here" or "static".
+    text = (ROOT / "docs/deploy.md").read_text()
+    blocks = re.findall(r"```bash\n(.*?)```", text, re.DOTALL)
+    assert blocks
+    commands = []
+    for block in blocks:
+        lines = block.splitlines()
+        for i, line in enumerate(lines):
+            continued = i > 0 and lines[i - 1].rstrip().endswith("\\")
+            if line.strip() and not continued:
+                command = line
+                j = i
+                while lines[j].rstrip().endswith("\\"):
+                    j += 1
+                    command += lines[j]
+                commands.append(command)
+    unmarked = [c for c in commands if not re.search(r"#\s*(ran here|static)\b", c)]
+    assert unmarked == []
+    assert "SIZING_TABLE" not in text
+
+
 # ------------------------------------------------------------------ `make deploy-check`: the longer runs
 
 deploy_check = pytest.mark.skipif(
