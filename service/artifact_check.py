@@ -4,7 +4,8 @@ Every disagreement becomes one clause naming the artifact (its setting and path)
 the clauses are joined into one line, so `nobackfill serve` refuses to start with one readable error.
 
     gallery   its dim == the old encoder's; its old model id and weights fingerprint, when
-              `gallery build` recorded them, == the old encoder's
+              `gallery build` recorded them, == the old encoder's (a FAISS gallery in gallery.json,
+              a Milvus collection in its `nobackfill.gallery` property: the same block)
     profile   old_dim / new_dim == the encoders'; old / new model ids == the encoders';
               fingerprints, when `fit` recorded them (from models.json), == the encoders'
     profile vs gallery   the old model the profile was fitted for == the one that made the gallery
@@ -20,7 +21,7 @@ from typing import Any, Literal
 from service.compat.profile import CompatProfile
 from service.encoders.base import Encoder, fingerprint_of
 from service.errors import ArtifactError
-from service.index.gallery import Gallery
+from service.index.base import GalleryBackend, setting_line
 from service.settings import EncoderSettings, Settings
 
 UNKNOWN_MODEL = "unknown"
@@ -49,7 +50,7 @@ def _recorded(block: Any) -> tuple[str | None, str | None]:
 
 
 def check_compatible(
-    profile: CompatProfile, old: Encoder, new: Encoder, gallery: Gallery, settings: Settings | None = None
+    profile: CompatProfile, old: Encoder, new: Encoder, gallery: GalleryBackend, settings: Settings | None = None
 ) -> None:
     """Refuse, in one ArtifactError line, encoders / profile / gallery that disagree on dims or model identity."""
     settings = settings or Settings()
@@ -58,7 +59,7 @@ def check_compatible(
         "new": (new, f"new encoder {new.model_id!r} ({encoder_line(settings.new, 'new')})"),
     }
     profile_name = f"profile {profile.profile_id} (NOBACKFILL_COMPAT__PROFILE_DIR={settings.compat.profile_dir})"
-    gallery_name = f"gallery (NOBACKFILL_INDEX__GALLERY_DIR={settings.index.gallery_dir})"
+    gallery_name = f"gallery ({setting_line(settings.index)})"  # a folder, or a Milvus collection
     # gallery.json: "old_model" (identity from OUT.json) since `encode`; only "old_model_id" before.
     gallery_block = gallery.meta.get("old_model") or {"model_id": gallery.meta.get("old_model_id")}
     models = profile.models or {}

@@ -13,6 +13,7 @@ NobackfillError            500 internal           also what any foreign exceptio
 ├── EncoderFailed          500 encoder_failed     a model raised or returned unusable rows
 ├── EncoderTimeout         504 encoder_timeout    a model did not answer within its timeout_s
 ├── NotReady               503 not_ready
+├── GalleryUnavailable     503 gallery_unavailable  a remote gallery (Milvus) did not answer within its deadline
 └── Overloaded             503 overloaded         carries retry_after_s
 
 `translate` is the one place where a foreign exception (torch, faiss, redis, OSError, anything
@@ -124,6 +125,13 @@ class NotReady(NobackfillError):
 
     status = 503
     code = "not_ready"
+
+
+class GalleryUnavailable(NobackfillError):
+    """A remote gallery (a Milvus collection) is unreachable or did not answer within index.milvus_timeout_s."""
+
+    status = 503
+    code = "gallery_unavailable"
 
 
 class Overloaded(NobackfillError):

@@ -36,7 +36,7 @@ from service.encoders.base import Embeddings, Encoder, Modality, describe, finge
 from service.encoders.batcher import MicroBatcher
 from service.encoders.registry import create_encoder
 from service.errors import ArtifactError, InputError, NobackfillError, Overloaded, TooManyQueries, UnsupportedMode
-from service.index.gallery import Gallery
+from service.index.base import GalleryBackend, open_gallery
 from service.settings import Settings
 from service.traffic.sampler import TrafficSampler, create_sampler, identities
 
@@ -192,7 +192,7 @@ class Pipeline:
         old: MicroBatcher,
         new: MicroBatcher,
         cache: EmbeddingCache,
-        gallery: Gallery,
+        gallery: GalleryBackend,
         profile: CompatProfile,
     ) -> None:
         self.settings = settings
@@ -215,12 +215,7 @@ class Pipeline:
         )
         old_encoder, new_encoder = old_replicas[0], new_replicas[0]
         gallery, profile, _, _ = await asyncio.gather(
-            asyncio.to_thread(
-                Gallery.load,
-                settings.index.gallery_dir,
-                coarse=settings.index.coarse,
-                graph_ef=settings.index.coarse_ef,
-            ),
+            asyncio.to_thread(open_gallery, settings.index),  # FAISS folder or Milvus collection (index/base.py)
             asyncio.to_thread(load_profile, settings.compat.profile_dir),
             asyncio.to_thread(_warm, old_replicas),
             asyncio.to_thread(_warm, new_replicas),
@@ -260,6 +255,8 @@ class Pipeline:
     def problems(self) -> list[str]:
         """Why this pipeline cannot take traffic now (empty when it can): /readyz answers 503 with these."""
         found = [f"{b.name} encoder: {problem}" for b in (self.old, self.new) if (problem := b.problem()) is not None]
+        if (gallery_problem := self.gallery.problem()) is not None:  # a remote gallery (Milvus) not answering
+            found.append(f"gallery: {gallery_problem}")
         return [*found, "draining: shutting down"] if self.draining else found
 
     @property
@@ -274,6 +271,7 @@ class Pipeline:
         await self.old.stop()
         await self.new.stop()
         await self.cache.aclose()
+        await asyncio.to_thread(self.gallery.close)
         if self.traffic is not None:
             await asyncio.to_thread(self.traffic.close)
 
@@ -288,8 +286,11 @@ class Pipeline:
             raise TooManyQueries(f"{len(queries)} queries in one request; the limit is {api.max_queries}")
         if not 1 <= k <= api.max_k:
             raise InputError(f"k must be in 1..{api.max_k}, got {k}")
-        if not 1 <= nprobe <= self.gallery.nlist:
-            raise InputError(f"nprobe must be in 1..{self.gallery.nlist} (the gallery's nlist), got {nprobe}")
+        limit = self.gallery.max_nprobe  # None: the index takes no nprobe (a flat or graph Milvus index)
+        if limit is not None and not 1 <= nprobe <= limit:
+            raise InputError(f"nprobe must be in 1..{limit} (the gallery's nlist), got {nprobe}")
+        if nprobe < 1:
+            raise InputError(f"nprobe must be >= 1, got {nprobe}")
         if alpha is not None and not (math.isfinite(alpha) and 0.0 <= alpha <= 1.0):
             raise InputError(f"alpha must be in [0, 1], got {alpha}")
         served = self.profile.modes()
@@ -353,7 +354,7 @@ class Pipeline:
     ) -> SearchOutcome:
         """Answer a batch of queries; raises InputError subclasses for bad input, Overloaded when full."""
         mode = mode or default_mode(self.settings, self.profile)
-        nprobe = min(self.settings.index.nprobe, self.gallery.nlist) if nprobe is None else nprobe
+        nprobe = self.default_nprobe() if nprobe is None else nprobe
         self.validate(queries, k, mode, alpha, nprobe)
         if self.in_flight + len(queries) > self.settings.api.max_in_flight:
             raise Overloaded(f"{self.in_flight} queries in flight; the limit is {self.settings.api.max_in_flight}")
@@ -555,6 +556,17 @@ class Pipeline:
         metrics.PROFILE_INFO.info({"profile_id": candidate.profile_id, "head": candidate.head})
         return candidate
 
+    def default_nprobe(self) -> int:
+        """index.nprobe, capped at the gallery's nlist where it has one."""
+        limit = self.gallery.max_nprobe
+        return self.settings.index.nprobe if limit is None else min(self.settings.index.nprobe, limit)
+
+    async def probe_gallery(self) -> str | None:
+        """Ask a remote gallery whether it answers (bounded by its timeout, off the event loop); its problem or None."""
+        if self.gallery.backend == "faiss":  # in this process: nothing to wait for, no thread hop per probe
+            return None
+        return await asyncio.to_thread(self.gallery.probe)
+
     def info(self) -> dict[str, Any]:
         """What /v1/info reports: models, dims, devices, profile, gallery."""
         profile = self.profile
@@ -567,14 +579,7 @@ class Pipeline:
                 "alphas": profile.alphas,
                 "modes": profile.modes(),
             },
-            "gallery": {
-                "fingerprint": self.gallery.fingerprint,
-                "ntotal": self.gallery.ntotal,
-                "dim": self.gallery.dim,
-                "nlist": self.gallery.nlist,
-                "nprobe_default": min(self.settings.index.nprobe, self.gallery.nlist),
-                "coarse": self.gallery.coarse,
-            },
+            "gallery": {**self.gallery.describe(), "nprobe_default": self.default_nprobe()},
             "cache": {"kind": self.cache.kind, "state": self.cache.state()},
             "default_mode": default_mode(self.settings, profile),
         }

@@ -78,6 +78,13 @@ class IndexSettings(BaseModel):
     # "auto" uses the graph on CPU from 4,096 lists up.  coarse_ef: the graph's efSearch.
     coarse: Literal["auto", "flat", "hnsw"] = "auto"
     coarse_ef: int = Field(128, ge=1)
+    # "milvus": search an existing Milvus collection read-only instead of gallery_dir (docs/scale-out.md).
+    backend: Literal["faiss", "milvus"] = "faiss"
+    milvus_uri: str | None = None  # http://host:19530, or a milvus-lite ./x.db for development
+    milvus_collection: str | None = None
+    milvus_token: SecretStr | None = None  # "user:password" or an API key; unset: no auth
+    # Every Milvus call (search, readiness probe) fails after this long: 503 gallery_unavailable, never a hang.
+    milvus_timeout_s: float = Field(2.0, gt=0)
 
 
 class CompatSettings(BaseModel):

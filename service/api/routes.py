@@ -62,12 +62,14 @@ async def healthz(request: Request) -> OrjsonResponse:
 async def readyz(request: Request) -> OrjsonResponse:
     """200 once encoders are warm and gallery and profile are loaded, and while both batchers serve.
 
-    503 while loading, while a batcher is stopped or every replica of one is stuck, and while draining.
+    503 while loading, while a batcher is stopped or every replica of one is stuck, while a Milvus
+    gallery does not answer (probed here, within index.milvus_timeout_s), and while draining.
     Redis state is reported, never fatal (the cache fails open).
     """
     pipeline: Pipeline | None = getattr(request.app.state, "pipeline", None)
     if pipeline is None:
         return OrjsonResponse({"status": "loading"}, status_code=503)
+    await pipeline.probe_gallery()  # records the answer where problems() reads it (a no-op for FAISS)
     problems = pipeline.problems()
     redis_ok = await pipeline.cache.ping()
     return OrjsonResponse(

@@ -1,10 +1,13 @@
-"""`nobackfill gallery build|info|eval`: build a frozen IVF-PQ gallery, inspect it, measure recall and latency."""
+"""`nobackfill gallery build|info|eval`: build a frozen IVF-PQ gallery, inspect it, measure recall and latency.
+
+`--backend milvus` builds and describes a Milvus collection instead (service/index/milvus_build.py).
+"""
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import typer
@@ -18,7 +21,7 @@ FEATURE_CHUNK = 65536
 
 @app.command("build")
 def build(
-    out: Path = typer.Option(..., "--out", help="Gallery folder to create."),
+    out: Path | None = typer.Option(None, "--out", help="Gallery folder to create (backend faiss)."),
     size: int | None = typer.Option(None, "--size", help="Synthetic world: items 0..N-1 (image view)."),
     synthetic_model: str = typer.Option(
         "old", "--synthetic-model", help="--size galleries: old, or new for a re-indexed baseline to benchmark against."
@@ -39,6 +42,12 @@ def build(
     train_size: int | None = typer.Option(None, "--train-size", help="Training sample size."),
     chunk_size: int = typer.Option(65536, "--chunk-size", min=1, help="Vectors added per chunk (bounds memory)."),
     force: bool = typer.Option(False, "--force", help="Replace an existing gallery."),
+    backend: str = typer.Option("faiss", "--backend", help="faiss (a local folder) or milvus (a collection)."),
+    uri: str | None = typer.Option(None, "--uri", help="milvus: http://host:19530, or a milvus-lite ./x.db."),
+    collection: str | None = typer.Option(None, "--collection", help="milvus: collection to create or resume."),
+    token: str | None = typer.Option(None, "--token", envvar="MILVUS_TOKEN", help="milvus: user:password or key."),
+    index: str = typer.Option("IVF_PQ", "--index", help="milvus: IVF_PQ, IVF_FLAT, IVF_SQ8, HNSW, FLAT, AUTOINDEX."),
+    metric: str = typer.Option("IP", "--metric", help="milvus: IP, or COSINE (same ranking on unit rows)."),
 ) -> None:
     """Build a gallery: train on a sample, add in chunks, publish atomically with its fingerprint."""
     from service.errors import InputError
@@ -46,6 +55,15 @@ def build(
     from service.index.params import resolve
     from service.index.sources import NpySource, Source, SyntheticSource
 
+    if backend == "milvus":
+        if from_npy is None or size is not None or features != "raw":
+            raise InputError("--backend milvus loads raw old-model embeddings: give --from-npy FILE_OR_DIR")
+        _build_milvus(uri, collection, token, from_npy, ids_npy, model_id, index, nlist, pq_m, metric)
+        return
+    if backend != "faiss":
+        raise InputError(f"--backend must be faiss or milvus, got {backend!r}")
+    if out is None:
+        raise InputError("give --out GALLERY_DIR (the folder to create)")
     if (size is None) == (from_npy is None):
         raise InputError("give exactly one of --size (synthetic world) or --from-npy FILE_OR_DIR")
     if features not in ("raw", "psp", "lsp"):
@@ -87,6 +105,61 @@ def build(
     typer.echo(
         f"built {out}: {meta['ntotal']:,} vectors, d={meta['d']}, {meta['factory']}, {size_mib:,.1f} MiB "
         f"in {meta['build']['total_s']:.0f} s, sha256 {str(meta['sha256'])[:16]}..."
+    )
+
+
+def _milvus_client(uri: str | None, collection: str | None, token: str | None) -> Any:
+    """A MilvusClient for --uri; InputError without --uri / --collection."""
+    from service.errors import InputError
+    from service.index.milvus import connect
+
+    if not uri or not collection:
+        raise InputError("--backend milvus needs --uri URI and --collection NAME")
+    return connect(uri, token, timeout_s=30.0)
+
+
+def _build_milvus(
+    uri: str | None,
+    collection: str | None,
+    token: str | None,
+    from_npy: Path,
+    ids_npy: Path | None,
+    model_id: str | None,
+    index: str,
+    nlist: int | None,
+    pq_m: int,
+    metric: str,
+) -> None:
+    """`gallery build --backend milvus`: load --from-npy into the collection (resumable), index, load."""
+    from service.errors import InputError
+    from service.index.milvus_build import build_collection, index_params, progress_default
+    from service.index.sources import NpySource
+
+    if not from_npy.exists():
+        raise InputError(f"{from_npy}: no such file or directory")
+    identity = _npy_identity(from_npy, model_id)
+    recorded = model_id or (identity.model_id if identity else "unknown")
+    source = NpySource(from_npy, ids_npy, recorded, identity.as_dict() if identity else None)
+    index_params(index.upper(), nlist, pq_m, source.ntotal, source.dim)  # bad --index / --pq-m before connecting
+    client = _milvus_client(uri, collection, token)
+    assert collection is not None
+    try:
+        done = build_collection(
+            client,
+            collection,
+            source,
+            index_type=index.upper(),
+            nlist=nlist,
+            pq_m=pq_m,
+            metric=metric.upper(),
+            progress=progress_default(),
+            log=lambda line: typer.echo(line, err=True),
+        )
+    finally:
+        client.close()
+    typer.echo(
+        f"built milvus collection {collection}: {done['row_count']:,} rows ({done['inserted']:,} inserted, "
+        f"{done['skipped']:,} already there), {done['index']} {done['params']}, in {done['total_s']:.0f} s"
     )
 
 
@@ -156,12 +229,31 @@ def _logit_features(logits_path: Path, out: Path, mode: str, top_k: int | None) 
 
 @app.command("info")
 def info(
-    gallery_dir: Path = typer.Argument(..., help="Gallery folder."),
+    gallery_dir: Path | None = typer.Argument(None, help="Gallery folder (backend faiss)."),
     verify: bool = typer.Option(False, "--verify", help="Also check the sha256 of index.faiss and open it."),
+    backend: str = typer.Option("faiss", "--backend", help="faiss (a folder) or milvus (a collection)."),
+    uri: str | None = typer.Option(None, "--uri", help="milvus: http://host:19530, or a milvus-lite ./x.db."),
+    collection: str | None = typer.Option(None, "--collection", help="milvus: the collection."),
+    token: str | None = typer.Option(None, "--token", envvar="MILVUS_TOKEN", help="milvus: user:password or key."),
 ) -> None:
     """Print gallery.json; with --verify, load the gallery as the service does (fingerprint check)."""
+    from service.errors import InputError
     from service.index.artifact import read_meta
 
+    if backend == "milvus":
+        from service.index.milvus_build import describe_collection
+
+        client = _milvus_client(uri, collection, token)
+        assert collection is not None
+        try:
+            typer.echo(json.dumps(describe_collection(client, collection), indent=2, sort_keys=True, default=str))
+        finally:
+            client.close()
+        return
+    if backend != "faiss":
+        raise InputError(f"--backend must be faiss or milvus, got {backend!r}")
+    if gallery_dir is None:
+        raise InputError("give the gallery folder (or --backend milvus --uri URI --collection NAME)")
     meta = read_meta(gallery_dir)
     typer.echo(json.dumps(meta, indent=2, sort_keys=True))
     if verify:

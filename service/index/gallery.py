@@ -33,7 +33,9 @@ Coarse = Literal["auto", "flat", "hnsw"]
 
 
 class Gallery:
-    """A loaded, read-only IVF-PQ gallery."""
+    """A loaded, read-only IVF-PQ gallery (the local backend of index/base.py's GalleryBackend)."""
+
+    backend = "faiss"
 
     def __init__(
         self,
@@ -63,6 +65,33 @@ class Gallery:
     def coarse(self) -> str:
         """How the nprobe lists are chosen: "hnsw" (graph over the centroids) or "flat" (exact scan)."""
         return "hnsw" if self._graph is not None else "flat"
+
+    @property
+    def max_nprobe(self) -> int:
+        """A search probes at most every list."""
+        return self.nlist
+
+    def describe(self) -> dict[str, Any]:
+        """What /v1/info reports: fingerprint, size, dim, nlist, coarse quantizer."""
+        return {
+            "backend": self.backend,
+            "fingerprint": self.fingerprint,
+            "ntotal": self.ntotal,
+            "dim": self.dim,
+            "nlist": self.nlist,
+            "coarse": self.coarse,
+        }
+
+    def problem(self) -> str | None:
+        """A loaded local file has nothing to go wrong at run time."""
+        return None
+
+    def probe(self) -> str | None:
+        """Nothing to probe: the index is in this process."""
+        return None
+
+    def close(self) -> None:
+        """Nothing to release: the mapping goes with the object."""
 
     @classmethod
     def load(

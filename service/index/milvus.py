@@ -1,0 +1,300 @@
+"""`MilvusGallery`: an existing Milvus collection of unit old-model vectors, searched read-only.
+
+The contract with the collection (checked once at open, each failure one line naming the settings):
+- one FLOAT_VECTOR field (the gallery) and an INT64 primary key (the ids the API returns);
+- an index on the vector field whose metric is IP, or COSINE (the same ranking on unit rows), never L2;
+- loaded (searchable): the service never loads, releases, indexes or writes the collection;
+- the vector field's dim is the old model's: artifact_check compares it with the encoder and profile,
+  and the model identity `nobackfill gallery build --backend milvus` stored in the collection's
+  properties (IDENTITY_KEY, the same block gallery.json holds) with theirs.
+
+Searching: `nprobe` becomes the index's `nprobe` search parameter where it has one (IVF_*); flat and
+graph indexes take none (max_nprobe None).  Every call carries `timeout=index.milvus_timeout_s`, so an
+unreachable or stalled Milvus costs a request at most that long and is answered 503
+gallery_unavailable (errors.py); the failure is remembered for /readyz until a search or probe succeeds.
+
+    pymilvus.MilvusException (refused connection, server error) ─┐
+    grpc.RpcError (DEADLINE_EXCEEDED from a stalled server) ─────┴─► GalleryUnavailable (503)
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+import time
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import numpy.typing as npt
+
+from service.errors import ArtifactError, GalleryUnavailable, InputError
+from service.index.base import setting_line
+
+if TYPE_CHECKING:
+    from service.settings import IndexSettings
+
+IDENTITY_KEY = "nobackfill.gallery"  # collection property: JSON of d, metric, old model identity, build params
+RANKING_METRICS = ("IP", "COSINE")
+# Milvus's own bound on nprobe, used when an IVF index does not report its nlist (milvus-lite does not).
+MILVUS_MAX_NPROBE = 65536
+# A graph index needs ef >= k; below this floor its recall drops for small k.
+HNSW_MIN_EF = 64
+# /readyz may be polled often and by anyone: one probe per this many seconds reaches Milvus.
+PROBE_INTERVAL_S = 1.0
+_PAD_SCORE = np.float32(np.finfo(np.float32).min)  # what FAISS pads a short list with
+
+log = logging.getLogger(__name__)
+
+
+def milvus_errors() -> tuple[type[BaseException], ...]:
+    """The exceptions a pymilvus call raises when Milvus is down, stalled or refuses (caught as an outage)."""
+    import grpc
+    from pymilvus import MilvusException
+
+    return (MilvusException, grpc.RpcError)
+
+
+def connect(uri: str, token: str | None, timeout_s: float) -> Any:
+    """A MilvusClient for uri; GalleryUnavailable (one line) when nobody answers there."""
+    try:
+        from pymilvus import MilvusClient
+    except ImportError as exc:
+        raise ArtifactError(
+            "the milvus backend needs pymilvus: pip install 'nobackfill[milvus]' (NOBACKFILL_INDEX__BACKEND=milvus)"
+        ) from exc
+    try:
+        return MilvusClient(uri=uri, token=token or "", timeout=timeout_s)
+    except milvus_errors() as exc:
+        raise GalleryUnavailable(f"Milvus at {uri} is unreachable ({_short(exc)})") from exc
+
+
+def _short(exc: BaseException) -> str:
+    """One line of a pymilvus / grpc error for logs and refusals (never for a 5xx body)."""
+    message = getattr(exc, "message", None) or getattr(exc, "details", lambda: None)() or str(exc)
+    return str(message).splitlines()[0][:200]
+
+
+def vector_field(description: dict[str, Any]) -> tuple[str, int, str]:
+    """(vector field, its dim, primary key) of a described collection; ArtifactError if it is no gallery."""
+    from pymilvus import DataType
+
+    fields = description.get("fields", [])
+    vectors = [f for f in fields if f.get("type") == DataType.FLOAT_VECTOR]
+    primary = [f for f in fields if f.get("is_primary")]
+    name = description.get("collection_name")
+    if len(vectors) != 1:
+        raise ArtifactError(f"collection {name} has {len(vectors)} FLOAT_VECTOR fields; a gallery has exactly one")
+    if len(primary) != 1 or primary[0].get("type") != DataType.INT64:
+        raise ArtifactError(f"collection {name}: its primary key must be one INT64 field (the ids searches return)")
+    return str(vectors[0]["name"]), int(vectors[0]["params"]["dim"]), str(primary[0]["name"])
+
+
+def index_of(client: Any, collection: str, field: str, timeout_s: float) -> dict[str, Any] | None:
+    """The vector field's index: index_type, metric_type and its params (nlist, ...) flattened; None if unindexed."""
+    names = client.list_indexes(collection, field_name=field, timeout=timeout_s)
+    if not names:
+        return None
+    found = dict(client.describe_index(collection, names[0], timeout=timeout_s))
+    params = found.pop("params", None)  # some servers nest the build params, some flatten them
+    if isinstance(params, str):
+        params = json.loads(params)
+    if isinstance(params, dict):
+        found = {**params, **found}
+    return found
+
+
+def read_identity(properties: dict[str, Any]) -> dict[str, Any]:
+    """The gallery.json-like block `gallery build` stored in the collection's properties ({} when absent)."""
+    raw = properties.get(IDENTITY_KEY)
+    if not raw:
+        return {}
+    try:
+        block = json.loads(raw)
+    except json.JSONDecodeError as exc:
+        raise ArtifactError(f"collection property {IDENTITY_KEY} is not JSON ({exc})") from exc
+    if not isinstance(block, dict):
+        raise ArtifactError(f"collection property {IDENTITY_KEY} is not a JSON object")
+    return block
+
+
+class MilvusGallery:
+    """A loaded Milvus collection, searched read-only from many threads (one gRPC channel)."""
+
+    backend = "milvus"
+
+    def __init__(
+        self,
+        client: Any,
+        settings: IndexSettings,
+        field: str,
+        primary: str,
+        dim: int,
+        index: dict[str, Any],
+        rows: int,
+        meta: dict[str, Any],
+    ) -> None:
+        self._client = client
+        self.uri = str(settings.milvus_uri)
+        self.collection = str(settings.milvus_collection)
+        self.timeout_s = settings.milvus_timeout_s
+        self._settings_line = setting_line(settings)
+        self.field = field
+        self.primary = primary
+        self.dim = dim
+        self.ntotal = rows
+        self.meta = meta
+        self.index_type = str(index.get("index_type", "unknown")).upper()
+        self.metric = str(index.get("metric_type", "")).upper()
+        nlist = index.get("nlist", (meta.get("index") or {}).get("params", {}).get("nlist"))
+        self.nlist: int | None = int(nlist) if nlist is not None else None
+        self.fingerprint = f"milvus:{self.collection}@{meta.get('built_at', 'unknown')}"
+        self._problem: str | None = None
+        self._probed_at = -float("inf")
+        self._lock = threading.Lock()
+
+    @classmethod
+    def open(cls, settings: IndexSettings) -> MilvusGallery:
+        """Connect, check the collection is a searchable gallery; one-line ArtifactError / GalleryUnavailable if not."""
+        line = setting_line(settings)
+        if not settings.milvus_uri or not settings.milvus_collection:
+            raise ArtifactError(f"the milvus backend needs a URI and a collection ({line})")
+        token = settings.milvus_token.get_secret_value() if settings.milvus_token else None
+        client = connect(settings.milvus_uri, token, settings.milvus_timeout_s)
+        name, timeout = settings.milvus_collection, settings.milvus_timeout_s
+        try:
+            if not client.has_collection(name, timeout=timeout):
+                raise ArtifactError(f"no collection {name!r} at {settings.milvus_uri} ({line})")
+            field, dim, primary = vector_field(client.describe_collection(name, timeout=timeout))
+            index = index_of(client, name, field, timeout)
+            if index is None:
+                raise ArtifactError(f"collection {name!r} has no index on {field!r} ({line})")
+            metric = str(index.get("metric_type", "")).upper()
+            if metric not in RANKING_METRICS:
+                raise ArtifactError(
+                    f"collection {name!r} ranks {field!r} by {metric or 'an unknown metric'}; nobackfill needs IP or "
+                    f"COSINE over unit old-model vectors ({line})"
+                )
+            state = client.get_load_state(name, timeout=timeout).get("state")
+            if getattr(state, "name", str(state)) != "Loaded":
+                raise ArtifactError(
+                    f"collection {name!r} is not loaded ({getattr(state, 'name', state)}); load it first "
+                    f"(`nobackfill gallery build --backend milvus` does; the service never changes it) ({line})"
+                )
+            properties = client.describe_collection(name, timeout=timeout).get("properties") or {}
+            meta = read_identity(properties)
+            if meta.get("d") not in (None, dim):
+                raise ArtifactError(
+                    f"collection {name!r}: {field!r} is {dim}-d but {IDENTITY_KEY} records d={meta['d']} ({line})"
+                )
+            rows = int(client.get_collection_stats(name, timeout=timeout).get("row_count", 0))
+        except milvus_errors() as exc:
+            client.close()
+            raise GalleryUnavailable(f"Milvus at {settings.milvus_uri}: {_short(exc)} ({line})") from exc
+        except ArtifactError:
+            client.close()
+            raise
+        if not meta:
+            log.warning("collection %s records no model identity (%s): identity checks skipped", name, IDENTITY_KEY)
+        return cls(client, settings, field, primary, dim, index, rows, meta)
+
+    @property
+    def max_nprobe(self) -> int | None:
+        """nlist for an IVF index (Milvus's bound when the server does not say), None for flat / graph indexes."""
+        if not self.index_type.startswith("IVF"):
+            return None
+        return self.nlist if self.nlist is not None else MILVUS_MAX_NPROBE
+
+    def search_params(self, k: int, nprobe: int) -> dict[str, Any]:
+        """The per-search parameters: nprobe for IVF, ef >= k for HNSW, none otherwise."""
+        params: dict[str, Any] = {}
+        if self.index_type.startswith("IVF"):
+            params["nprobe"] = nprobe
+        elif self.index_type.startswith("HNSW"):
+            params["ef"] = max(k, HNSW_MIN_EF)
+        return {"metric_type": self.metric, "params": params}
+
+    def search(
+        self, queries: npt.ArrayLike, k: int, nprobe: int
+    ) -> tuple[npt.NDArray[np.float32], npt.NDArray[np.int64]]:
+        """Top-k of queries [b, d] by the collection's IP / COSINE: (scores [b, k], ids [b, k]; -1 pads)."""
+        q = np.ascontiguousarray(queries, dtype=np.float32)
+        if q.ndim != 2 or q.shape[1] != self.dim:
+            raise InputError(f"queries must have shape [b, {self.dim}], got {list(q.shape)}")
+        if k < 1:
+            raise InputError(f"k must be >= 1, got {k}")
+        limit = self.max_nprobe
+        if nprobe < 1 or (limit is not None and nprobe > limit):
+            raise InputError(f"nprobe must be in 1..{limit if limit is not None else 'any'}, got {nprobe}")
+        scores = np.full((q.shape[0], k), _PAD_SCORE, dtype=np.float32)
+        ids = np.full((q.shape[0], k), -1, dtype=np.int64)
+        if q.shape[0] == 0:
+            return scores, ids
+        try:
+            hits = self._client.search(
+                self.collection,
+                data=q,
+                limit=k,
+                anns_field=self.field,
+                output_fields=[self.primary],
+                search_params=self.search_params(k, nprobe),
+                timeout=self.timeout_s,
+            )
+        except milvus_errors() as exc:
+            raise self._unavailable(exc) from exc
+        self._problem = None
+        for row, found in enumerate(hits):
+            n = min(len(found), k)
+            ids[row, :n] = [hit["id"] for hit in found[:n]]
+            scores[row, :n] = [hit["distance"] for hit in found[:n]]
+        return scores, ids
+
+    def _unavailable(self, exc: BaseException) -> GalleryUnavailable:
+        """Remember the outage for /readyz and log its cause; the response names no internals."""
+        self._problem = f"Milvus collection {self.collection!r} at {self.uri} is not answering"
+        log.warning("milvus search failed (%s): %s", type(exc).__name__, _short(exc))
+        return GalleryUnavailable(
+            f"the gallery (Milvus collection {self.collection!r}) did not answer within "
+            f"{self.timeout_s:g} s; retry later"
+        )
+
+    def describe(self) -> dict[str, Any]:
+        """What /v1/info reports: collection, row count, index type and params, metric, dim."""
+        return {
+            "backend": self.backend,
+            "collection": self.collection,
+            "ntotal": self.ntotal,
+            "dim": self.dim,
+            "index_type": self.index_type,
+            "metric": self.metric,
+            "nlist": self.nlist,
+            "fingerprint": self.fingerprint,
+        }
+
+    def problem(self) -> str | None:
+        """The last search's or probe's failure, until one succeeds."""
+        return self._problem
+
+    def probe(self) -> str | None:
+        """Ask Milvus whether the collection is loaded (at most once per PROBE_INTERVAL_S); the problem or None."""
+        with self._lock:
+            now = time.monotonic()
+            if now - self._probed_at < PROBE_INTERVAL_S:
+                return self._problem
+            self._probed_at = now
+        try:
+            state = self._client.get_load_state(self.collection, timeout=self.timeout_s).get("state")
+        except milvus_errors() as exc:
+            self._problem = f"Milvus collection {self.collection!r} at {self.uri} is not answering"
+            log.warning("milvus probe failed (%s): %s", type(exc).__name__, _short(exc))
+            return self._problem
+        name = getattr(state, "name", str(state))
+        self._problem = None if name == "Loaded" else f"Milvus collection {self.collection!r} is {name}, not loaded"
+        return self._problem
+
+    def close(self) -> None:
+        """Close the client's channel."""
+        try:
+            self._client.close()
+        except milvus_errors():  # closing a channel to a dead server must not fail a shutdown
+            pass
