@@ -10,6 +10,8 @@ ARG PYTHON_IMAGE=python:3.11-slim-bookworm
 
 # ---- what both targets run on: a non-root user with a numeric id, the virtualenv on PATH
 FROM ${PYTHON_IMAGE} AS runtime
+# bash with pipefail: a pipe's failure must fail the build (repeated in the stages that pipe, for hadolint).
+SHELL ["/bin/bash", "-o", "pipefail", "-c"]
 ENV PYTHONDONTWRITEBYTECODE=1 \
     PYTHONUNBUFFERED=1 \
     PIP_NO_CACHE_DIR=1 \
@@ -38,6 +40,7 @@ RUN pip wheel --no-deps --wheel-dir /wheels .
 
 # ---- CPU dependencies: torch's CPU build first, so nothing pulls a multi-GB CUDA build
 FROM runtime AS deps-cpu
+SHELL ["/bin/bash", "-o", "pipefail", "-c"]
 ARG TORCH_VERSION=2.13.0
 COPY --from=requirements /req /req
 RUN pip install torch==${TORCH_VERSION} --index-url https://download.pytorch.org/whl/cpu \
@@ -46,6 +49,7 @@ RUN pip install torch==${TORCH_VERSION} --index-url https://download.pytorch.org
 
 # ---- CUDA dependencies: torch built for CUDA 12 (its CUDA libraries come as wheels) and faiss-gpu-cu12
 FROM runtime AS deps-cuda
+SHELL ["/bin/bash", "-o", "pipefail", "-c"]
 ARG TORCH_VERSION=2.13.0
 ARG TORCH_CUDA=cu128
 COPY --from=requirements /req /req

