@@ -731,6 +731,15 @@ def test_every_expression_parses_and_names_a_metric() -> None:
 
 def test_dashboard_layout_and_datasource() -> None:
     doc = dashboard()
+    # The committed JSON is what deploy/grafana/dashboard.py writes (edit the script, then run it).
+    generated = subprocess.run(
+        [sys.executable, "-c", "import dashboard; print(dashboard.render(), end='')"],
+        cwd=GRAFANA_DIR,
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    assert json.loads(generated) == doc, "run python3 deploy/grafana/dashboard.py"
     datasource = load_yaml(GRAFANA_DIR / "provisioning/datasources/prometheus.yml")["datasources"][0]
     ids = [p["id"] for p in doc["panels"]]
     assert len(ids) == len(set(ids)) and doc["uid"]

@@ -1,0 +1,322 @@
+"""Write deploy/grafana/dashboards/nobackfill.json, the provisioned Grafana dashboard, from the panels below.
+
+    python3 deploy/grafana/dashboard.py          (standard library only; tests/test_deploy.py checks the
+                                                   committed JSON is this script's output)
+
+Rows of panels, laid out left to right on Grafana's 24-column grid.  Every expression reads metrics
+the service exports (service/metrics.py); the test checks each against a running service's /metrics.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+OUT = Path(__file__).resolve().parent / "dashboards" / "nobackfill.json"
+DATASOURCE = {"type": "prometheus", "uid": "prometheus"}  # the uid provisioning/datasources gives it
+RATE = "$__rate_interval"
+SEARCH = 'route="/v1/search"'
+
+
+def quantile(q: float, metric: str, by: str = "") -> str:
+    """histogram_quantile of a histogram's buckets, summed over instances (and grouped `by`)."""
+    labels = ", ".join(["le", *([by] if by else [])])
+    return f"histogram_quantile({q}, sum by ({labels}) (rate({metric}_bucket[{RATE}])))"
+
+
+def panel(
+    title: str,
+    targets: list[tuple[str, str]],
+    unit: str,
+    width: int = 12,
+    description: str = "",
+    kind: str = "timeseries",
+    **extra: Any,
+) -> dict[str, Any]:
+    """One panel: (expression, legend) targets, a unit, a width; the position is set by `layout`."""
+    return {
+        "type": kind,
+        "title": title,
+        "description": description,
+        "datasource": DATASOURCE,
+        "targets": [
+            {"datasource": DATASOURCE, "expr": expr, "legendFormat": legend, "refId": chr(ord("A") + i)}
+            for i, (expr, legend) in enumerate(targets)
+        ],
+        "fieldConfig": {"defaults": {"unit": unit}, "overrides": []},
+        "options": {},
+        "gridPos": {"w": width, "h": 8},
+        **extra,
+    }
+
+
+ROWS: list[tuple[str, list[dict[str, Any]]]] = [
+    (
+        "Requests",
+        [
+            panel(
+                "Search requests by status",
+                [(f"sum by (status) (rate(nobackfill_requests_total{{{SEARCH}}}[{RATE}]))", "{{status}}")],
+                "reqps",
+                description="Answers of /v1/search per second, by HTTP status.",
+            ),
+            panel(
+                "Search error ratio (5xx)",
+                [
+                    (
+                        f'sum(rate(nobackfill_requests_total{{{SEARCH}, status=~"5.."}}[{RATE}]))'
+                        f" / sum(rate(nobackfill_requests_total{{{SEARCH}}}[{RATE}]))",
+                        "5xx ratio",
+                    )
+                ],
+                "percentunit",
+                description="Alert NobackfillHighErrorRatio fires above 1% for 5 minutes.",
+            ),
+        ],
+    ),
+    (
+        "",
+        [
+            panel(
+                "Search latency p50 / p95 / p99",
+                [
+                    (
+                        f"histogram_quantile({q}, sum by (le) "
+                        f"(rate(nobackfill_request_duration_seconds_bucket{{{SEARCH}}}[{RATE}])))",
+                        f"p{round(q * 100)}",
+                    )
+                    for q in (0.5, 0.95, 0.99)
+                ],
+                "s",
+                description="Whole request, middleware to response. Objective: p99 under 250 ms.",
+            ),
+            panel(
+                "Requests by route",
+                [(f"sum by (route) (rate(nobackfill_requests_total[{RATE}]))", "{{route}}")],
+                "reqps",
+                description="Every route, probes and /metrics included.",
+            ),
+        ],
+    ),
+    (
+        "Stages",
+        [
+            panel(
+                f"Stage latency p{round(q * 100)}",
+                [(quantile(q, "nobackfill_stage_duration_seconds", by="stage"), "{{stage}}")],
+                "s",
+                width=8,
+                description="cache_lookup, old_encode, new_encode, queue_wait, transform, search.",
+            )
+            for q in (0.5, 0.95, 0.99)
+        ],
+    ),
+    (
+        "Cache",
+        [
+            panel(
+                "Cache hit ratio",
+                [
+                    (
+                        f'sum(rate(nobackfill_cache_events_total{{event="hit"}}[{RATE}]))'
+                        f' / sum(rate(nobackfill_cache_events_total{{event=~"hit|miss"}}[{RATE}]))',
+                        "hit ratio",
+                    )
+                ],
+                "percentunit",
+                width=8,
+                description="Keys found over keys looked up (a failed or skipped lookup counts its keys as misses).",
+            ),
+            panel(
+                "Cache events",
+                [(f"sum by (event) (rate(nobackfill_cache_events_total[{RATE}]))", "{{event}}")],
+                "ops",
+                width=8,
+                description="hit/miss/corrupt per key; error/write_error/skipped per operation.",
+            ),
+            panel(
+                "Cache breaker open",
+                [("max(nobackfill_cache_breaker_open)", "breaker open (any instance)")],
+                "none",
+                width=8,
+                description="1 while Redis is skipped for a cooldown after errors (NobackfillCacheBreakerOpen).",
+                fieldConfig={
+                    "defaults": {"unit": "none", "min": 0, "max": 1, "custom": {"lineInterpolation": "stepAfter"}},
+                    "overrides": [],
+                },
+            ),
+        ],
+    ),
+    (
+        "Load",
+        [
+            panel(
+                "In-flight queries",
+                [
+                    ("sum(nobackfill_requests_in_flight)", "all instances"),
+                    ("nobackfill_requests_in_flight", "{{instance}}"),
+                ],
+                "none",
+                width=8,
+                description="The HPA's custom metric (per pod) on Kubernetes.",
+            ),
+            panel(
+                "Shed searches",
+                [(f"sum(rate(nobackfill_shed_requests_total[{RATE}]))", "shed/s")],
+                "reqps",
+                width=8,
+                description="Searches refused 503 before any work while the event loop ran late (NobackfillShedding).",
+            ),
+            panel(
+                "Event loop lag",
+                [("max(nobackfill_event_loop_lag_seconds)", "worst instance")],
+                "s",
+                width=8,
+                description="Moving average of how late the loop wakes; shedding starts at API__SHED_LAG_MS.",
+            ),
+        ],
+    ),
+    (
+        "Encoders",
+        [
+            panel(
+                "Encoder batch size (mean, p95)",
+                [
+                    (
+                        f"sum by (encoder) (rate(nobackfill_encoder_batch_size_sum[{RATE}]))"
+                        f" / sum by (encoder) (rate(nobackfill_encoder_batch_size_count[{RATE}]))",
+                        "{{encoder}} mean",
+                    ),
+                    (quantile(0.95, "nobackfill_encoder_batch_size", by="encoder"), "{{encoder}} p95"),
+                ],
+                "none",
+                width=6,
+                description="Items per encoder call after micro-batching.",
+            ),
+            panel(
+                "Encoder queue depth",
+                [("sum by (encoder) (nobackfill_encoder_queue_depth)", "{{encoder}}")],
+                "none",
+                width=6,
+                description="Items waiting for a batch.",
+            ),
+            panel(
+                "Encoder batch time p95",
+                [(quantile(0.95, "nobackfill_encoder_batch_duration_seconds", by="encoder"), "{{encoder}}")],
+                "s",
+                width=6,
+                description="One encoder call on its worker thread.",
+            ),
+            panel(
+                "Encoder failures",
+                [
+                    (
+                        f"sum by (encoder, reason) (rate(nobackfill_encoder_failures_total[{RATE}]))",
+                        "{{encoder}} {{reason}}",
+                    ),
+                    (f"sum by (encoder) (rate(nobackfill_batcher_restarts_total[{RATE}]))", "{{encoder}} restarts"),
+                ],
+                "ops",
+                width=6,
+                description="Failed batches by reason (raised, bad_rows, timeout), and batcher restarts.",
+            ),
+        ],
+    ),
+    (
+        "Compatibility",
+        [
+            panel(
+                "Residual angle distribution",
+                [(f"sum by (le) (increase(nobackfill_residual_angle_radians_bucket[{RATE}]))", "{{le}}")],
+                "short",
+                width=16,
+                kind="heatmap",
+                description="theta between the old query embedding and the mapped new one, per query (radians).",
+                options={"calculate": False, "yAxis": {"unit": "short"}, "cellGap": 1},
+            ),
+            panel(
+                "Residual angle mean",
+                [
+                    (
+                        f"sum(rate(nobackfill_residual_angle_radians_sum[{RATE}]))"
+                        f" / sum(rate(nobackfill_residual_angle_radians_count[{RATE}]))",
+                        "mean theta",
+                    ),
+                    (
+                        "sum(rate(nobackfill_residual_angle_radians_sum[7d]))"
+                        " / sum(rate(nobackfill_residual_angle_radians_count[7d]))",
+                        "weekly mean",
+                    ),
+                ],
+                "short",
+                width=8,
+                description="NobackfillResidualAngleDrift fires when the hourly mean is 0.1 rad off the weekly one.",
+            ),
+        ],
+    ),
+]
+
+
+def layout(rows: list[tuple[str, list[dict[str, Any]]]]) -> list[dict[str, Any]]:
+    """Panels with ids and grid positions: a row header (when titled), then its panels left to right."""
+    out: list[dict[str, Any]] = []
+    y = 0
+    for title, panels in rows:
+        if title:
+            out.append(
+                {
+                    "type": "row",
+                    "title": title,
+                    "collapsed": False,
+                    "panels": [],
+                    "gridPos": {"x": 0, "y": y, "w": 24, "h": 1},
+                }
+            )
+            y += 1
+        x = 0
+        for item in panels:
+            item = json.loads(json.dumps(item))
+            item["gridPos"].update(x=x, y=y)
+            if item["type"] == "heatmap":  # Grafana reads bucket series as a heatmap only in this format
+                for target in item["targets"]:
+                    target["format"] = "heatmap"
+            out.append(item)
+            x += item["gridPos"]["w"]
+        assert x <= 24, f"row {title!r} is {x} columns wide"
+        y += max(p["gridPos"]["h"] for p in panels)
+    for number, item in enumerate(out, start=1):
+        item["id"] = number
+    return out
+
+
+def dashboard() -> dict[str, Any]:
+    """The whole dashboard document."""
+    return {
+        "uid": "nobackfill",
+        "title": "nobackfill",
+        "description": "nobackfill: traffic, latency per stage, cache, load, encoders, residual angle.",
+        "tags": ["nobackfill"],
+        "timezone": "utc",
+        "schemaVersion": 39,
+        "version": 1,
+        "editable": False,
+        "refresh": "10s",
+        "time": {"from": "now-1h", "to": "now"},
+        "graphTooltip": 1,
+        "templating": {"list": []},
+        "annotations": {"list": []},
+        "links": [],
+        "panels": layout(ROWS),
+    }
+
+
+def render() -> str:
+    """The JSON text written to OUT."""
+    return json.dumps(dashboard(), indent=2) + "\n"
+
+
+if __name__ == "__main__":
+    OUT.write_text(render())
+    print(f"wrote {OUT}", file=sys.stderr)
