@@ -17,6 +17,7 @@ No Docker engine runs here, so each file is proven by what can run:
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import fnmatch
 import json
@@ -1118,6 +1119,41 @@ def test_compose_stack_processes_started_directly(tmp_path: Path) -> None:
             assert [a.status_code for a in answers] == [200, 200]
             assert 42 in answers[0].json()["results"][0]["ids"]
             assert answers[1].json()["results"][0]["cache"] == "hit"
+
+            # 4. prometheus: the compose command's flags, its mounted folder as a copy whose one
+            # change is the target's address (no compose DNS here), scraping this service.
+            prom = services["prometheus"]
+            etc = tmp_path / "etc-prometheus"
+            mount = next(v for v in prom["volumes"] if v.startswith("./deploy/prometheus:")).split(":")
+            shutil.copytree(ROOT / mount[0], etc)
+            config = load_yaml(etc / "prometheus.yml")
+            config["scrape_configs"][0]["static_configs"] = [{"targets": [base.removeprefix("http://")]}]
+            (etc / "prometheus.yml").write_text(yaml.safe_dump(config))
+            flags = [flag.replace(mount[1], str(etc)) for flag in prom["command"]]
+            flags = [f"--storage.tsdb.path={tmp_path / 'tsdb'}" if "tsdb.path" in f else f for f in flags]
+            prom_port = free_port()
+            prom_base = f"http://127.0.0.1:{prom_port}"
+            binary = need(PROMETHEUS, "prometheus", "apt-get install prometheus")
+            listen = f"--web.listen-address=127.0.0.1:{prom_port}"
+            prometheus = subprocess.Popen([binary, *flags, listen], stderr=subprocess.DEVNULL)
+            try:
+                deadline = time.monotonic() + 60
+                while True:  # the compose healthcheck's URL
+                    with contextlib.suppress(httpx.TransportError):
+                        if httpx.get(f"{prom_base}/-/ready", timeout=2).status_code == 200:
+                            break
+                    assert prometheus.poll() is None and time.monotonic() < deadline, "prometheus did not start"
+                    time.sleep(0.2)
+                status = prometheus_get(prom_base, "/api/v1/status/flags")
+                assert status["storage.tsdb.retention.time"] == "15d"
+                while not [
+                    t for t in prometheus_get(prom_base, "/api/v1/targets")["activeTargets"] if t["health"] == "up"
+                ]:
+                    assert time.monotonic() < deadline, "prometheus never scraped the service"
+                    time.sleep(0.5)
+            finally:
+                prometheus.terminate()
+                prometheus.wait(timeout=30)
     finally:
         redis_process.terminate()
         redis_process.wait(timeout=10)
