@@ -25,6 +25,7 @@ import os
 import re
 import secrets
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -1188,3 +1189,62 @@ def test_image_wheel_stage_packs_every_module(tmp_path: Path) -> None:
     assert modules <= names, sorted(modules - names)
     entry_points = next(n for n in names if n.endswith("entry_points.txt"))
     assert "nobackfill = service.cli:main" in zipfile.ZipFile(wheel).read(entry_points).decode()
+
+
+def test_service_runs_on_a_read_only_root(world: World) -> None:
+    # The service as compose (read_only, tmpfs /tmp) and Kubernetes (readOnlyRootFilesystem, emptyDir
+    # /tmp) run it: in a private mount namespace the whole root is read-only, /tmp a fresh tmpfs, and
+    # the artifacts a read-only bind at /media (standing in for /data); the image's environment.
+    if subprocess.run(["unshare", "--mount", "true"], capture_output=True).returncode != 0:
+        pytest.skip("unshare --mount is not permitted here (needs root): cannot make a read-only root")
+    keep = ("NOBACKFILL_", "HF_", "TRANSFORMERS_", "PYTHON", "MPLCONFIGDIR", "XDG_")
+    image_env = {k: v for k, v in dockerfile_stages()["cpu"].env().items() if k.startswith(keep)}
+    port = free_port()
+    env = {
+        "PATH": os.environ["PATH"],
+        **image_env,
+        "HOME": "/tmp",  # the image user's home
+        "NOBACKFILL_API__HOST": "127.0.0.1",
+        "NOBACKFILL_API__PORT": str(port),
+        "NOBACKFILL_INDEX__GALLERY_DIR": f"/media/{world.gallery_dir.name}",
+        "NOBACKFILL_COMPAT__PROFILE_DIR": f"/media/{world.profile_dir.name}",
+    }
+    assert world.gallery_dir.parent == world.profile_dir.parent
+    script = (
+        f'mount --bind "{world.gallery_dir.parent}" /media && mount -o remount,bind,ro /media'
+        " && mount -t tmpfs -o size=256m tmpfs /tmp && mount -o remount,bind,ro /"
+        f' && cd /media && exec "{sys.executable}" -m service.cli serve'
+    )
+    # The sandbox holds: in it, writing next to the code fails, and writing /tmp works.
+    probe = script.replace(
+        f'exec "{sys.executable}" -m service.cli serve', f'touch /tmp/x && ! touch "{ROOT}/.read-only-probe"'
+    )
+    sandbox = subprocess.run(["unshare", "--mount", "--propagation", "private", "sh", "-c", probe], capture_output=True)
+    assert sandbox.returncode == 0 and b"Read-only file system" in sandbox.stderr, sandbox
+    assert not (ROOT / ".read-only-probe").exists()
+    process = subprocess.Popen(
+        ["unshare", "--mount", "--propagation", "private", "sh", "-c", script],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+    )
+    base = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 90
+        while True:
+            with contextlib.suppress(httpx.TransportError):
+                if httpx.get(f"{base}/readyz", timeout=2).status_code == 200:
+                    break
+            assert process.poll() is None, process.stdout.read().decode() if process.stdout else ""
+            assert time.monotonic() < deadline, "not ready in 90 s"
+            time.sleep(0.2)
+        body = {"queries": [{"text": "item-0000000042 caption-1"}], "k": 5}
+        answer = httpx.post(f"{base}/v1/search", json=body, timeout=10)
+        assert answer.status_code == 200, answer.text
+        assert httpx.get(f"{base}/metrics", timeout=10).status_code == 200
+    finally:
+        process.send_signal(signal.SIGTERM)
+        output, _ = process.communicate(timeout=60)
+    text = output.decode()
+    assert "Read-only file system" not in text and "Traceback" not in text, text
+    assert process.returncode in (0, -signal.SIGTERM), text
