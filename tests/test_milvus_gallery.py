@@ -207,6 +207,9 @@ def test_build_resumes_skips_present_ids_and_info_describes(milvus: Loaded, tmp_
     index = ["--index", "IVF_FLAT", "--nlist", "16", "--model-id", "synthetic-old"]
     done = cli(*base, "--from-npy", first, *index)
     assert done.returncode == 0, done.stderr
+    client = pymilvus.MilvusClient(uri=milvus.server.uri)
+    client.release_collection("resumed")  # as after a restart: the resumed build must load it to look
+    client.close()
     done = cli(*base, "--from-npy", full, *index)
     assert done.returncode == 0, done.stderr
     assert "3,000 rows (2,000 inserted, 1,000 already there)" in done.stdout

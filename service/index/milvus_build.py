@@ -1,7 +1,8 @@
 """Load old-model vectors into a Milvus collection for users who have none yet; describe one.
 
-    create (or reopen) the collection ──► insert in batches, skipping ids already there ──► flush
-        ──► create the index (after the load: one training pass over all rows) ──► load for search
+    create the collection ──► insert in batches ──► flush ──► create the index (after the load: one
+        training pass over all rows) ──► load for search
+    reopen it (a resumed build) ──► index it if it has none, load it ──► insert the ids it lacks ──► ...
 
 Resumable: an interrupted build re-run with the same arguments asks Milvus which ids of each batch it
 already holds and inserts only the rest (Milvus would otherwise keep duplicate primary keys), then
@@ -81,6 +82,10 @@ def build_collection(
     started = time.perf_counter()
     try:
         existing = _open_or_create(client, collection, source, identity)
+        if existing:  # asking which ids are there needs a loaded collection, and loading needs an index
+            if index_of(client, collection, VECTOR_FIELD, timeout_s=60.0) is None:
+                _create_index(client, collection, index_type, metric, params, log)
+            client.load_collection(collection)
         inserted = skipped = 0
         with tqdm(total=source.ntotal, unit="vec", unit_scale=True, desc="inserting", disable=not progress) as bar:
             for start in range(0, source.ntotal, batch_rows):
@@ -100,13 +105,7 @@ def build_collection(
         client.flush(collection)
         index = index_of(client, collection, VECTOR_FIELD, timeout_s=60.0)
         if index is None:
-            log(f"indexing {collection}: {index_type} {params} ({metric})")
-            spec = client.prepare_index_params()
-            # pymilvus 3 sends the params as flat key-value pairs, milvus-lite 3.2 reads only a JSON `params`
-            # pair (and silently builds its default nlist): both, with the same values; Milvus reads either.
-            both = {**params, "params": params} if params else {}
-            spec.add_index(field_name=VECTOR_FIELD, index_type=index_type, metric_type=metric, params=both)
-            client.create_index(collection, spec)
+            _create_index(client, collection, index_type, metric, params, log)
         elif str(index.get("index_type")).upper() != index_type:
             log(f"note: {collection} keeps its {index.get('index_type')} index (drop it to build {index_type})")
         client.load_collection(collection)
@@ -123,6 +122,20 @@ def build_collection(
         "load_s": loaded_s,
         "total_s": time.perf_counter() - started,
     }
+
+
+def _create_index(
+    client: Any, collection: str, index_type: str, metric: str, params: dict[str, Any], log: Callable[[str], None]
+) -> None:
+    """Build the vector index over what the collection holds now (Milvus indexes later inserts as they seal)."""
+    log(f"indexing {collection}: {index_type} {params} ({metric})")
+    client.flush(collection)
+    # pymilvus 3 sends the params as flat key-value pairs, milvus-lite 3.2 reads only a JSON `params`
+    # pair (and silently builds its default nlist): both, with the same values; Milvus reads either.
+    both = {**params, "params": params} if params else {}
+    spec = client.prepare_index_params()
+    spec.add_index(field_name=VECTOR_FIELD, index_type=index_type, metric_type=metric, params=both)
+    client.create_index(collection, spec)
 
 
 def _open_or_create(client: Any, collection: str, source: NpySource, identity: dict[str, Any]) -> bool:
