@@ -76,6 +76,7 @@ def test_weight_zero_is_the_plain_fit(folders: dict[str, Path]) -> None:
     assert done.returncode == 0, done.stderr
     qp = json.loads((root / "w0" / "profile.json").read_text())["fit_report"]["query_pairs"]
     assert qp["with"] == qp["without"]
+    assert "within its standard error" in qp["verdict"]
 
 
 def test_query_pairs_of_other_models_or_dims_are_refused(folders: dict[str, Path], tmp_path: Path) -> None:

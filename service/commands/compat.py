@@ -475,6 +475,7 @@ def fit(
     )
     if "query_pairs" in result.report:
         console.print(query_pairs_line(result.report))
+        console.print(result.report["query_pairs"]["verdict"])
     if why is not None:
         console.print(f"head {head.value}: {why}")
     console.print(f"wrote profile {saved.profile_id} to {out} (plot: {out / PLOT_NAME})")
