@@ -1249,3 +1249,33 @@ def test_service_runs_on_a_read_only_root(world: World) -> None:
     text = output.decode()
     assert "Read-only file system" not in text and "Traceback" not in text, text
     assert process.returncode in (0, -signal.SIGTERM), text
+
+
+@deploy_check
+def test_image_requirement_sets_resolve(tmp_path: Path) -> None:
+    # pip's resolver on each image's requirement files (a dry run against the package index; torch
+    # pinned as the Dockerfile pins it, its CUDA wheel index being out of reach here).
+    subprocess.run(
+        [sys.executable, str(DEPLOY / "docker/requirements.py"), str(ROOT / "pyproject.toml"), str(tmp_path)],
+        check=True,
+    )
+    torch_pin = re.search(r"ARG TORCH_VERSION=(\S+)", (ROOT / "Dockerfile").read_text())
+    assert torch_pin
+    sets = {"cpu": ["base.txt", "models.txt"], "cuda": ["base-gpu.txt", "models.txt", "gpu.txt"]}
+    for target, names in sets.items():
+        report = tmp_path / f"{target}.json"
+        files_args = [arg for name in names for arg in ("-r", str(tmp_path / name))]
+        done = subprocess.run(
+            [sys.executable, "-m", "pip", "install", "--dry-run", "--ignore-installed", "--quiet"]
+            + ["--report", str(report), f"torch=={torch_pin.group(1)}", *files_args],
+            capture_output=True,
+            text=True,
+        )
+        assert done.returncode == 0, f"{target}: {done.stderr[-2000:]}"
+        names_resolved = {item["metadata"]["name"].lower() for item in json.loads(report.read_text())["install"]}
+        assert "torchvision" not in names_resolved, target
+        if target == "cuda":
+            assert "faiss-gpu-cu12" in names_resolved and "faiss-cpu" not in names_resolved
+        else:
+            assert "faiss-cpu" in names_resolved and not {n for n in names_resolved if n.startswith("faiss-gpu")}
+        assert {"sentence-transformers", "transformers", "model2vec"} <= names_resolved, target
