@@ -10,9 +10,10 @@ from typing import Any
 import numpy as np
 import pytest
 import redis
-from conftest import World, start_app
+from conftest import World, cli, start_app
 
 from service import metrics
+from service.compat.profile import load_profile
 from service.encoders.identity import ModelIdentity
 from service.settings import CompatSettings, IndexSettings, Settings, TrafficSettings
 from service.traffic.base import parse_models_key
@@ -85,3 +86,43 @@ async def test_sampling_on_into_redis(world: World) -> None:
         assert ModelIdentity.from_dict(parse_models_key(fields[b"m"].decode())[1].as_dict(), "x").dim == 768
     finally:
         redis.Redis.from_url(REDIS_URL).delete(key)
+
+
+async def test_rollout_export_refit_compare_reload(world: World, tmp_path: Path) -> None:
+    """The documented rollout with the CLI: sample, export, refit with the pairs, gate, reload by the admin route."""
+    shards, profiles = tmp_path / "shards", tmp_path / "profiles"
+    settings = Settings(
+        index=IndexSettings(gallery_dir=world.gallery_dir, nprobe=8),
+        compat=CompatSettings(profile_dir=world.profile_dir),
+        traffic=TrafficSettings(sample_rate=1.0, store="local", local_dir=shards),
+        api={"admin_key": "adm1n", "profiles_root": str(profiles)},
+    )
+    test_dir = tmp_path / "test"
+    assert cli("synth", "test", "--n", 300, "--gallery-size", 20_000, "--seed", 7, "--out", test_dir).returncode == 0
+    async for running in start_app(settings):
+        for start in range(0, 600, 60):  # 600 caption queries of items outside the test draw's seed
+            queries = [{"text": f"item-{i:010d} caption-5"} for i in range(start * 30, (start + 60) * 30, 30)]
+            assert (await running.search(queries=queries, k=5, mode="slerp")).status_code == 200
+        assert running.pipeline.traffic.flush()
+        with pytest.MonkeyPatch.context() as mp:
+            mp.setenv("NOBACKFILL_TRAFFIC__STORE", "local")
+            mp.setenv("NOBACKFILL_TRAFFIC__LOCAL_DIR", str(shards))
+            exported = cli("traffic", "export", "--out", tmp_path / "export")
+        assert exported.returncode == 0 and "wrote 600 pairs" in exported.stdout, exported.stderr
+        fitted = cli(
+            "fit", world.support_dir, "--out", profiles / "candidate", "--folds", 3,
+            "--add-query-pairs", tmp_path / "export",
+        )  # fmt: skip
+        assert fitted.returncode == 0 and "unlabelled query pairs" in fitted.stdout, fitted.stderr
+        gate = cli(
+            "profile", "compare", world.profile_dir, profiles / "candidate", test_dir, "--traffic", tmp_path / "export"
+        )
+        # 4,000 labelled pairs already fit R well: 600 more pairs change little, and the gate passes it.
+        assert gate.returncode == 0, gate.stdout + gate.stderr
+        candidate_id = load_profile(profiles / "candidate").profile_id
+        admin = {"Authorization": "Bearer adm1n"}
+        reloaded = await running.client.post(
+            "/v1/admin/reload-profile", json={"profile_dir": "candidate"}, headers=admin
+        )
+        assert reloaded.status_code == 200 and reloaded.json()["profile_id"] == candidate_id
+        assert running.pipeline.profile.profile_id == candidate_id
