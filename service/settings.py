@@ -34,7 +34,8 @@ class EncoderSettings(BaseModel):
     device: str = "auto"
     # Half precision on CUDA (real backends); CPU always runs float32.
     fp16: bool = True
-    # Torch threads of this encoder's worker on CPU; unset: the cores split between the two encoders.
+    # Torch threads of this encoder's worker on CPU; unset: the usable CPUs (the container's CPU limit,
+    # else the cores: service/cpu_limit.py) split between the two encoders.
     threads: int | None = Field(None, ge=1)
     # Copies of the model, each on its own worker thread, running batches side by side.  On a CPU
     # box N one-thread copies out-run one N-thread copy (no barrier waits between threads that
