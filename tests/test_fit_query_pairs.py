@@ -92,3 +92,15 @@ def test_query_pairs_of_other_models_or_dims_are_refused(folders: dict[str, Path
     done = cli("fit", folders["support"], "--out", tmp_path / "p", "--head", "adapter", "--add-query-pairs", other)
     assert done.returncode == 2 and "no R to refit" in done.stderr
     assert not (tmp_path / "p").exists()
+
+
+def test_query_pairs_join_the_one_r_of_several_modalities(folders: dict[str, Path]) -> None:
+    root = folders["root"]
+    done = cli(
+        "fit", "--support", f"text={folders['support']}", "--support", f"image={folders['support']}",
+        "--out", root / "multi", "--folds", 3, "--add-query-pairs", folders["traffic"],
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    modalities = json.loads((root / "multi" / "profile.json").read_text())["fit_report"]["modalities"]
+    for report in modalities.values():  # both modalities' rows fit the one R, beside the 2,000 pairs
+        assert (report["query_pairs"]["labelled_rows"], report["query_pairs"]["pairs"]) == (48, 2000)

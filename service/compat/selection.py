@@ -595,7 +595,7 @@ def _query_pairs_report(
         "verdict": verdict,
         "pairs": int(sum(len(new) for new, _ in query_pairs)),
         "weight": weight,
-        "labelled_rows": report["fit_rows"],
+        "labelled_rows": report.get("fit_rows_all_modalities", report["fit_rows"]),  # one R over every modality
         "with": with_,
         "without": without,
         "delta_aligned_r1": with_["aligned_r1"] - without["aligned_r1"],
