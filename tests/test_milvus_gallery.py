@@ -252,6 +252,15 @@ def test_build_refuses_what_the_server_or_the_collection_cannot_take(milvus: Loa
     assert "holds model 'synthetic-old'" in other_model.stderr and "someone-else" in other_model.stderr
     bad_pq = cli(*base, "--collection", "pq", "--index", "IVF_PQ", "--pq-m", "7")
     assert bad_pq.returncode == 2 and "--pq-m 7 must divide the dimension 512" in bad_pq.stderr
+    # milvus-lite has no PQ index: refused after the load, in one line; the re-run with one it has resumes.
+    no_pq = cli(*base, "--collection", "pq", "--index", "IVF_PQ", "--pq-m", "8", "--nlist", "4")
+    assert no_pq.returncode == 2 and "IVF_PQ" in no_pq.stderr and "Traceback" not in no_pq.stderr
+    flat = cli(*base, "--collection", "pq", "--index", "FLAT")
+    assert flat.returncode == 0 and "50 rows (0 inserted, 50 already there)" in flat.stdout, flat.stderr
+    shown = json.loads(
+        cli("gallery", "info", "--backend", "milvus", "--uri", milvus.server.uri, "--collection", "pq").stdout
+    )
+    assert shown["nobackfill.gallery"]["index"] == {"type": "FLAT", "params": {}}, (shown, flat.stderr)
     no_uri = cli("gallery", "build", "--backend", "milvus", "--collection", "x", "--from-npy", npy)
     assert no_uri.returncode == 2 and "--uri URI and --collection NAME" in no_uri.stderr
 

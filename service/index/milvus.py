@@ -63,6 +63,9 @@ def connect(uri: str, token: str | None, timeout_s: float) -> Any:
         raise ArtifactError(
             "the milvus backend needs pymilvus: pip install 'nobackfill[milvus]' (NOBACKFILL_INDEX__BACKEND=milvus)"
         ) from exc
+    # pymilvus logs every failed call with a full traceback; during an outage that is one per request.
+    # The failure is logged here once per call, in one line (_unavailable), and counted as a 503.
+    logging.getLogger("pymilvus.decorators").setLevel(logging.CRITICAL)
     try:
         return MilvusClient(uri=uri, token=token or "", timeout=timeout_s)
     except milvus_errors() as exc:

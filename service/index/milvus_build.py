@@ -14,6 +14,7 @@ Milvus, and only from this command.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import sys
 import time
@@ -135,7 +136,20 @@ def _create_index(
     both = {**params, "params": params} if params else {}
     spec = client.prepare_index_params()
     spec.add_index(field_name=VECTOR_FIELD, index_type=index_type, metric_type=metric, params=both)
-    client.create_index(collection, spec)
+    try:
+        client.create_index(collection, spec)
+    except milvus_errors():
+        # milvus-lite records a refused index (IVF_PQ) before refusing it: drop it, so that a re-run with
+        # another --index builds that one instead of keeping a broken one.  Best effort: re-raise the refusal.
+        with contextlib.suppress(*milvus_errors()):
+            client.release_collection(collection)
+            client.drop_index(collection, VECTOR_FIELD)
+        raise
+    # The identity says which index was built (a resumed build may build another than the first run asked for).
+    recorded = read_identity(client.describe_collection(collection).get("properties") or {})
+    if recorded:
+        recorded["index"] = {"type": index_type, "params": params}
+        client.alter_collection_properties(collection, properties={IDENTITY_KEY: json.dumps(recorded)})
 
 
 def _open_or_create(client: Any, collection: str, source: NpySource, identity: dict[str, Any]) -> bool:
