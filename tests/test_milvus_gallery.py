@@ -377,3 +377,18 @@ async def test_outages_answer_503_and_readiness_follows(world: World, private_mi
                 client.close()
             await _ready_again(served)
             assert await _answers(served) == 200
+
+
+async def test_an_embedded_db_file_is_served_in_process(world: World, milvus: Loaded, tmp_path: Path) -> None:
+    """NOBACKFILL_INDEX__MILVUS_URI=./x.db: milvus-lite inside the service's process (a developer's try-out)."""
+    npy, db = tmp_path / "few.npy", tmp_path / "gallery.db"
+    np.save(npy, milvus.vectors[:300])
+    done = cli(
+        "gallery", "build", "--backend", "milvus", "--uri", db, "--collection", "world",
+        "--from-npy", npy, "--index", "FLAT", "--model-id", "synthetic-old",
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    async for served in start_app(milvus_settings(world, str(db))):
+        response = await served.search(queries=[{"old_embedding": milvus.vectors[42].tolist()}], k=3, mode="old")
+        assert response.status_code == 200, response.text
+        assert response.json()["results"][0]["ids"][0] == 42  # a stored vector finds itself

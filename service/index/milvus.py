@@ -3,7 +3,8 @@
 The contract with the collection (checked once at open, each failure one line naming the settings):
 - one FLOAT_VECTOR field (the gallery) and an INT64 primary key (the ids the API returns);
 - an index on the vector field whose metric is IP, or COSINE (the same ranking on unit rows), never L2;
-- loaded (searchable): the service never loads, releases, indexes or writes the collection;
+- loaded (searchable): the service never loads, releases, indexes or writes the collection (except
+  an embedded milvus-lite `./x.db`, which is this process's own server and is loaded at open);
 - the vector field's dim is the old model's: artifact_check compares it with the encoder and profile,
   and the model identity `nobackfill gallery build --backend milvus` stored in the collection's
   properties (IDENTITY_KEY, the same block gallery.json holds) with theirs.
@@ -40,6 +41,8 @@ RANKING_METRICS = ("IP", "COSINE")
 MILVUS_MAX_NPROBE = 65536
 # A graph index needs ef >= k; below this floor its recall drops for small k.
 HNSW_MIN_EF = 64
+# Loading an embedded milvus-lite file reads all its segments: more than a search's deadline.
+EMBEDDED_LOAD_TIMEOUT_S = 120.0
 # /readyz may be polled often and by anyone: one probe per this many seconds reaches Milvus.
 PROBE_INTERVAL_S = 1.0
 _PAD_SCORE = np.float32(np.finfo(np.float32).min)  # what FAISS pads a short list with
@@ -168,7 +171,8 @@ class MilvusGallery:
         try:
             if not client.has_collection(name, timeout=timeout):
                 raise ArtifactError(f"no collection {name!r} at {settings.milvus_uri} ({line})")
-            field, dim, primary = vector_field(client.describe_collection(name, timeout=timeout))
+            description = client.describe_collection(name, timeout=timeout)
+            field, dim, primary = vector_field(description)
             index = index_of(client, name, field, timeout)
             if index is None:
                 raise ArtifactError(f"collection {name!r} has no index on {field!r} ({line})")
@@ -178,14 +182,17 @@ class MilvusGallery:
                     f"collection {name!r} ranks {field!r} by {metric or 'an unknown metric'}; nobackfill needs IP or "
                     f"COSINE over unit old-model vectors ({line})"
                 )
+            if settings.milvus_uri.endswith(".db"):
+                # An embedded milvus-lite file is this process's own server: no one else can have loaded it
+                # (its load state does not survive the process), so loading it here changes nobody's state.
+                client.load_collection(name, timeout=max(timeout, EMBEDDED_LOAD_TIMEOUT_S))
             state = client.get_load_state(name, timeout=timeout).get("state")
             if getattr(state, "name", str(state)) != "Loaded":
                 raise ArtifactError(
                     f"collection {name!r} is not loaded ({getattr(state, 'name', state)}); load it first "
                     f"(`nobackfill gallery build --backend milvus` does; the service never changes it) ({line})"
                 )
-            properties = client.describe_collection(name, timeout=timeout).get("properties") or {}
-            meta = read_identity(properties)
+            meta = read_identity(description.get("properties") or {})
             if meta.get("d") not in (None, dim):
                 raise ArtifactError(
                     f"collection {name!r}: {field!r} is {dim}-d but {IDENTITY_KEY} records d={meta['d']} ({line})"
