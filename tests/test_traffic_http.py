@@ -98,10 +98,10 @@ async def test_rollout_export_refit_compare_reload(world: World, tmp_path: Path)
         api={"admin_key": "adm1n", "profiles_root": str(profiles)},
     )
     test_dir = tmp_path / "test"
-    assert cli("synth", "test", "--n", 300, "--gallery-size", 20_000, "--seed", 7, "--out", test_dir).returncode == 0
+    assert cli("synth", "test", "--n", 300, "--gallery-size", 3000, "--seed", 7, "--out", test_dir).returncode == 0
     async for running in start_app(settings):
-        for start in range(0, 600, 60):  # 600 caption queries of items outside the test draw's seed
-            queries = [{"text": f"item-{i:010d} caption-5"} for i in range(start * 30, (start + 60) * 30, 30)]
+        for start in range(0, 600, 60):  # 600 caption queries of items outside the test set's 3,000
+            queries = [{"text": f"item-{3000 + 25 * i:010d} caption-5"} for i in range(start, start + 60)]
             assert (await running.search(queries=queries, k=5, mode="slerp")).status_code == 200
         assert running.pipeline.traffic.flush()
         with pytest.MonkeyPatch.context() as mp:
@@ -110,7 +110,7 @@ async def test_rollout_export_refit_compare_reload(world: World, tmp_path: Path)
             exported = cli("traffic", "export", "--out", tmp_path / "export")
         assert exported.returncode == 0 and "wrote 600 pairs" in exported.stdout, exported.stderr
         fitted = cli(
-            "fit", world.support_dir, "--out", profiles / "candidate", "--folds", 3,
+            "fit", world.support_dir, "--out", profiles / "candidate", "--folds", 3, "--eval-queries", 300,
             "--add-query-pairs", tmp_path / "export",
         )  # fmt: skip
         assert fitted.returncode == 0 and "unlabelled query pairs" in fitted.stdout, fitted.stderr
