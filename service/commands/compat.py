@@ -190,6 +190,9 @@ def _plot_png(panels: list[tuple[dict[str, Any], str]]) -> bytes:
                     best = report["chosen"][mode]
                     ax.axvline(best["alpha"], linestyle=":", alpha=0.5, color=color)
                     ax.plot([], [], style, color=color, label=f"{mode} (chosen {best['alpha']:.1f})")
+                without = report.get("query_pairs", {}).get("curve_r1_without")
+                if without and key == "recall@1":  # what the query pairs did: the same folds, R without them
+                    ax.plot(report["alpha_grid"], without, "x:", color="grey", label="slerp, R without query pairs")
                 ax.set_xlabel("alpha (0 = old query, 1 = mapped new query)")
                 ax.set_ylabel(f"support {key} ({report['selection']}), ± 1 s.e.")
                 ax.set_title(f"{title}\n{report.get('criterion_text', 'arg-max of R@1')}", fontsize=9)
