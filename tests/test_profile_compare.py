@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import replace
 from pathlib import Path
 
@@ -10,6 +11,7 @@ import pytest
 from conftest import cli
 from upgrade_standin import make_world, write_split
 
+from service.compat.compare import sign_test_worse
 from service.compat.profile import load_profile, save_profile
 
 
@@ -43,6 +45,13 @@ def profiles(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     return out
 
 
+def test_sign_test_is_exact() -> None:
+    assert sign_test_worse(4, 0) == pytest.approx(1 / 16)  # the normal approximation would say z = -2
+    assert sign_test_worse(0, 5) == 1.0 and sign_test_worse(0, 0) == 1.0
+    assert sign_test_worse(3, 3) == pytest.approx(sum(math.comb(6, k) for k in range(3, 7)) / 64)
+    assert sign_test_worse(60, 20) < 1e-5
+
+
 def _compare(p: dict[str, Path], current: str, candidate: str, *extra: str | Path) -> tuple[int, dict[str, object]]:
     """Exit code and JSON of `profile compare`."""
     done = cli("profile", "compare", p[current], p[candidate], p["test"], "--json", *extra)
@@ -67,7 +76,7 @@ def test_worse_or_incompatible_candidate_fails(profiles: dict[str, Path]) -> Non
     assert code == 1
     diff = result["difference"]
     assert result["candidate"]["compatible"]  # compatible, yet worse by more than the noise allows
-    assert diff["recall@1"] < -result["z"] * diff["se@1"]
+    assert diff["broken"] > diff["fixed"] and diff["p_worse"] < result["p_worse"]
     assert [r for r in result["reasons"] if "worse beyond the noise" in r]
 
     code, result = _compare(profiles, "good", "other")

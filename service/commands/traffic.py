@@ -111,8 +111,9 @@ def _print_comparison(result: dict[str, object]) -> None:
         console.print(table)
         d = r["difference"]
         console.print(
-            f"candidate - current: R@1 {d['recall@1']:+.4f} (paired standard error {d['se@1']:.4f}; noise band "
-            f"-{r['z']:g} x se); flips vs current: {d['pfr_vs_current']:.4f} fixed, {d['nfr_vs_current']:.4f} broken"
+            f"candidate - current: R@1 {d['recall@1']:+.4f} (paired standard error {d['se@1']:.4f}); it fixes "
+            f"{d['fixed']} and breaks {d['broken']} queries at R@1 (sign test, P(this many broken | equally good) = "
+            f"{d['p_worse']:.2g}; worse beyond the noise below {r['p_worse']:g})"
         )
     if "traffic" in r:
         t = r["traffic"]

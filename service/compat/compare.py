@@ -5,12 +5,15 @@ test split, by exact search against its old targets, exactly as `eval` scores th
 `compatible` (R@1 strictly above old->old) and PFR / NFR against old->old, plus the flips between
 the two profiles.
 
-The noise rule.  Both profiles answer the same queries, so the comparison is paired: per query,
-d_i = hit@1(candidate) - hit@1(current) in {-1, 0, 1}.  The mean of d is the R@1 difference and its
-standard error is sd(d) / sqrt(n) (the queries are the independent unit; a change that flips few
-queries has a small sd, so a small real difference is still seen).  The candidate passes when it is
-compatible, serves the same two models, and mean(d) >= -Z_NOISE x se: it is not worse than the
-current one by more than the noise of this test set (about 2 standard errors; one-sided 2.5 %).
+The noise rule.  Both profiles answer the same queries, so the comparison is paired and only the
+queries they disagree on at R@1 carry information: b = queries the candidate breaks (current hit,
+candidate miss), c = queries it fixes.  If the two were equally good, each of those b + c queries
+would fall either way with probability 1/2, so b ~ Binomial(b + c, 1/2) (the exact one-sided
+McNemar / sign test).  The candidate is worse beyond the noise when P(B >= b) < P_WORSE (2.5 %).
+It passes when it is compatible, serves the same two models, and is not worse beyond the noise.
+The exact test, not mean(d) / se: with a handful of discordant queries (two nearly equal profiles)
+the normal approximation would call 4 broken and 0 fixed significant (z = -2) where the exact
+probability is 1/16.  The report also gives the R@1 difference and its paired standard error.
 
 Shadow agreement (given exported traffic pairs): both profiles transform the same traffic queries
 and search the test split's old targets (the only gallery `compare` holds; it stands in for the
@@ -36,7 +39,7 @@ from service.compat.profile import CLASS_HEADS, CompatProfile
 from service.compat.selection import angle_stats
 from service.errors import InputError
 
-Z_NOISE = 1.96
+P_WORSE = 0.025
 TOP = 10
 _CHUNK = 8192
 F32 = npt.NDArray[np.float32]
@@ -107,7 +110,7 @@ def compare(
     *,
     traffic: tuple[F32, F32] | None = None,
     modality: str | None = None,
-    z: float = Z_NOISE,
+    p_worse: float = P_WORSE,
 ) -> dict[str, Any]:
     """Score both profiles' heads on `test` (and traffic, when given); the verdict and why, JSON-ready.
 
@@ -118,7 +121,12 @@ def compare(
             raise InputError(f"the {name} profile is {p.head}: compare scores Procrustes and adapter heads")
     mismatch = _same_models(current, candidate)
     modality = _modality(current, modality)
-    out: dict[str, Any] = {"test": str(test.path), "queries": len(test.old_query), "modality": modality, "z": z}
+    out: dict[str, Any] = {
+        "test": str(test.path),
+        "queries": len(test.old_query),
+        "modality": modality,
+        "p_worse": p_worse,
+    }
     if mismatch is not None:
         out.update(passed=False, reasons=[mismatch])
         return out
@@ -144,22 +152,44 @@ def compare(
     d = (rank["candidate"] < 1).astype(np.float64) - (rank["current"] < 1).astype(np.float64)
     se = float(d.std(ddof=1) / math.sqrt(len(d))) if len(d) > 1 else 0.0
     pfr, nfr = flip_rates(rank["current"] < 1, rank["candidate"] < 1)
-    out["difference"] = {"recall@1": float(d.mean()), "se@1": se, "pfr_vs_current": pfr, "nfr_vs_current": nfr}
+    broken, fixed = int(np.sum(d < 0)), int(np.sum(d > 0))
+    p_value = sign_test_worse(broken, fixed)
+    out["difference"] = {
+        "recall@1": float(d.mean()),
+        "se@1": se,
+        "broken": broken,
+        "fixed": fixed,
+        "p_worse": p_value,
+        "pfr_vs_current": pfr,
+        "nfr_vs_current": nfr,
+    }
     reasons = []
     if not out["candidate"]["compatible"]:
         reasons.append(
             f"the candidate is not compatible: R@1 {out['candidate']['recall@1']:.4f} "
             f"is not above old->old {old_r1:.4f}"
         )
-    if d.mean() < -z * se:
+    if p_value < p_worse:
         reasons.append(
-            f"the candidate is worse beyond the noise: R@1 {float(d.mean()):+.4f} against the current profile, "
-            f"below -{z:g} x the paired standard error {se:.4f}"
+            f"the candidate is worse beyond the noise: it breaks {broken} queries the current profile answers at "
+            f"R@1 and fixes {fixed} (R@1 {float(d.mean()):+.4f}); if they were equally good, a split this uneven "
+            f"has probability {p_value:.2g} < {p_worse:g}"
         )
     if traffic is not None:
         out["traffic"] = shadow(current, candidate, traffic, targets, modality)
     out.update(passed=not reasons, reasons=reasons)
     return out
+
+
+def sign_test_worse(broken: int, fixed: int) -> float:
+    """P(B >= broken) for B ~ Binomial(broken + fixed, 1/2): the exact one-sided McNemar p-value (1.0 when none)."""
+    n = broken + fixed
+    if n == 0 or broken == 0:
+        return 1.0
+    log_half = n * math.log(0.5)
+    terms = [math.lgamma(n + 1) - math.lgamma(k + 1) - math.lgamma(n - k + 1) + log_half for k in range(broken, n + 1)]
+    top = max(terms)
+    return min(1.0, math.exp(top) * sum(math.exp(t - top) for t in terms))
 
 
 def shadow(
