@@ -17,7 +17,7 @@ app = typer.Typer(no_args_is_help=True)
 @app.command("export")
 def export(
     out: Path = typer.Option(..., "--out", help="Folder to write old_query.npy, new_query.npy and models.json into."),
-    limit: int | None = typer.Option(None, "--limit", min=1, help="Export the newest N pairs [all]."),
+    limit: int | None = typer.Option(None, "--limit", min=1, help="Export the newest N pairs (default: all)."),
     force: bool = typer.Option(False, "--force", help="Replace a non-empty --out."),
 ) -> None:
     """Export the stored traffic pairs of the models served now; pairs of other models are refused."""
@@ -52,7 +52,7 @@ def profile_compare(
     traffic: Path | None = typer.Option(
         None, "--traffic", help="Exported traffic folder: shadow agreement of the two profiles on its queries."
     ),
-    query_modality: str | None = typer.Option(None, help="Modality to score [the current profile's only one]."),
+    query_modality: str | None = typer.Option(None, help="Modality to score (default: the current profile's one)."),
     as_json: bool = typer.Option(False, "--json", help="Print the comparison as one JSON object."),
     strict: bool = typer.Option(False, help="Refuse all-zero rows instead of dropping their pairs."),
 ) -> None:
