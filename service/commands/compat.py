@@ -488,9 +488,10 @@ def query_pairs_line(report: dict[str, Any]) -> str:
     """One line: how many labelled rows and query pairs fitted R, and the cross-fitted scores with and without them."""
     qp = report["query_pairs"]
     w, wo = qp["with"], qp["without"]
+    curve = "cross-fitted" if report.get("selection") == "cross-fit" else "same-set (biased)"
     return (
         f"R fitted on {qp['labelled_rows']} labelled rows + {qp['pairs']} unlabelled query pairs (weight "
-        f"{qp['weight']:g}); cross-fitted aligned R@1 {wo['aligned_r1']:.4f} -> {w['aligned_r1']:.4f}, "
+        f"{qp['weight']:g}); {curve} aligned R@1 {wo['aligned_r1']:.4f} -> {w['aligned_r1']:.4f}, "
         f"slerp R@1 {wo['slerp_r1']:.4f} (alpha {wo['slerp_alpha']:.1f}) -> {w['slerp_r1']:.4f} "
         f"(alpha {w['slerp_alpha']:.1f}) without -> with the query pairs (± {w['slerp_se@1']:.4f})"
     )

@@ -579,16 +579,18 @@ def _query_pairs_report(
     with_, without = point(with_rows, chosen_with), point(without_rows, chosen_without)
     # The standard error of the chosen point (spread over folds): the curve's own noise at R@1.
     gain, se = with_["slerp_r1"] - without["slerp_r1"], max(with_["slerp_se@1"], without["slerp_se@1"])
+    # Same-set scores are biased toward whichever R saw the scored pairs: say which curve this is.
+    curve = "cross-fitted" if report["selection"] == "cross-fit" else "same-set (biased)"
     if gain > se:
-        verdict = f"the query pairs lift the cross-fitted slerp R@1 by {gain:.4f} (> its standard error {se:.4f})"
+        verdict = f"the query pairs lift the {curve} slerp R@1 by {gain:.4f} (> its standard error {se:.4f})"
     elif gain < -se:
         verdict = (
-            f"warning: the query pairs lower the cross-fitted slerp R@1 by {-gain:.4f} (> its standard error "
+            f"warning: the query pairs lower the {curve} slerp R@1 by {-gain:.4f} (> its standard error "
             f"{se:.4f}); fit without them (docs/traffic-learning.md)"
         )
     else:
         verdict = (
-            f"the query pairs change the cross-fitted slerp R@1 by {gain:+.4f}, within its standard error {se:.4f}: "
+            f"the query pairs change the {curve} slerp R@1 by {gain:+.4f}, within its standard error {se:.4f}: "
             "no measurable gain for the blend (aligned alone may still gain)"
         )
     return {
