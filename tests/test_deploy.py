@@ -770,6 +770,8 @@ class Live:
     """A running `nobackfill serve` behind a password-protected Redis, after some traffic."""
 
     base: str
+    process: subprocess.Popen[bytes]
+    sandboxed: bool  # on a read-only root (read_only_root_script), or plainly where unshare is refused
     exposition: str
     families: dict[str, str]  # every sample name the scrape can show -> its family type
     labels: dict[str, set[str]]  # sample name -> label names seen
@@ -817,32 +819,81 @@ def start_password_redis(workdir: Path, password: str) -> tuple[subprocess.Popen
     pytest.fail(f"redis-server did not start on port {port}")
 
 
+def can_unshare() -> bool:
+    """Whether this process may make a private mount namespace (root, and not forbidden by the container)."""
+    return subprocess.run(["unshare", "--mount", "true"], capture_output=True).returncode == 0
+
+
+def read_only_root_script(artifacts: Path, then: str) -> str:
+    """A shell line for `unshare --mount`: the whole root read-only, /tmp a fresh tmpfs, `artifacts`
+    a read-only bind at /media (standing in for /data), then `then` in /media.
+
+    What compose (read_only, tmpfs /tmp, the volume :ro) and Kubernetes (readOnlyRootFilesystem, an
+    emptyDir at /tmp, a read-only PVC) give the service.
+    """
+    return (
+        f'mount --bind "{artifacts}" /media && mount -o remount,bind,ro /media'
+        " && mount -t tmpfs -o size=256m tmpfs /tmp && mount -o remount,bind,ro /"
+        f" && cd /media && {then}"
+    )
+
+
+UNSHARE = ["unshare", "--mount", "--propagation", "private", "sh", "-c"]
+
+
 @pytest.fixture(scope="module")
 def live(world: World, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Live]:
-    """`nobackfill serve` with an API key and a Redis URL carrying a password; searches sent, /metrics read."""
+    """`nobackfill serve` as the image runs it, with an API key and a Redis URL carrying a password, on a
+    read-only root where the machine allows one; searches sent, /metrics read."""
     password, key = secrets.token_hex(16), secrets.token_hex(16)
-    process, redis_port = start_password_redis(tmp_path_factory.mktemp("redis"), password)
+    redis_process, redis_port = start_password_redis(tmp_path_factory.mktemp("redis"), password)
+    assert world.gallery_dir.parent == world.profile_dir.parent
+    sandboxed = can_unshare()
+    folder = Path("/media") if sandboxed else world.gallery_dir.parent
+    keep = ("NOBACKFILL_", "HF_", "TRANSFORMERS_", "PYTHON", "MPLCONFIGDIR", "XDG_")
+    port = free_port()
     env = {
+        **{k: v for k, v in os.environ.items() if k != "NOBACKFILL_CACHE__REDIS_URL"},
+        **{k: v for k, v in dockerfile_stages()["cpu"].env().items() if k.startswith(keep)},
+        "HOME": "/tmp",  # the image user's home
+        "NOBACKFILL_API__HOST": "127.0.0.1",  # loopback only on this machine
+        "NOBACKFILL_API__PORT": str(port),
+        "NOBACKFILL_INDEX__GALLERY_DIR": str(folder / world.gallery_dir.name),
+        "NOBACKFILL_COMPAT__PROFILE_DIR": str(folder / world.profile_dir.name),
         "NOBACKFILL_CACHE__REDIS_URL": f"redis://:{password}@127.0.0.1:{redis_port}/0",
         "NOBACKFILL_API__API_KEY": key,
     }
+    serve = f'exec "{sys.executable}" -m service.cli serve'
+    command = [*UNSHARE, read_only_root_script(world.gallery_dir.parent, serve)] if sandboxed else ["sh", "-c", serve]
+    process = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    base = f"http://127.0.0.1:{port}"
     try:
-        with serve_process(world, env=env) as base:
-            body = {"queries": [{"text": f"item-{i:010d} caption-1"} for i in (42, 43, 44)], "k": 5}
-            assert httpx.post(f"{base}/v1/search", json=body, timeout=10).status_code == 401
-            answers = [
-                httpx.post(f"{base}/v1/search", json=body, headers={"Authorization": f"Bearer {key}"}, timeout=10)
-                for _ in range(2)
-            ]
-            assert [a.status_code for a in answers] == [200, 200], answers[-1].text
-            # The second time the old embeddings come from Redis: the password in the URL works.
-            assert {r["cache"] for r in answers[1].json()["results"]} == {"hit"}
-            assert httpx.get(f"{base}/readyz", timeout=10).status_code == 200
-            exposition = httpx.get(f"{base}/metrics", timeout=10).text
-            yield Live(base, exposition, *read_exposition(exposition))
+        deadline = time.monotonic() + 90
+        while True:
+            with contextlib.suppress(httpx.TransportError):
+                if httpx.get(f"{base}/readyz", timeout=2).status_code == 200:
+                    break
+            assert process.poll() is None, process.stdout.read().decode() if process.stdout else ""
+            assert time.monotonic() < deadline, "the service was not ready in 90 s"
+            time.sleep(0.1)
+        body = {"queries": [{"text": f"item-{i:010d} caption-1"} for i in (42, 43, 44)], "k": 5}
+        assert httpx.post(f"{base}/v1/search", json=body, timeout=10).status_code == 401
+        answers = [
+            httpx.post(f"{base}/v1/search", json=body, headers={"Authorization": f"Bearer {key}"}, timeout=10)
+            for _ in range(2)
+        ]
+        assert [a.status_code for a in answers] == [200, 200], answers[-1].text
+        # The second time the old embeddings come from Redis: the password in the URL works.
+        assert {r["cache"] for r in answers[1].json()["results"]} == {"hit"}
+        assert httpx.get(f"{base}/readyz", timeout=10).status_code == 200
+        exposition = httpx.get(f"{base}/metrics", timeout=10).text
+        yield Live(base, process, sandboxed, exposition, *read_exposition(exposition))
     finally:
-        process.kill()
-        process.wait(timeout=10)
+        if process.poll() is None:
+            process.kill()
+            process.communicate(timeout=30)
+        redis_process.kill()
+        redis_process.wait(timeout=10)
 
 
 def problems(expr: str, live: Live) -> list[str]:
@@ -941,6 +992,24 @@ def test_real_prometheus_scrapes_the_service_with_the_repo_config(live: Live, tm
     finally:
         process.terminate()
         process.wait(timeout=30)
+
+
+def test_service_runs_on_a_read_only_root_and_stops_cleanly(live: Live, world: World) -> None:
+    # The live service above ran on a read-only root: it loaded, answered searches and /metrics (the
+    # tests before this one), and now stops on SIGTERM with no write refused.  It must run last of them.
+    if not live.sandboxed:
+        pytest.skip("unshare --mount is not permitted here (needs root): the service ran on a writable root")
+    # The sandbox holds: in it, writing next to the code fails, and writing /tmp works.
+    probe = read_only_root_script(world.gallery_dir.parent, f'touch /tmp/x && ! touch "{ROOT}/.read-only-probe"')
+    sandbox = subprocess.run([*UNSHARE, probe], capture_output=True)
+    assert sandbox.returncode == 0 and b"Read-only file system" in sandbox.stderr, sandbox
+    assert not (ROOT / ".read-only-probe").exists()
+    live.process.send_signal(signal.SIGTERM)
+    output, _ = live.process.communicate(timeout=60)
+    text = output.decode()
+    assert "Read-only file system" not in text and "Traceback" not in text, text
+    assert live.process.returncode in (0, -signal.SIGTERM), text
+    assert "Application shutdown complete" in text
 
 
 # ---------------------------------------------------------------------------------------------- CPU limit
@@ -1085,7 +1154,9 @@ def test_compose_stack_processes_started_directly(tmp_path: Path) -> None:
     shell_line = redis_spec["command"][-1] + f" --port {port} --bind 127.0.0.1 --dir {tmp_path}"
     shell_line = shell_line.replace("exec redis-server", f"exec {need(REDIS_SERVER, 'redis-server', 'apt')}")
     redis_env = {**os.environ, **redis_spec["environment"]}
-    redis_process = subprocess.Popen(redis_spec["command"][:-1] + [shell_line], env=redis_env)
+    redis_process = subprocess.Popen(
+        redis_spec["command"][:-1] + [shell_line], env=redis_env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+    )
     try:
         deadline = time.monotonic() + 10
         while True:
@@ -1190,65 +1261,6 @@ def test_image_wheel_stage_packs_every_module(tmp_path: Path) -> None:
     assert modules <= names, sorted(modules - names)
     entry_points = next(n for n in names if n.endswith("entry_points.txt"))
     assert "nobackfill = service.cli:main" in zipfile.ZipFile(wheel).read(entry_points).decode()
-
-
-def test_service_runs_on_a_read_only_root(world: World) -> None:
-    # The service as compose (read_only, tmpfs /tmp) and Kubernetes (readOnlyRootFilesystem, emptyDir
-    # /tmp) run it: in a private mount namespace the whole root is read-only, /tmp a fresh tmpfs, and
-    # the artifacts a read-only bind at /media (standing in for /data); the image's environment.
-    if subprocess.run(["unshare", "--mount", "true"], capture_output=True).returncode != 0:
-        pytest.skip("unshare --mount is not permitted here (needs root): cannot make a read-only root")
-    keep = ("NOBACKFILL_", "HF_", "TRANSFORMERS_", "PYTHON", "MPLCONFIGDIR", "XDG_")
-    image_env = {k: v for k, v in dockerfile_stages()["cpu"].env().items() if k.startswith(keep)}
-    port = free_port()
-    env = {
-        "PATH": os.environ["PATH"],
-        **image_env,
-        "HOME": "/tmp",  # the image user's home
-        "NOBACKFILL_API__HOST": "127.0.0.1",
-        "NOBACKFILL_API__PORT": str(port),
-        "NOBACKFILL_INDEX__GALLERY_DIR": f"/media/{world.gallery_dir.name}",
-        "NOBACKFILL_COMPAT__PROFILE_DIR": f"/media/{world.profile_dir.name}",
-    }
-    assert world.gallery_dir.parent == world.profile_dir.parent
-    script = (
-        f'mount --bind "{world.gallery_dir.parent}" /media && mount -o remount,bind,ro /media'
-        " && mount -t tmpfs -o size=256m tmpfs /tmp && mount -o remount,bind,ro /"
-        f' && cd /media && exec "{sys.executable}" -m service.cli serve'
-    )
-    # The sandbox holds: in it, writing next to the code fails, and writing /tmp works.
-    probe = script.replace(
-        f'exec "{sys.executable}" -m service.cli serve', f'touch /tmp/x && ! touch "{ROOT}/.read-only-probe"'
-    )
-    sandbox = subprocess.run(["unshare", "--mount", "--propagation", "private", "sh", "-c", probe], capture_output=True)
-    assert sandbox.returncode == 0 and b"Read-only file system" in sandbox.stderr, sandbox
-    assert not (ROOT / ".read-only-probe").exists()
-    process = subprocess.Popen(
-        ["unshare", "--mount", "--propagation", "private", "sh", "-c", script],
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-    )
-    base = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 90
-        while True:
-            with contextlib.suppress(httpx.TransportError):
-                if httpx.get(f"{base}/readyz", timeout=2).status_code == 200:
-                    break
-            assert process.poll() is None, process.stdout.read().decode() if process.stdout else ""
-            assert time.monotonic() < deadline, "not ready in 90 s"
-            time.sleep(0.2)
-        body = {"queries": [{"text": "item-0000000042 caption-1"}], "k": 5}
-        answer = httpx.post(f"{base}/v1/search", json=body, timeout=10)
-        assert answer.status_code == 200, answer.text
-        assert httpx.get(f"{base}/metrics", timeout=10).status_code == 200
-    finally:
-        process.send_signal(signal.SIGTERM)
-        output, _ = process.communicate(timeout=60)
-    text = output.decode()
-    assert "Read-only file system" not in text and "Traceback" not in text, text
-    assert process.returncode in (0, -signal.SIGTERM), text
 
 
 @deploy_check
