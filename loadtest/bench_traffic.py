@@ -2,9 +2,10 @@
 
     python loadtest/bench_traffic.py --size 50000 --queries 600 [--redis-url redis://127.0.0.1:6379/15]
 
-Three (four with --redis-url) pipelines on one gallery and profile, identical but for
-traffic.sample_rate: 0 (no sampler at all: the default), 0.1 and 1.0 into rotating local shards
-(and 1.0 into a Redis stream).  Each query goes to every variant in turn, the first one rotating
+Four (five with --redis-url) pipelines on one gallery and profile, identical but for
+traffic.sample_rate: 0 (no sampler at all: the default), 0 again (an A/A control: how far two
+identical pipelines in one process differ), 0.1 and 1.0 into rotating local shards (and 1.0 into a
+Redis stream).  Each query goes to every variant in turn, the first one rotating
 (benchlib.interleave), with a warm old-embedding cache so the variants differ only by the sampler;
 the table gives p50 / p99 and their ratios to rate 0 with 95 % bootstrap intervals.  The encoders are
 the synthetic ones with a simulated per-batch cost (--encoder-ms, --encoder-item-ms; simulated, said
@@ -106,11 +107,13 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
     shards = ROOT / f"shards-{uuid.uuid4().hex[:8]}"
     variants: dict[str, TrafficSettings] = {
         "rate0": TrafficSettings(sample_rate=0.0),
+        "control": TrafficSettings(sample_rate=0.0),
         "rate0.1": TrafficSettings(sample_rate=0.1, store="local", local_dir=shards / "r01"),
         "rate1": TrafficSettings(sample_rate=1.0, store="local", local_dir=shards / "r1"),
     }
     labels = {
         "rate0": "sample rate 0 (default: no sampler)",
+        "control": "sample rate 0, a second identical pipeline (A/A: the noise floor)",
         "rate0.1": "sample rate 0.1, local shards",
         "rate1": "sample rate 1.0, local shards",
     }
