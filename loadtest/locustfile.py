@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import os
 import random
 import threading
 from collections import defaultdict
@@ -170,6 +171,9 @@ class SearchUser(FastHttpUser):
         rate = options.user_rate if options else 0.0
         self.pace = constant_throughput(rate) if rate > 0 else None
         self.rng = random.Random()
+        # The compose stack sets an API key (docs/deploy.md); a bare local service has none.
+        key = os.environ.get("NOBACKFILL_API_KEY")
+        self.headers = {"Authorization": f"Bearer {key}"} if key else {}
 
     def wait_time(self) -> float:
         """Seconds to pause: paced at --user-rate, else uniform in [0, --think-time] (0: closed loop)."""
@@ -199,7 +203,7 @@ class SearchUser(FastHttpUser):
         picks = [self.next_query() for _ in range(int(batch))]
         body = {"queries": [{"text": text} for _, text in picks], "k": K, "mode": mode}
         with self.client.post(
-            "/v1/search", json=body, name=f"/v1/search [{mode} x{batch}]", catch_response=True
+            "/v1/search", json=body, headers=self.headers, name=f"/v1/search [{mode} x{batch}]", catch_response=True
         ) as response:
             if response.status_code != 200:
                 response.failure(f"HTTP {response.status_code}: {response.text[:200]}")
