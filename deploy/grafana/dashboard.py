@@ -256,6 +256,19 @@ ROWS: list[tuple[str, list[dict[str, Any]]]] = [
             ),
         ],
     ),
+    (
+        "Traffic sampling",
+        [
+            panel(
+                "Sampled query pairs",
+                [(f"sum by (event) (rate(nobackfill_traffic_pairs_total[{RATE}]))", "{{event}}")],
+                "ops",
+                width=12,
+                description="(old, new) query pairs sampled, stored, dropped (queue full) or failed (store error); "
+                "zero unless NOBACKFILL_TRAFFIC__SAMPLE_RATE > 0 (docs/traffic-learning.md).",
+            ),
+        ],
+    ),
 ]
 
 
