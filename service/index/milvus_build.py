@@ -138,13 +138,18 @@ def _create_index(
     spec.add_index(field_name=VECTOR_FIELD, index_type=index_type, metric_type=metric, params=both)
     try:
         client.create_index(collection, spec)
-    except milvus_errors():
-        # milvus-lite records a refused index (IVF_PQ) before refusing it: drop it, so that a re-run with
-        # another --index builds that one instead of keeping a broken one.  Best effort: re-raise the refusal.
-        with contextlib.suppress(*milvus_errors()):
-            client.release_collection(collection)
-            client.drop_index(collection, VECTOR_FIELD)
-        raise
+    except milvus_errors() as exc:
+        if "already exists" in str(exc):
+            # pymilvus retries a call whose connection dropped (a long build outlives gRPC keepalives):
+            # the retry finds the index the first attempt built.
+            log(f"note: {collection} already has its index (a retried call)")
+        else:
+            # milvus-lite records a refused index (IVF_PQ) before refusing it: drop it, so that a re-run with
+            # another --index builds that one instead of keeping a broken one.  Best effort; the refusal stands.
+            with contextlib.suppress(*milvus_errors()):
+                client.release_collection(collection)
+                client.drop_index(collection, VECTOR_FIELD)
+            raise
     # The identity says which index was built (a resumed build may build another than the first run asked for).
     recorded = read_identity(client.describe_collection(collection).get("properties") or {})
     if recorded:
