@@ -186,6 +186,12 @@ TRAFFIC_PAIRS = Counter(
     ["event"],
     registry=REGISTRY,
 )
+GALLERY_FAILURES = Counter(
+    "nobackfill_gallery_failures_total",
+    "Calls to a remote gallery (Milvus) that failed: unreachable, past index.milvus_timeout_s, or refused.",
+    ["call"],  # search (answered 503 gallery_unavailable) or probe (/readyz)
+    registry=REGISTRY,
+)
 BUILD_INFO = Info("nobackfill_build", "Service version and build.", registry=INFO_REGISTRY)
 PROFILE_INFO = Info("nobackfill_profile", "The compat profile being served.", registry=INFO_REGISTRY)
 GALLERY_INFO = Info("nobackfill_gallery", "The frozen gallery being searched.", registry=INFO_REGISTRY)

@@ -31,6 +31,7 @@ from conftest import Running, World, cli, free_port, start_app
 pymilvus = pytest.importorskip("pymilvus", reason="the milvus extra is not installed: pip install -e '.[milvus]'")
 pytest.importorskip("milvus_lite", reason="milvus-lite is not installed: pip install -e '.[milvus]'")
 
+from service import metrics  # noqa: E402
 from service.compat.heads import transform  # noqa: E402
 from service.errors import ArtifactError, GalleryUnavailable  # noqa: E402
 from service.index.milvus import PROBE_INTERVAL_S  # noqa: E402
@@ -344,6 +345,11 @@ async def _ready_again(served: Running) -> None:
     pytest.fail("/readyz did not recover after Milvus came back")
 
 
+def _failures(call: str) -> float:
+    """nobackfill_gallery_failures_total{call} so far."""
+    return metrics.REGISTRY.get_sample_value("nobackfill_gallery_failures_total", {"call": call}) or 0.0
+
+
 async def _ready_after_probe_interval(served: Running) -> Any:
     """/readyz once the last probe's answer has expired (so this one asks Milvus again)."""
     await asyncio.sleep(PROBE_INTERVAL_S + 0.1)
@@ -360,8 +366,10 @@ async def test_outages_answer_503_and_readiness_follows(world: World, private_mi
             (private_milvus.stop, private_milvus.start),
         ):
             outage()
+            failed_before = _failures("search")
             response = await served.search(queries=[{"text": CAPTIONS[1]}], k=5)
             assert response.status_code == 503
+            assert _failures("search") == failed_before + 1
             assert response.json()["error"]["code"] == "gallery_unavailable"
             assert "did not answer within 0.5 s" in response.json()["error"]["message"]
             ready = await served.client.get("/readyz")

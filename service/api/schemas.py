@@ -102,7 +102,8 @@ _ERROR_MEANINGS = {
     413: "Too many queries (too_many_queries) or a body over the cap (body_too_large).",
     422: "The body does not match this schema (invalid_request).",
     500: "Internal failure (internal, encoder_failed); details only in the server log.",
-    503: "Still loading (not_ready) or full (overloaded, with Retry-After).",
+    503: "Still loading (not_ready), full (overloaded, with Retry-After), or a Milvus gallery not answering "
+    "(gallery_unavailable).",
     504: "An encoder did not answer in time (encoder_timeout).",
 }
 

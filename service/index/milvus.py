@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import numpy.typing as npt
 
+from service import metrics
 from service.errors import ArtifactError, GalleryUnavailable, InputError
 from service.index.base import setting_line
 
@@ -262,6 +263,7 @@ class MilvusGallery:
     def _unavailable(self, exc: BaseException) -> GalleryUnavailable:
         """Remember the outage for /readyz and log its cause; the response names no internals."""
         self._problem = f"Milvus collection {self.collection!r} at {self.uri} is not answering"
+        metrics.GALLERY_FAILURES.labels(call="search").inc()
         log.warning("milvus search failed (%s): %s", type(exc).__name__, _short(exc))
         return GalleryUnavailable(
             f"the gallery (Milvus collection {self.collection!r}) did not answer within "
@@ -296,6 +298,7 @@ class MilvusGallery:
             state = self._client.get_load_state(self.collection, timeout=self.timeout_s).get("state")
         except milvus_errors() as exc:
             self._problem = f"Milvus collection {self.collection!r} at {self.uri} is not answering"
+            metrics.GALLERY_FAILURES.labels(call="probe").inc()
             log.warning("milvus probe failed (%s): %s", type(exc).__name__, _short(exc))
             return self._problem
         name = getattr(state, "name", str(state))
