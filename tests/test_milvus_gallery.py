@@ -370,6 +370,9 @@ async def test_outages_answer_503_and_readiness_follows(world: World, private_mi
             response = await served.search(queries=[{"text": CAPTIONS[1]}], k=5)
             assert response.status_code == 503
             assert _failures("search") == failed_before + 1
+            again = await served.search(queries=[{"text": CAPTIONS[2]}], k=5)  # just failed: answered at once,
+            assert again.status_code == 503 and again.json()["error"]["code"] == "gallery_unavailable"
+            assert _failures("search") == failed_before + 1  # without another call to Milvus
             assert response.json()["error"]["code"] == "gallery_unavailable"
             assert "did not answer within 0.5 s" in response.json()["error"]["message"]
             ready = await served.client.get("/readyz")

@@ -12,7 +12,8 @@ The contract with the collection (checked once at open, each failure one line na
 Searching: `nprobe` becomes the index's `nprobe` search parameter where it has one (IVF_*); flat and
 graph indexes take none (max_nprobe None).  Every call carries `timeout=index.milvus_timeout_s`, so an
 unreachable or stalled Milvus costs a request at most that long and is answered 503
-gallery_unavailable (errors.py); the failure is remembered for /readyz until a search or probe succeeds.
+gallery_unavailable (errors.py); the failure is remembered for /readyz until a search or probe succeeds,
+and for FAIL_FAST_S searches are answered 503 at once instead of each waiting out the timeout.
 
     pymilvus.MilvusException (refused connection, server error) ─┐
     grpc.RpcError (DEADLINE_EXCEEDED from a stalled server) ─────┴─► GalleryUnavailable (503)
@@ -44,6 +45,9 @@ MILVUS_MAX_NPROBE = 65536
 HNSW_MIN_EF = 64
 # Loading an embedded milvus-lite file reads all its segments: more than a search's deadline.
 EMBEDDED_LOAD_TIMEOUT_S = 120.0
+# After a failed search, searches fail at once for this long (then one tries Milvus again); a /readyz
+# probe that gets an answer ends it sooner.
+FAIL_FAST_S = 1.0
 # /readyz may be polled often and by anyone: one probe per this many seconds reaches Milvus.
 PROBE_INTERVAL_S = 1.0
 _PAD_SCORE = np.float32(np.finfo(np.float32).min)  # what FAISS pads a short list with
@@ -157,6 +161,7 @@ class MilvusGallery:
         self.nlist: int | None = int(nlist) if nlist is not None else None
         self.fingerprint = f"milvus:{self.collection}@{meta.get('built_at', 'unknown')}"
         self._problem: str | None = None
+        self._failed_at = -float("inf")
         self._probed_at = -float("inf")
         self._lock = threading.Lock()
 
@@ -241,6 +246,10 @@ class MilvusGallery:
         ids = np.full((q.shape[0], k), -1, dtype=np.int64)
         if q.shape[0] == 0:
             return scores, ids
+        if self._problem is not None and time.monotonic() - self._failed_at < FAIL_FAST_S:
+            # Just failed: answer at once rather than hold a worker thread for the whole timeout per request
+            # (the default executor has few threads; requests queued behind stalled calls would wait longer).
+            raise GalleryUnavailable(self._unavailable_message())
         try:
             hits = self._client.search(
                 self.collection,
@@ -263,9 +272,14 @@ class MilvusGallery:
     def _unavailable(self, exc: BaseException) -> GalleryUnavailable:
         """Remember the outage for /readyz and log its cause; the response names no internals."""
         self._problem = f"Milvus collection {self.collection!r} at {self.uri} is not answering"
+        self._failed_at = time.monotonic()
         metrics.GALLERY_FAILURES.labels(call="search").inc()
         log.warning("milvus search failed (%s): %s", type(exc).__name__, _short(exc))
-        return GalleryUnavailable(
+        return GalleryUnavailable(self._unavailable_message())
+
+    def _unavailable_message(self) -> str:
+        """The 503's message: what did not answer and the deadline, nothing of the cause."""
+        return (
             f"the gallery (Milvus collection {self.collection!r}) did not answer within "
             f"{self.timeout_s:g} s; retry later"
         )
@@ -298,6 +312,7 @@ class MilvusGallery:
             state = self._client.get_load_state(self.collection, timeout=self.timeout_s).get("state")
         except milvus_errors() as exc:
             self._problem = f"Milvus collection {self.collection!r} at {self.uri} is not answering"
+            self._failed_at = time.monotonic()
             metrics.GALLERY_FAILURES.labels(call="probe").inc()
             log.warning("milvus probe failed (%s): %s", type(exc).__name__, _short(exc))
             return self._problem
