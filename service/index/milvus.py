@@ -39,7 +39,7 @@ if TYPE_CHECKING:
 
 IDENTITY_KEY = "nobackfill.gallery"  # collection property: JSON of d, metric, old model identity, build params
 RANKING_METRICS = ("IP", "COSINE")
-# Milvus's own bound on nprobe, used when an IVF index does not report its nlist (milvus-lite does not).
+# Milvus's own bound on nprobe, for an IVF index whose description carries no nlist (nor the identity).
 MILVUS_MAX_NPROBE = 65536
 # A graph index needs ef >= k; below this floor its recall drops for small k.
 HNSW_MIN_EF = 64
