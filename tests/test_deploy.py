@@ -195,7 +195,7 @@ def test_dockerfile_targets_serve_on_the_settings_port_as_a_numeric_user(monkeyp
 
 def test_dockerfile_installs_dependencies_before_the_source_arrives() -> None:
     stages = dockerfile_stages()
-    requirement_files = {"base.txt", "models.txt", "gpu.txt", "base-gpu.txt"}
+    requirement_files = {"base.txt", "models.txt", "milvus.txt", "gpu.txt", "base-gpu.txt"}
     for target, deps in (("cpu", "deps-cpu"), ("cuda", "deps-cuda")):
         assert stages[target].base == deps, f"{target} must build on its dependency stage"
         # No stage under the dependency layers sees the source: a code change cannot invalidate them.
@@ -205,6 +205,7 @@ def test_dockerfile_installs_dependencies_before_the_source_arrives() -> None:
                 assert not any(s.startswith("service") or s == "." for s in sources), f"{stage.name}: COPY {copied}"
         installs = " ".join(stages[deps].values("RUN"))
         assert "-r /req/models.txt" in installs, f"{deps}: the image carries the model backends"
+        assert "-r /req/milvus.txt" in installs, f"{deps}: the image carries the Milvus client"
         assert set(re.findall(r"/req/([\w-]+\.txt)", installs)) <= requirement_files
         # The project itself comes last, without dependencies, from the wheel stage.
         copies = stages[target].values("COPY")
@@ -241,6 +242,7 @@ def test_image_requirement_files_from_pyproject(tmp_path: Path) -> None:
     assert not [r for r in gpu_base if r.startswith("faiss")] and len(gpu_base) == len(base) - 1
     assert any(r.startswith("faiss-gpu") for r in (tmp_path / "gpu.txt").read_text().split())
     assert (tmp_path / "models.txt").read_text().split() == project["optional-dependencies"]["models"]
+    assert (tmp_path / "milvus.txt").read_text().split() == project["optional-dependencies"]["milvus"]
 
 
 def dockerignore_includes(patterns: list[str], path: str) -> bool:
@@ -1273,7 +1275,10 @@ def test_image_requirement_sets_resolve(tmp_path: Path) -> None:
     )
     torch_pin = re.search(r"ARG TORCH_VERSION=(\S+)", (ROOT / "Dockerfile").read_text())
     assert torch_pin
-    sets = {"cpu": ["base.txt", "models.txt"], "cuda": ["base-gpu.txt", "models.txt", "gpu.txt"]}
+    sets = {
+        "cpu": ["base.txt", "models.txt", "milvus.txt"],
+        "cuda": ["base-gpu.txt", "models.txt", "milvus.txt", "gpu.txt"],
+    }
     for target, names in sets.items():
         report = tmp_path / f"{target}.json"
         files_args = [arg for name in names for arg in ("-r", str(tmp_path / name))]
@@ -1290,4 +1295,4 @@ def test_image_requirement_sets_resolve(tmp_path: Path) -> None:
             assert "faiss-gpu-cu12" in names_resolved and "faiss-cpu" not in names_resolved
         else:
             assert "faiss-cpu" in names_resolved and not {n for n in names_resolved if n.startswith("faiss-gpu")}
-        assert {"sentence-transformers", "transformers", "model2vec"} <= names_resolved, target
+        assert {"sentence-transformers", "transformers", "model2vec", "pymilvus"} <= names_resolved, target

@@ -28,8 +28,8 @@ import numpy as np
 import pytest
 from conftest import Running, World, cli, free_port, start_app
 
-pymilvus = pytest.importorskip("pymilvus", reason="the milvus extra is not installed: pip install -e '.[milvus]'")
-pytest.importorskip("milvus_lite", reason="milvus-lite is not installed: pip install -e '.[milvus]'")
+pymilvus = pytest.importorskip("pymilvus", reason="pymilvus is not installed: pip install -e '.[milvus-lite]'")
+pytest.importorskip("milvus_lite", reason="milvus-lite is not installed: pip install -e '.[milvus-lite]'")
 
 from service import metrics  # noqa: E402
 from service.compat.heads import transform  # noqa: E402

@@ -21,6 +21,7 @@ and for FAIL_FAST_S searches are answered 503 at once instead of each waiting ou
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import logging
 import threading
@@ -71,6 +72,8 @@ def connect(uri: str, token: str | None, timeout_s: float) -> Any:
         raise ArtifactError(
             "the milvus backend needs pymilvus: pip install 'nobackfill[milvus]' (NOBACKFILL_INDEX__BACKEND=milvus)"
         ) from exc
+    if uri.endswith(".db") and importlib.util.find_spec("milvus_lite") is None:
+        raise ArtifactError(f"{uri} is an embedded milvus-lite file: pip install 'nobackfill[milvus-lite]'")
     # pymilvus logs every failed call with a full traceback; during an outage that is one per request.
     # The failure is logged here once per call, in one line (_unavailable), and counted as a 503.
     logging.getLogger("pymilvus.decorators").setLevel(logging.CRITICAL)
