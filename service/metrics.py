@@ -203,6 +203,8 @@ for _event in CACHE_EVENTS:
     CACHE_EVENTS_TOTAL.labels(event=_event)
 for _event in TRAFFIC_EVENTS:
     TRAFFIC_PAIRS.labels(event=_event)
+for _call in ("search", "probe"):
+    GALLERY_FAILURES.labels(call=_call)
 
 
 def cache_event(event: str, amount: int = 1) -> None:

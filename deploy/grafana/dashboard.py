@@ -257,7 +257,7 @@ ROWS: list[tuple[str, list[dict[str, Any]]]] = [
         ],
     ),
     (
-        "Traffic sampling",
+        "Traffic sampling and remote gallery",
         [
             panel(
                 "Sampled query pairs",
@@ -266,6 +266,14 @@ ROWS: list[tuple[str, list[dict[str, Any]]]] = [
                 width=12,
                 description="(old, new) query pairs sampled, stored, dropped (queue full) or failed (store error); "
                 "zero unless NOBACKFILL_TRAFFIC__SAMPLE_RATE > 0 (docs/traffic-learning.md).",
+            ),
+            panel(
+                "Remote gallery failures",
+                [(f"sum by (call) (rate(nobackfill_gallery_failures_total[{RATE}]))", "{{call}}")],
+                "ops",
+                width=12,
+                description="Milvus calls that failed (search: answered 503 gallery_unavailable; probe: /readyz); "
+                "zero with the local FAISS gallery (docs/scale-out.md).",
             ),
         ],
     ),
