@@ -223,6 +223,30 @@ def test_build_resumes_skips_present_ids_and_info_describes(milvus: Loaded, tmp_
     assert info["nobackfill.gallery"]["index"]["params"] == {"nlist": 16}
 
 
+def test_build_from_the_synthetic_world_holds_the_world_rows(milvus: Loaded) -> None:
+    """`--size N` loads items 0..N-1 of the synthetic world, the rows `gallery build --size N` indexes locally."""
+    base = ["gallery", "build", "--backend", "milvus", "--uri", milvus.server.uri, "--collection", "synthetic"]
+    done = cli(*base, "--size", "300", "--index", "FLAT")
+    assert done.returncode == 0, done.stderr
+    client = pymilvus.MilvusClient(uri=milvus.server.uri)
+    try:
+        got = client.get("synthetic", ids=[0, 7, 299], output_fields=["vector"])
+        info = json.loads(
+            cli(
+                "gallery", "info", "--backend", "milvus", "--uri", milvus.server.uri, "--collection", "synthetic"
+            ).stdout
+        )
+    finally:
+        client.close()
+    vectors = {row["id"]: np.asarray(row["vector"], dtype=np.float32) for row in got}
+    assert sorted(vectors) == [0, 7, 299]
+    for item, vector in vectors.items():  # the module's world vectors are the same synthetic old model's
+        np.testing.assert_allclose(vector, milvus.vectors[item], atol=1e-6)
+    assert info["row_count"] == 300 and info["nobackfill.gallery"]["old_model"]["backend"] == "synthetic-old"
+    neither = cli(*base, "--index", "FLAT")
+    assert neither.returncode == 2 and "--from-npy FILE_OR_DIR, or --size N" in neither.stderr
+
+
 async def test_ivf_collection_bounds_nprobe_by_its_nlist(world: World, milvus: Loaded, tmp_path: Path) -> None:
     npy = tmp_path / "ivf.npy"
     np.save(npy, milvus.vectors[:2000])

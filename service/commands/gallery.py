@@ -56,9 +56,12 @@ def build(
     from service.index.sources import NpySource, Source, SyntheticSource
 
     if backend == "milvus":
-        if from_npy is None or size is not None or features != "raw":
-            raise InputError("--backend milvus loads raw old-model embeddings: give --from-npy FILE_OR_DIR")
-        _build_milvus(uri, collection, token, from_npy, ids_npy, model_id, index, nlist, pq_m, metric)
+        if (size is None) == (from_npy is None) or features != "raw":
+            raise InputError(
+                "--backend milvus loads raw old-model embeddings: give --from-npy FILE_OR_DIR, "
+                "or --size N for the synthetic world"
+            )
+        _build_milvus(uri, collection, token, from_npy, size, ids_npy, model_id, index, nlist, pq_m, metric)
         return
     if backend != "faiss":
         raise InputError(f"--backend must be faiss or milvus, got {backend!r}")
@@ -122,7 +125,8 @@ def _build_milvus(
     uri: str | None,
     collection: str | None,
     token: str | None,
-    from_npy: Path,
+    from_npy: Path | None,
+    size: int | None,
     ids_npy: Path | None,
     model_id: str | None,
     index: str,
@@ -130,16 +134,21 @@ def _build_milvus(
     pq_m: int,
     metric: str,
 ) -> None:
-    """`gallery build --backend milvus`: load --from-npy into the collection (resumable), index, load."""
+    """`gallery build --backend milvus`: load --from-npy (or the synthetic world) into the collection, index, load."""
     from service.errors import InputError
     from service.index.milvus_build import build_collection, index_params, progress_default
-    from service.index.sources import NpySource
+    from service.index.sources import NpySource, SyntheticSource
 
-    if not from_npy.exists():
-        raise InputError(f"{from_npy}: no such file or directory")
-    identity = _npy_identity(from_npy, model_id)
-    recorded = model_id or (identity.model_id if identity else "unknown")
-    source = NpySource(from_npy, ids_npy, recorded, identity.as_dict() if identity else None)
+    source: NpySource | SyntheticSource
+    if from_npy is None:
+        assert size is not None
+        source = SyntheticSource(size)  # the same old-model rows and ids as `gallery build --size N`
+    else:
+        if not from_npy.exists():
+            raise InputError(f"{from_npy}: no such file or directory")
+        identity = _npy_identity(from_npy, model_id)
+        recorded = model_id or (identity.model_id if identity else "unknown")
+        source = NpySource(from_npy, ids_npy, recorded, identity.as_dict() if identity else None)
     index_params(index.upper(), nlist, pq_m, source.ntotal, source.dim)  # bad --index / --pq-m before connecting
     client = _milvus_client(uri, collection, token)
     assert collection is not None

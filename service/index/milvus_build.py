@@ -25,7 +25,7 @@ import numpy as np
 
 from service.errors import ArtifactError, GalleryUnavailable, InputError
 from service.index.milvus import IDENTITY_KEY, index_of, milvus_errors, read_identity, vector_field
-from service.index.sources import NpySource
+from service.index.sources import NpySource, SyntheticSource
 
 FORMAT_VERSION = 1
 VECTOR_FIELD = "vector"
@@ -55,7 +55,7 @@ def index_params(index_type: str, nlist: int | None, pq_m: int, ntotal: int, dim
 def build_collection(
     client: Any,
     collection: str,
-    source: NpySource,
+    source: NpySource | SyntheticSource,
     index_type: str = "IVF_PQ",
     nlist: int | None = None,
     pq_m: int = 64,
@@ -157,7 +157,9 @@ def _create_index(
         client.alter_collection_properties(collection, properties={IDENTITY_KEY: json.dumps(recorded)})
 
 
-def _open_or_create(client: Any, collection: str, source: NpySource, identity: dict[str, Any]) -> bool:
+def _open_or_create(
+    client: Any, collection: str, source: NpySource | SyntheticSource, identity: dict[str, Any]
+) -> bool:
     """True when the collection existed (a resumed build), after checking it holds this gallery's vectors."""
     from pymilvus import DataType, MilvusClient
 
@@ -165,12 +167,13 @@ def _open_or_create(client: Any, collection: str, source: NpySource, identity: d
         description = client.describe_collection(collection)
         _, dim, _ = vector_field(description)
         recorded = read_identity(description.get("properties") or {})
+        where = source.path if isinstance(source, NpySource) else "the synthetic world"
         if dim != source.dim:
-            raise ArtifactError(f"collection {collection!r} holds {dim}-d vectors; {source.path} is {source.dim}-d")
+            raise ArtifactError(f"collection {collection!r} holds {dim}-d vectors; {where} is {source.dim}-d")
         if recorded and recorded.get("old_model_id") != source.model_id:
             raise ArtifactError(
                 f"collection {collection!r} holds model {recorded.get('old_model_id')!r}; "
-                f"{source.path} is {source.model_id!r} (one collection, one model)"
+                f"{where} is {source.model_id!r} (one collection, one model)"
             )
         if not recorded:
             client.alter_collection_properties(collection, properties={IDENTITY_KEY: json.dumps(identity)})
