@@ -128,7 +128,31 @@ def free_cluster_port() -> int:
     raise RuntimeError("no free port pair for a Redis Cluster node")
 
 
-class PrivateRedis:
+class ServerProcess:
+    """A test's own server process that it may kill, freeze and unfreeze, as outages do."""
+
+    process: subprocess.Popen[bytes] | None = None
+
+    def stop(self) -> None:
+        """Kill it, as an outage would."""
+        if self.process is not None and self.process.poll() is None:
+            self.process.send_signal(signal.SIGCONT)  # a paused server cannot die otherwise
+            self.process.kill()
+            self.process.wait(timeout=10)
+        self.process = None
+
+    def pause(self) -> None:
+        """Freeze it: connections still open, nothing answers (a hung server)."""
+        assert self.process is not None
+        self.process.send_signal(signal.SIGSTOP)
+
+    def resume(self) -> None:
+        """Unfreeze it."""
+        assert self.process is not None
+        self.process.send_signal(signal.SIGCONT)
+
+
+class PrivateRedis(ServerProcess):
     """A redis-server on a fixed port that the test may stop, restart, pause and resume."""
 
     def __init__(self, workdir: Path, *extra: str) -> None:
@@ -136,7 +160,6 @@ class PrivateRedis:
         self.port = free_port()
         self.workdir = workdir
         self.extra = extra
-        self.process: subprocess.Popen[bytes] | None = None
 
     @property
     def url(self) -> str:
@@ -158,24 +181,6 @@ class PrivateRedis:
             except redis.ConnectionError:
                 time.sleep(0.02)
         raise TimeoutError(f"redis-server did not start on port {self.port}")
-
-    def stop(self) -> None:
-        """Kill it, as an outage would."""
-        if self.process is not None and self.process.poll() is None:
-            self.process.send_signal(signal.SIGCONT)  # a paused server cannot die otherwise
-            self.process.kill()
-            self.process.wait(timeout=10)
-        self.process = None
-
-    def pause(self) -> None:
-        """Freeze it: connections still open, nothing answers (a hung server)."""
-        assert self.process is not None
-        self.process.send_signal(signal.SIGSTOP)
-
-    def resume(self) -> None:
-        """Unfreeze it."""
-        assert self.process is not None
-        self.process.send_signal(signal.SIGCONT)
 
 
 @pytest.fixture

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import signal
 import subprocess
 import sys
 import time
@@ -26,7 +25,7 @@ from typing import Any
 
 import numpy as np
 import pytest
-from conftest import Running, World, cli, free_port, start_app
+from conftest import Running, ServerProcess, World, cli, free_port, start_app
 
 pymilvus = pytest.importorskip("pymilvus", reason="pymilvus is not installed: pip install -e '.[milvus-lite]'")
 pytest.importorskip("milvus_lite", reason="milvus-lite is not installed: pip install -e '.[milvus-lite]'")
@@ -45,13 +44,12 @@ EXACT_RANK_BOUND = 200  # 1% of the gallery; PQ64's worst seen here: 139
 CAPTIONS = [f"item-{i:010d} caption-1" for i in (3, 77, 512, 1999, 4242, 9001, 15000, 19998)]
 
 
-class MilvusLite:
+class MilvusLite(ServerProcess):
     """A `milvus-lite server` process on a fixed port that a test may stop, freeze, resume and restart."""
 
     def __init__(self, data_dir: Path) -> None:
         self.data_dir = data_dir
         self.port = free_port()
-        self.process: subprocess.Popen[bytes] | None = None
 
     @property
     def uri(self) -> str:
@@ -75,24 +73,6 @@ class MilvusLite:
             except Exception:  # noqa: BLE001 (not up yet: connection refused or not serving)
                 time.sleep(0.05)
         raise TimeoutError(f"milvus-lite did not answer on port {self.port}")
-
-    def stop(self) -> None:
-        """Kill it, as a crashed node would go."""
-        if self.process is not None and self.process.poll() is None:
-            self.process.send_signal(signal.SIGCONT)  # a frozen process cannot die otherwise
-            self.process.kill()
-            self.process.wait(timeout=10)
-        self.process = None
-
-    def pause(self) -> None:
-        """Freeze it: the port stays open, nothing answers (a stalled server)."""
-        assert self.process is not None
-        self.process.send_signal(signal.SIGSTOP)
-
-    def resume(self) -> None:
-        """Unfreeze it."""
-        assert self.process is not None
-        self.process.send_signal(signal.SIGCONT)
 
 
 @dataclass(frozen=True)

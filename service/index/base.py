@@ -18,6 +18,10 @@ from typing import TYPE_CHECKING, Any, Protocol
 import numpy as np
 import numpy.typing as npt
 
+from service.errors import InputError
+
+Queries = npt.NDArray[np.float32]
+
 if TYPE_CHECKING:
     from service.settings import IndexSettings
 
@@ -58,6 +62,19 @@ class GalleryBackend(Protocol):
     def close(self) -> None:
         """Release connections; searching afterwards is an error."""
         ...
+
+
+def checked_queries(queries: npt.ArrayLike, dim: int, k: int, nprobe: int, max_nprobe: int | None) -> Queries:
+    """Queries as contiguous float32 [b, dim]; InputError for another shape, k < 1 or nprobe out of bounds."""
+    q = np.ascontiguousarray(queries, dtype=np.float32)
+    if q.ndim != 2 or q.shape[1] != dim:
+        raise InputError(f"queries must have shape [b, {dim}], got {list(q.shape)}")
+    if k < 1:
+        raise InputError(f"k must be >= 1, got {k}")
+    if nprobe < 1 or (max_nprobe is not None and nprobe > max_nprobe):
+        bound = f"in 1..{max_nprobe}" if max_nprobe is not None else ">= 1"
+        raise InputError(f"nprobe must be {bound}, got {nprobe}")
+    return q
 
 
 def setting_line(index: IndexSettings) -> str:

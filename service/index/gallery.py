@@ -26,6 +26,7 @@ import numpy.typing as npt
 from service.errors import ArtifactError, InputError
 from service.index import graph_quantizer
 from service.index.artifact import INDEX_NAME, edges_sha256, read_checked_meta
+from service.index.base import checked_queries
 from service.manifest import sha256_of
 
 Verify = Literal["sha256", "size"]
@@ -153,13 +154,7 @@ class Gallery:
         self, queries: npt.ArrayLike, k: int, nprobe: int
     ) -> tuple[npt.NDArray[np.float32], npt.NDArray[np.int64]]:
         """Top-k inner products of queries [b, d]: (scores [b, k] float32, ids [b, k] int64; -1 pads a short list)."""
-        q = np.ascontiguousarray(queries, dtype=np.float32)
-        if q.ndim != 2 or q.shape[1] != self.dim:
-            raise InputError(f"queries must have shape [b, {self.dim}], got {list(q.shape)}")
-        if k < 1:
-            raise InputError(f"k must be >= 1, got {k}")
-        if not 1 <= nprobe <= self.nlist:
-            raise InputError(f"nprobe must be in 1..{self.nlist}, got {nprobe}")
+        q = checked_queries(queries, self.dim, k, nprobe, self.nlist)
         if q.shape[0] == 0:
             return np.zeros((0, k), dtype=np.float32), np.zeros((0, k), dtype=np.int64)
         if self.on_gpu:

@@ -32,8 +32,8 @@ import numpy as np
 import numpy.typing as npt
 
 from service import metrics
-from service.errors import ArtifactError, GalleryUnavailable, InputError
-from service.index.base import setting_line
+from service.errors import ArtifactError, GalleryUnavailable
+from service.index.base import checked_queries, setting_line
 
 if TYPE_CHECKING:
     from service.settings import IndexSettings
@@ -237,14 +237,7 @@ class MilvusGallery:
         self, queries: npt.ArrayLike, k: int, nprobe: int
     ) -> tuple[npt.NDArray[np.float32], npt.NDArray[np.int64]]:
         """Top-k of queries [b, d] by the collection's IP / COSINE: (scores [b, k], ids [b, k]; -1 pads)."""
-        q = np.ascontiguousarray(queries, dtype=np.float32)
-        if q.ndim != 2 or q.shape[1] != self.dim:
-            raise InputError(f"queries must have shape [b, {self.dim}], got {list(q.shape)}")
-        if k < 1:
-            raise InputError(f"k must be >= 1, got {k}")
-        limit = self.max_nprobe
-        if nprobe < 1 or (limit is not None and nprobe > limit):
-            raise InputError(f"nprobe must be in 1..{limit if limit is not None else 'any'}, got {nprobe}")
+        q = checked_queries(queries, self.dim, k, nprobe, self.max_nprobe)
         scores = np.full((q.shape[0], k), _PAD_SCORE, dtype=np.float32)
         ids = np.full((q.shape[0], k), -1, dtype=np.int64)
         if q.shape[0] == 0:
