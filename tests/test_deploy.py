@@ -833,9 +833,17 @@ def read_only_root_script(artifacts: Path, then: str) -> str:
     What compose (read_only, tmpfs /tmp, the volume :ro) and Kubernetes (readOnlyRootFilesystem, an
     emptyDir at /tmp, a read-only PVC) give the service.
     """
+    # The checkout and its virtualenv may live under /tmp (a CI clone): the tmpfs would hide them, so
+    # the old /tmp stays reachable at /mnt and they are bound back, read-only, at their own paths.
+    keep = [path for path in {ROOT.resolve(), Path(sys.prefix).resolve()} if path.is_relative_to("/tmp")]
+    rebind = "".join(
+        f' && mkdir -p "{path}" && mount --bind "/mnt/{path.relative_to("/tmp")}" "{path}"'
+        f' && mount -o remount,bind,ro "{path}"'
+        for path in sorted(keep)
+    )
     return (
-        f'mount --bind "{artifacts}" /media && mount -o remount,bind,ro /media'
-        " && mount -t tmpfs -o size=256m tmpfs /tmp && mount -o remount,bind,ro /"
+        f'mount --bind "{artifacts}" /media && mount -o remount,bind,ro /media && mount --bind /tmp /mnt'
+        f" && mount -t tmpfs -o size=256m tmpfs /tmp{rebind} && mount -o remount,bind,ro /"
         f" && cd /media && {then}"
     )
 
