@@ -220,8 +220,12 @@ class Pipeline:
             asyncio.to_thread(_warm, old_replicas),
             asyncio.to_thread(_warm, new_replicas),
         )
-        check_compatible(profile, old_encoder, new_encoder, gallery, settings)
-        default_mode(settings, profile)  # refuses a configured default the profile cannot serve
+        try:
+            check_compatible(profile, old_encoder, new_encoder, gallery, settings)
+            default_mode(settings, profile)  # refuses a configured default the profile cannot serve
+        except NobackfillError:
+            await asyncio.to_thread(gallery.close)  # a refused start leaves no Milvus connection behind
+            raise
         cache = create_cache(settings.cache, cache_model_key(old_encoder), old_encoder.dim)
         old = MicroBatcher(
             old_replicas,
