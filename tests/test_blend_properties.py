@@ -105,10 +105,13 @@ def _pair(case: str, d_old: int, d_new: int, r: F32, n: int, eps: float, rng: np
     new = rng.standard_normal((n, d_new))
     sign = {"near_zero": 1.0, "exact_zero": 1.0, "near_pi": -1.0, "band_pi": -1.0, "exact_pi": -1.0}.get(case)
     noise = {"near_zero": eps, "near_pi": eps, "band_pi": min(eps, 1e-5)}.get(case, 0.0)
+    # The noise is relative to the row's length: a short row with absolute noise would not be "near" at all.
     if sign is not None and d_new >= d_old:  # every padded v is reachable: pick new so that v = +-u
-        new = sign * (pad(old, d) @ r.T)[:, :d_new] + noise * rng.standard_normal((n, d_new))
+        base = sign * (pad(old, d) @ r.T)[:, :d_new]
+        new = base + noise * np.linalg.norm(base, axis=1, keepdims=True) * rng.standard_normal((n, d_new))
     elif sign is not None:  # v spans a d_new-dim subspace of the old space: pick u = +-v
-        old = sign * (pad(new, d) @ r) + noise * rng.standard_normal((n, d_old))
+        base = sign * (pad(new, d) @ r)
+        old = base + noise * np.linalg.norm(base, axis=1, keepdims=True) * rng.standard_normal((n, d_old))
     elif case == "lost" and d_new > d_old:  # v wholly past the old coordinates
         v = np.hstack([np.zeros((n, d_old)), rng.standard_normal((n, d - d_old))])
         new = v @ r.T
