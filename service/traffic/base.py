@@ -8,6 +8,7 @@ told apart from today's by comparing strings.
 
 from __future__ import annotations
 
+import itertools
 import json
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -95,17 +96,21 @@ class PairStore(Protocol):
 
 
 def merge_runs(runs: Sequence[PairBatch]) -> list[PairBatch]:
-    """Adjacent runs of the same model pair joined into one (rows keep their order)."""
+    """Adjacent runs of the same model pair joined into one (rows keep their order), one copy per group."""
     out: list[PairBatch] = []
-    for run in runs:
-        if out and out[-1].models == run.models:
-            last = out[-1]
-            out[-1] = PairBatch(
-                run.models,
-                np.concatenate([last.old, run.old]),
-                np.concatenate([last.new, run.new]),
-                last.modality + run.modality,
+    for models, grouped in itertools.groupby(runs, key=lambda run: run.models):
+        group = list(grouped)
+        if len(group) == 1:
+            out.append(group[0])
+            continue
+        # One concatenation per group: joining pairwise would copy the growing run once per row (a Redis
+        # read is one-row runs, so quadratic in the pairs read).
+        out.append(
+            PairBatch(
+                models,
+                np.concatenate([run.old for run in group]),
+                np.concatenate([run.new for run in group]),
+                tuple(m for run in group for m in run.modality),
             )
-        else:
-            out.append(run)
+        )
     return out
