@@ -36,7 +36,7 @@ from service.encoders.base import Embeddings, Encoder, Modality, describe, finge
 from service.encoders.batcher import MicroBatcher
 from service.encoders.registry import create_encoder
 from service.errors import ArtifactError, InputError, NobackfillError, Overloaded, TooManyQueries, UnsupportedMode
-from service.index.base import GalleryBackend, open_gallery
+from service.index.base import GalleryBackend, check_nprobe, open_gallery
 from service.settings import Settings
 from service.traffic.sampler import TrafficSampler, create_sampler, identities
 
@@ -290,11 +290,7 @@ class Pipeline:
             raise TooManyQueries(f"{len(queries)} queries in one request; the limit is {api.max_queries}")
         if not 1 <= k <= api.max_k:
             raise InputError(f"k must be in 1..{api.max_k}, got {k}")
-        limit = self.gallery.max_nprobe  # None: the index takes no nprobe (a flat or graph Milvus index)
-        if limit is not None and not 1 <= nprobe <= limit:
-            raise InputError(f"nprobe must be in 1..{limit} (the gallery's nlist), got {nprobe}")
-        if nprobe < 1:
-            raise InputError(f"nprobe must be >= 1, got {nprobe}")
+        check_nprobe(nprobe, self.gallery.max_nprobe)  # before any encoder runs; the gallery checks it again
         if alpha is not None and not (math.isfinite(alpha) and 0.0 <= alpha <= 1.0):
             raise InputError(f"alpha must be in [0, 1], got {alpha}")
         served = self.profile.modes()
@@ -566,9 +562,7 @@ class Pipeline:
         return self.settings.index.nprobe if limit is None else min(self.settings.index.nprobe, limit)
 
     async def probe_gallery(self) -> str | None:
-        """Ask a remote gallery whether it answers (bounded by its timeout, off the event loop); its problem or None."""
-        if self.gallery.backend == "faiss":  # in this process: nothing to wait for, no thread hop per probe
-            return None
+        """Ask the gallery whether it answers (bounded by its timeout, off the event loop); its problem or None."""
         return await asyncio.to_thread(self.gallery.probe)
 
     def info(self) -> dict[str, Any]:

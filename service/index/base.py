@@ -71,10 +71,15 @@ def checked_queries(queries: npt.ArrayLike, dim: int, k: int, nprobe: int, max_n
         raise InputError(f"queries must have shape [b, {dim}], got {list(q.shape)}")
     if k < 1:
         raise InputError(f"k must be >= 1, got {k}")
-    if nprobe < 1 or (max_nprobe is not None and nprobe > max_nprobe):
-        bound = f"in 1..{max_nprobe}" if max_nprobe is not None else ">= 1"
-        raise InputError(f"nprobe must be {bound}, got {nprobe}")
+    check_nprobe(nprobe, max_nprobe)
     return q
+
+
+def check_nprobe(nprobe: int, max_nprobe: int | None) -> None:
+    """InputError unless 1 <= nprobe <= max_nprobe (the gallery's nlist; None: any nprobe >= 1)."""
+    if nprobe < 1 or (max_nprobe is not None and nprobe > max_nprobe):
+        bound = f"in 1..{max_nprobe} (the gallery's nlist)" if max_nprobe is not None else ">= 1"
+        raise InputError(f"nprobe must be {bound}, got {nprobe}")
 
 
 def setting_line(index: IndexSettings) -> str:
