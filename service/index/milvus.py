@@ -118,6 +118,11 @@ def index_of(client: Any, collection: str, field: str, timeout_s: float) -> dict
     return found
 
 
+def state_name(state: Any) -> str:
+    """A load state's name ("Loaded", "NotLoad", ...), whether pymilvus gives an enum or a string."""
+    return str(getattr(state, "name", state))
+
+
 def read_identity(properties: dict[str, Any]) -> dict[str, Any]:
     """The gallery.json-like block `gallery build` stored in the collection's properties ({} when absent)."""
     raw = properties.get(IDENTITY_KEY)
@@ -195,10 +200,10 @@ class MilvusGallery:
                 # An embedded milvus-lite file is this process's own server: no one else can have loaded it
                 # (its load state does not survive the process), so loading it here changes nobody's state.
                 client.load_collection(name, timeout=max(timeout, EMBEDDED_LOAD_TIMEOUT_S))
-            state = client.get_load_state(name, timeout=timeout).get("state")
-            if getattr(state, "name", str(state)) != "Loaded":
+            state = state_name(client.get_load_state(name, timeout=timeout).get("state"))
+            if state != "Loaded":
                 raise ArtifactError(
-                    f"collection {name!r} is not loaded ({getattr(state, 'name', state)}); load it first "
+                    f"collection {name!r} is not loaded ({state}); load it first "
                     f"(`nobackfill gallery build --backend milvus` does; the service never changes it) ({line})"
                 )
             meta = read_identity(description.get("properties") or {})
@@ -257,7 +262,8 @@ class MilvusGallery:
                 timeout=self.timeout_s,
             )
         except milvus_errors() as exc:
-            raise self._unavailable(exc) from exc
+            self._failed("search", exc)
+            raise GalleryUnavailable(self._unavailable_message()) from exc
         self._problem = None
         for row, found in enumerate(hits):
             n = min(len(found), k)
@@ -265,13 +271,12 @@ class MilvusGallery:
             scores[row, :n] = [hit["distance"] for hit in found[:n]]
         return scores, ids
 
-    def _unavailable(self, exc: BaseException) -> GalleryUnavailable:
-        """Remember the outage for /readyz and log its cause; the response names no internals."""
+    def _failed(self, call: str, exc: BaseException) -> None:
+        """Remember the outage for /readyz, count it and log its cause (a response names no internals)."""
         self._problem = f"Milvus collection {self.collection!r} at {self.uri} is not answering"
         self._failed_at = time.monotonic()
-        metrics.GALLERY_FAILURES.labels(call="search").inc()
-        log.warning("milvus search failed (%s): %s", type(exc).__name__, _short(exc))
-        return GalleryUnavailable(self._unavailable_message())
+        metrics.GALLERY_FAILURES.labels(call=call).inc()
+        log.warning("milvus %s failed (%s): %s", call, type(exc).__name__, _short(exc))
 
     def _unavailable_message(self) -> str:
         """The 503's message: what did not answer and the deadline, nothing of the cause."""
@@ -307,12 +312,9 @@ class MilvusGallery:
         try:
             state = self._client.get_load_state(self.collection, timeout=self.timeout_s).get("state")
         except milvus_errors() as exc:
-            self._problem = f"Milvus collection {self.collection!r} at {self.uri} is not answering"
-            self._failed_at = time.monotonic()
-            metrics.GALLERY_FAILURES.labels(call="probe").inc()
-            log.warning("milvus probe failed (%s): %s", type(exc).__name__, _short(exc))
+            self._failed("probe", exc)
             return self._problem
-        name = getattr(state, "name", str(state))
+        name = state_name(state)
         self._problem = None if name == "Loaded" else f"Milvus collection {self.collection!r} is {name}, not loaded"
         return self._problem
 

@@ -24,7 +24,7 @@ from typing import Any
 import numpy as np
 
 from service.errors import ArtifactError, GalleryUnavailable, InputError
-from service.index.milvus import IDENTITY_KEY, index_of, milvus_errors, read_identity, vector_field
+from service.index.milvus import IDENTITY_KEY, index_of, milvus_errors, read_identity, state_name, vector_field
 from service.index.sources import NpySource, SyntheticSource
 
 FORMAT_VERSION = 1
@@ -201,7 +201,7 @@ def describe_collection(client: Any, collection: str) -> dict[str, Any]:
             raise ArtifactError(f"no collection {collection!r}")
         description = client.describe_collection(collection)
         field, dim, primary = vector_field(description)
-        state = client.get_load_state(collection).get("state")
+        state = state_name(client.get_load_state(collection).get("state"))
         return {
             "collection": collection,
             "vector_field": field,
@@ -209,7 +209,7 @@ def describe_collection(client: Any, collection: str) -> dict[str, Any]:
             "dim": dim,
             "row_count": int(client.get_collection_stats(collection).get("row_count", 0)),
             "index": index_of(client, collection, field, timeout_s=60.0),
-            "load_state": getattr(state, "name", str(state)),
+            "load_state": state,
             IDENTITY_KEY: read_identity(description.get("properties") or {}),
         }
     except milvus_errors() as exc:
