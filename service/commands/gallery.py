@@ -14,6 +14,7 @@ import typer
 
 if TYPE_CHECKING:
     from service.encoders.identity import ModelIdentity
+    from service.index.sources import NpySource, SyntheticSource
 
 app = typer.Typer(no_args_is_help=True)
 FEATURE_CHUNK = 65536
@@ -53,7 +54,6 @@ def build(
     from service.errors import InputError
     from service.index.build import build_gallery
     from service.index.params import resolve
-    from service.index.sources import NpySource, Source, SyntheticSource
 
     if backend == "milvus":
         if (size is None) == (from_npy is None) or features != "raw":
@@ -82,14 +82,7 @@ def build(
     elif size is not None and size <= 0:
         raise InputError(f"--size must be positive, got {size}")
     try:
-        source: Source
-        if from_npy is not None:
-            identity = _npy_identity(from_npy, model_id)
-            recorded = model_id or (identity.model_id if identity else "unknown")
-            source = NpySource(features_file or from_npy, ids_npy, recorded, identity.as_dict() if identity else None)
-        else:
-            assert size is not None
-            source = SyntheticSource(size, model=synthetic_model)
+        source = _source(size, from_npy, ids_npy, model_id, rows=features_file, synthetic_model=synthetic_model)
         params = resolve(
             source.ntotal,
             source.dim,
@@ -137,18 +130,10 @@ def _build_milvus(
     """`gallery build --backend milvus`: load --from-npy (or the synthetic world) into the collection, index, load."""
     from service.errors import InputError
     from service.index.milvus_build import build_collection, index_params, progress_default
-    from service.index.sources import NpySource, SyntheticSource
 
-    source: NpySource | SyntheticSource
-    if from_npy is None:
-        assert size is not None
-        source = SyntheticSource(size)  # the same old-model rows and ids as `gallery build --size N`
-    else:
-        if not from_npy.exists():
-            raise InputError(f"{from_npy}: no such file or directory")
-        identity = _npy_identity(from_npy, model_id)
-        recorded = model_id or (identity.model_id if identity else "unknown")
-        source = NpySource(from_npy, ids_npy, recorded, identity.as_dict() if identity else None)
+    if from_npy is not None and not from_npy.exists():
+        raise InputError(f"{from_npy}: no such file or directory")
+    source = _source(size, from_npy, ids_npy, model_id)  # --size: the same rows and ids as the faiss build's
     index_params(index.upper(), nlist, pq_m, source.ntotal, source.dim)  # bad --index / --pq-m before connecting
     client = _milvus_client(uri, collection, token)
     assert collection is not None
@@ -170,6 +155,25 @@ def _build_milvus(
         f"built milvus collection {collection}: {done['row_count']:,} rows ({done['inserted']:,} inserted, "
         f"{done['skipped']:,} already there), {done['index']} {done['params']}, in {done['total_s']:.0f} s"
     )
+
+
+def _source(
+    size: int | None,
+    from_npy: Path | None,
+    ids_npy: Path | None,
+    model_id: str | None,
+    rows: Path | None = None,
+    synthetic_model: str = "old",
+) -> NpySource | SyntheticSource:
+    """--size: the synthetic world; --from-npy: its rows (or `rows` derived from them) with the old model's identity."""
+    from service.index.sources import NpySource, SyntheticSource
+
+    if from_npy is None:
+        assert size is not None
+        return SyntheticSource(size, model=synthetic_model)
+    identity = _npy_identity(from_npy, model_id)
+    recorded = model_id or (identity.model_id if identity else "unknown")
+    return NpySource(rows or from_npy, ids_npy, recorded, identity.as_dict() if identity else None)
 
 
 def _npy_identity(from_npy: Path, model_id: str | None) -> ModelIdentity | None:
