@@ -485,12 +485,13 @@ def fit_modalities(
     if same_set:
         m_all = _total([cross_covariance(b.new, b.old) for m in names for b in blocks[m]])
         r_thin = thin_rotation(m_all + extra)
+        r_without = thin_rotation(m_all) if query_pairs else None
         for m, s in splits.items():
             q_rows = _sample_rows(np.arange(len(s.old_query)), max_eval_queries, rng)
             t_rows = np.arange(len(s.old_target))
             held[m].append(_score_fold(s, r_thin, q_rows, t_rows))
-            if query_pairs:
-                held_without[m].append(_score_fold(s, thin_rotation(m_all), q_rows, t_rows))
+            if r_without is not None:
+                held_without[m].append(_score_fold(s, r_without, q_rows, t_rows))
     else:
         assigned = dict(zip(names, _assign_joint([splits[m] for m in names], folds, rng), strict=True))
         fold_of = {m: {"query": q, "target": t} for m, (q, t) in assigned.items()}
@@ -503,6 +504,7 @@ def fit_modalities(
         for f in range(folds):
             # R for fold f never sees fold f's rows: subtract its cross-covariance from the total.
             r_f = thin_rotation(m_total - per_fold_m[f] + extra)
+            r_f_without = thin_rotation(m_total - per_fold_m[f]) if query_pairs else None  # one SVD per fold
             for m, s in splits.items():
                 q_fold, t_fold = assigned[m]
                 q_all = np.flatnonzero(q_fold == f)
@@ -510,8 +512,8 @@ def fit_modalities(
                 q_rows = _sample_rows(q_all, max_eval_queries, rng)
                 t_rows = _gallery_rows(t_fold, f, eval_gallery, rng)
                 held[m].append(_score_fold(s, r_f, q_rows, t_rows))
-                if query_pairs:
-                    held_without[m].append(_score_fold(s, thin_rotation(m_total - per_fold_m[f]), q_rows, t_rows))
+                if r_f_without is not None:
+                    held_without[m].append(_score_fold(s, r_f_without, q_rows, t_rows))
         oof_cos = {m: np.concatenate(parts) for m, parts in cos_parts.items()}
     # Only the [d_new, d_old] block of R is ever read; the completion makes the stored R square.
     r_final = complete_rotation(r_thin)
