@@ -31,7 +31,7 @@ import numpy as np
 import numpy.typing as npt
 import torch
 
-from service.compat.heads import transform
+from service.compat.heads import transform_in_chunks
 from service.compat.io import Split
 from service.compat.metrics import KS, flip_rates, is_compatible, ranks, recall_at_k, relevance
 from service.compat.procrustes import normalize_rows
@@ -46,26 +46,18 @@ F32 = npt.NDArray[np.float32]
 
 
 def _queries(profile: CompatProfile, mode: str, old: F32, new: F32, modality: str) -> F32:
-    """The profile's queries for `mode`, in chunks (bounds the blends' temporaries)."""
-    parts = [
-        transform(profile, mode, old[s : s + _CHUNK], new[s : s + _CHUNK], modality).queries
-        for s in range(0, len(old), _CHUNK)
-    ]
-    return np.concatenate(parts).astype(np.float32)
+    """The profile's queries for `mode`."""
+    return transform_in_chunks(profile, mode, old, new, modality).queries.astype(np.float32)
 
 
-def _theta_deg(profile: CompatProfile, old: F32, new: F32, modality: str) -> dict[str, float] | None:
-    """Angle statistics between u and the mapped v (degrees), for profiles that blend two endpoints."""
+def _served_on(profile: CompatProfile, old: F32, new: F32, modality: str) -> tuple[F32, dict[str, float] | None]:
+    """The profile's head queries, and the angle statistics between u and the mapped v (degrees) when it blends."""
+    served = transform_in_chunks(profile, profile.head, old, new, modality)
     mode = next((m for m in ("slerp", "adapter+slerp") if m in profile.modes()), None)
     if mode is None:
-        return None
-    theta = np.concatenate(
-        [
-            transform(profile, mode, old[s : s + _CHUNK], new[s : s + _CHUNK], modality).theta
-            for s in range(0, len(old), _CHUNK)
-        ]
-    )
-    return angle_stats(theta)
+        return served.queries.astype(np.float32), None
+    blended = served if mode == profile.head else transform_in_chunks(profile, mode, old, new, modality)
+    return served.queries.astype(np.float32), angle_stats(blended.theta)
 
 
 def top_ids(queries: F32, targets: F32, k: int = TOP) -> npt.NDArray[np.int64]:
@@ -201,7 +193,8 @@ def shadow(
         raise InputError(
             f"traffic pairs are {new.shape[1]} -> {old.shape[1]}, the profiles {current.new_dim} -> {current.old_dim}"
         )
-    tops = [top_ids(_queries(p, p.head, old, new, modality), targets) for p in (current, candidate)]
+    served = [_served_on(p, old, new, modality) for p in (current, candidate)]
+    tops = [top_ids(queries, targets) for queries, _ in served]
     k = tops[0].shape[1]
     agree = np.array([len(set(a.tolist()) & set(b.tolist())) / k for a, b in zip(tops[0], tops[1], strict=True)])
     return {
@@ -209,8 +202,5 @@ def shadow(
         "gallery": f"the test split's {len(targets)} old targets",
         f"overlap@{TOP}": float(agree.mean()),
         f"overlap@{TOP}_p5": float(np.percentile(agree, 5)),
-        "residual_angle_deg": {
-            "current": _theta_deg(current, old, new, modality),
-            "candidate": _theta_deg(candidate, old, new, modality),
-        },
+        "residual_angle_deg": {"current": served[0][1], "candidate": served[1][1]},
     }

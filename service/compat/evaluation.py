@@ -25,7 +25,7 @@ import numpy.typing as npt
 
 from service.compat import psp
 from service.compat.arcsearch import summarise_blends
-from service.compat.heads import transform
+from service.compat.heads import transform_in_chunks
 from service.compat.io import Split
 from service.compat.metrics import KS, flip_rates, is_compatible, ranks, recall_at_k, relevance
 from service.compat.procrustes import normalize_rows
@@ -33,7 +33,6 @@ from service.compat.profile import ADAPTER_HEADS, CLASS_HEADS, CompatProfile
 from service.compat.selection import ALPHA_GRID, slerp_lambda
 from service.errors import InputError
 
-_CHUNK = 16384
 COLUMNS = ("method", "alpha", "recall@1", "recall@5", "recall@10", "compatible", "pfr", "nfr")
 
 
@@ -89,15 +88,8 @@ def evaluate(profile: CompatProfile, split: Split, modality: str) -> list[dict[s
     rel = relevance(split.query_ids, split.target_ids)
 
     def run(mode: str, alpha: float | None = None) -> tuple[float, npt.NDArray[np.int64]]:
-        # Chunks bound the float64 temporaries of the blends on large test sets.
-        parts = [
-            transform(profile, mode, split.old_query[s : s + _CHUNK], split.new_query[s : s + _CHUNK], modality, alpha)
-            for s in range(0, len(split.old_query), _CHUNK)
-        ]
-        queries = np.concatenate([p.queries for p in parts])
-        weights = np.concatenate([p.row_alpha for p in parts]).astype(np.float64)
-        used = float(weights.mean()) if mode == "adaptive" else parts[0].alpha
-        return used, ranks(queries, targets, rel)
+        done = transform_in_chunks(profile, mode, split.old_query, split.new_query, modality, alpha)
+        return done.alpha, ranks(done.queries, targets, rel)
 
     _, old_rank = run("old")
     rows = [_row("old", 0.0, old_rank, old_rank, reference=True)]
@@ -137,12 +129,7 @@ def _evaluate_classes(profile: CompatProfile, split: Split) -> list[dict[str, An
         new_gallery = psp.gallery_features(split.new_target, head, top_k)
         new_rank = ranks(psp.gallery_features(split.new_query, head, top_k), new_gallery, rel)
         rows.append(_row("new", None, new_rank, old_rank, reference=True))
-    queries = np.concatenate(
-        [
-            transform(profile, head, None, split.new_query[s : s + _CHUNK], "text").queries
-            for s in range(0, len(split.new_query), _CHUNK)
-        ]
-    )
+    queries = transform_in_chunks(profile, head, None, split.new_query, "text").queries
     rows.append(_row(head, 1.0, ranks(queries, gallery, rel), old_rank))
     raw_gallery = normalize_rows(split.old_target)
     raw_old = ranks(normalize_rows(split.old_query), raw_gallery, rel)

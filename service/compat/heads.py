@@ -34,6 +34,8 @@ from service.compat.rows import normalize_rows
 from service.errors import InputError, UnsupportedMode
 
 Array = npt.NDArray[np.float32]
+# transform_in_chunks' rows per call: the blends' float64 temporaries stay ~100 MB at d = 768.
+CHUNK_ROWS = 16384
 
 
 @dataclass(frozen=True)
@@ -108,6 +110,38 @@ def transform(
     if profile.head in ADAPTER_HEADS:
         return _adapter_head(profile, mode, u_raw, v_raw, modality, alpha)
     return _rotation_head(profile, mode, u_raw, v_raw, modality, alpha)
+
+
+def transform_in_chunks(
+    profile: CompatProfile,
+    mode: str,
+    old: npt.NDArray[np.floating] | None,
+    new: npt.NDArray[np.floating] | None,
+    modality: str,
+    alpha: float | None = None,
+    chunk: int = CHUNK_ROWS,
+) -> Transformed:
+    """transform() over chunks of rows, joined: the same result, with the blends' temporaries bounded on big sets.
+
+    For `adaptive` the joined alpha is the mean of every row's weight (in float64).
+    """
+    n = len(old) if old is not None else len(new) if new is not None else 0
+    parts = [
+        transform(profile, mode, _rows(old, s, chunk), _rows(new, s, chunk), modality, alpha)
+        for s in range(0, max(n, 1), chunk)
+    ]
+    row_alpha = np.concatenate([p.row_alpha for p in parts])
+    return Transformed(
+        queries=np.concatenate([p.queries for p in parts]),
+        theta=np.concatenate([p.theta for p in parts]),
+        alpha=float(row_alpha.astype(np.float64).mean()) if mode == "adaptive" else parts[0].alpha,
+        row_alpha=row_alpha,
+    )
+
+
+def _rows(x: npt.NDArray[np.floating] | None, start: int, chunk: int) -> npt.NDArray[np.floating] | None:
+    """Rows start..start+chunk of x (None stays None)."""
+    return None if x is None else x[start : start + chunk]
 
 
 def _rotation_head(
