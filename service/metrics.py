@@ -25,6 +25,7 @@ Names carry the `nobackfill_` prefix and their unit; every label has a small, fi
     nobackfill_shed_requests_total                        counter    searches refused 503 while the loop lagged
     nobackfill_traffic_pairs_total{event}                 counter    sampled|stored|dropped|failed (old, new) query
                                                                      pairs of the traffic sampler (service/traffic/)
+    nobackfill_gallery_failures_total{call}               counter    search|probe calls to a Milvus gallery that failed
     nobackfill_build_info / _profile_info / _gallery_info info
 
 Cache events: `hit` and `miss` count keys (a lookup that failed or was skipped returns misses, so

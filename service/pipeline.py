@@ -34,11 +34,11 @@ from service.compat.profile import CompatProfile, load_profile
 from service.compat.rows import normalize_rows
 from service.encoders.base import Embeddings, Encoder, Modality, describe, fingerprint_of, modalities_of
 from service.encoders.batcher import MicroBatcher
-from service.encoders.registry import create_encoder
+from service.encoders.registry import create_encoder, identity_of
 from service.errors import ArtifactError, InputError, NobackfillError, Overloaded, TooManyQueries, UnsupportedMode
 from service.index.base import GalleryBackend, check_nprobe, open_gallery
 from service.settings import Settings
-from service.traffic.sampler import TrafficSampler, create_sampler, identities
+from service.traffic.sampler import TrafficSampler, create_sampler
 
 T = TypeVar("T")
 
@@ -248,7 +248,10 @@ class Pipeline:
         metrics.PROFILE_INFO.info({"profile_id": profile.profile_id, "head": profile.head})
         metrics.GALLERY_INFO.info({"fingerprint": gallery.fingerprint, "ntotal": str(gallery.ntotal)})
         pipeline = cls(settings, old, new, cache, gallery, profile)
-        pipeline.traffic = create_sampler(settings, *identities(settings, old_encoder, new_encoder))
+        # The identities models.json records, so exported pairs are checked against support sets like for like.
+        pipeline.traffic = create_sampler(
+            settings, identity_of(old_encoder, settings.old.backend), identity_of(new_encoder, settings.new.backend)
+        )
         return pipeline
 
     async def drain(self) -> None:

@@ -206,13 +206,3 @@ def create_sampler(settings: Settings, old: ModelIdentity, new: ModelIdentity) -
     return TrafficSampler(
         create_store(settings), cfg.sample_rate, old, new, queue_size=cfg.queue_size, flush_s=cfg.flush_s
     )
-
-
-def identities(settings: Settings, old: Any, new: Any) -> tuple[ModelIdentity, ModelIdentity]:
-    """The served encoders' identities (backend setting, model id, weights fingerprint, dim), as in models.json."""
-    from service.encoders.base import fingerprint_of
-
-    return (
-        ModelIdentity(settings.old.backend, old.model_id, fingerprint_of(old), old.dim),
-        ModelIdentity(settings.new.backend, new.model_id, fingerprint_of(new), new.dim),
-    )
