@@ -8,8 +8,10 @@ The reference for the served throughput (issue 10): B is the mean batch size the
 micro-batcher reached under load (`nobackfill_encoder_batch_size{encoder="new"}` in a /metrics
 scrape, --metrics), measured at floor(B) and ceil(B) and interpolated (time per batch is close to
 linear in B over one step); --batch-sizes adds others.  The texts are the same real queries the
-load test sends, in batches cut in order.  Every batch size is timed in each round in turn, so
-machine noise hits them alike; texts/s is over all rounds.
+load test sends, in batches cut in order, each encoded as the service encodes it: sorted by length
+and run in forward passes of --forward-batch-size texts (the service's cpu_forward_batch_size).
+Every batch size is timed in each round in turn, so machine noise hits them alike; texts/s is over
+all rounds.
 """
 
 from __future__ import annotations
@@ -45,6 +47,12 @@ def main() -> None:
     parser.add_argument("--metrics", type=Path, help="a /metrics scrape of the loaded service (gives B)")
     parser.add_argument("--batch-sizes", type=int, nargs="*", default=[], help="more batch sizes to time")
     parser.add_argument("--threads", type=int, default=len(os.sched_getaffinity(0)), help="torch threads")
+    parser.add_argument(
+        "--forward-batch-size",
+        type=int,
+        default=int(os.environ.get("NOBACKFILL_NEW__CPU_FORWARD_BATCH_SIZE", "4")),
+        help="texts per length-sorted forward pass, as the service's cpu_forward_batch_size (0: one pass)",
+    )
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--texts-per-round", type=int, default=256, help="texts per batch size per round")
     parser.add_argument("--json", type=Path, help="also write the figures here")
@@ -70,15 +78,20 @@ def main() -> None:
                 batch = [texts[(cursor + j) % len(texts)] for j in range(size)]
                 cursor += size
                 start = time.perf_counter()
-                model.encode(batch, batch_size=size)
+                model.encode(batch, batch_size=args.forward_batch_size or size)
                 seconds[size] += time.perf_counter() - start
                 done[size] += size
     rates = {size: done[size] / seconds[size] for size in sizes}
-    print(f"bare encoder {args.model.name}, {args.threads} torch threads, {args.rounds} rounds")
+    passes = f"passes of {args.forward_batch_size}" if args.forward_batch_size else "one pass per batch"
+    print(f"bare encoder {args.model.name}, {args.threads} torch threads, {passes}, {args.rounds} rounds")
     for size in sizes:
         per_batch_ms = 1000 * seconds[size] * size / done[size]
         print(f"  batch {size:3d}: {rates[size]:8.1f} texts/s ({per_batch_ms:.1f} ms per batch)")
-    result: dict[str, object] = {"threads": args.threads, "texts_per_s": {str(k): v for k, v in rates.items()}}
+    result: dict[str, object] = {
+        "threads": args.threads,
+        "forward_batch_size": args.forward_batch_size,
+        "texts_per_s": {str(k): v for k, v in rates.items()},
+    }
     if served:
         low, high = math.floor(served), math.ceil(served)
         per_batch = {b: seconds[b] * b / done[b] for b in (low, high)}

@@ -11,9 +11,13 @@ line): fresh queries walk the files' texts in one shuffled order (so they repeat
 used), hot repeats come from the first `--hot-set` of that order. A JSONL row's `target_id`, when
 present, is the gallery id that scores hit@10 (the real corpus's gallery ids are its corpus ids).
 
-`--user-rate R` paces each user at R requests per second (Locust's constant_throughput): with U
-users the offered load is U x R requests per second, as long as a request takes less than U / (U x R)
-seconds; 0 (the default) is a closed loop, each user sending its next request when the last returns.
+`--user-rate R` makes each user an independent Poisson source of R requests per second: it sends on
+its own random schedule (exponential gaps, a random first send), not when the last answer came back.
+U users offer U x R requests per second in Poisson arrivals, as open-loop clients would, as long as a
+user's answer usually comes back before its next send (a late user sends at once to catch up): keep
+R well under 1 / p99 (many users, each slow). Locust's constant_throughput is not used: users started
+together stay in step with it and arrive in bursts of U. 0 (the default) is a closed loop, each user
+sending its next request when the last returns.
 """
 
 from __future__ import annotations
@@ -23,11 +27,13 @@ import json
 import os
 import random
 import threading
+import time
 from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
-from locust import constant_throughput, events, task
+import gevent
+from locust import events, task
 from locust.contrib.fasthttp import FastHttpUser
 
 K = 10
@@ -168,17 +174,21 @@ class SearchUser(FastHttpUser):
         self.batch_sizes, self.batch_weights = parse_mix(options.batch_mix if options else "1:1")
         self.modes, self.mode_weights = parse_mix(options.mode_mix if options else "slerp:1")
         self.think_time = options.think_time if options else 0.0
-        rate = options.user_rate if options else 0.0
-        self.pace = constant_throughput(rate) if rate > 0 else None
+        self.rate = options.user_rate if options else 0.0
         self.rng = random.Random()
+        if self.rate > 0:  # a Poisson source's first send is an exponential gap away, like every later one
+            self.next_send = time.monotonic() + self.rng.expovariate(self.rate)
+            gevent.sleep(self.next_send - time.monotonic())
         # The compose stack sets an API key (docs/deploy.md); a bare local service has none.
         key = os.environ.get("NOBACKFILL_API_KEY")
         self.headers = {"Authorization": f"Bearer {key}"} if key else {}
 
     def wait_time(self) -> float:
-        """Seconds to pause: paced at --user-rate, else uniform in [0, --think-time] (0: closed loop)."""
-        if self.pace is not None:
-            return self.pace(self)
+        """Seconds to pause: to the next send of this user's Poisson schedule at --user-rate, else uniform
+        in [0, --think-time] (0: closed loop)."""
+        if self.rate > 0:
+            self.next_send += self.rng.expovariate(self.rate)
+            return max(0.0, self.next_send - time.monotonic())
         return self.rng.uniform(0, self.think_time) if self.think_time else 0.0
 
     def next_query(self) -> tuple[int | None, str]:

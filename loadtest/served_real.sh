@@ -3,12 +3,14 @@
 #   1. closed loop: USERS Locust users send single slerp queries of real texts for DURATION (run.sh --real);
 #   2. the bare new encoder's batched throughput at the mean batch size its micro-batcher reached in 1
 #      (bench_encoder.py, same torch threads as the service's new encoder);
-#   3. paced load at 70 % of that throughput (USERS users x --user-rate), the same service settings;
+#   3. paced load at 70 % of that throughput, the same service settings: PACED_USERS Locust users, each an
+#      independent Poisson source (--user-rate), so arrivals are random as from many clients, not in step;
 #   4. the bare encoder again, so a change of machine load between the runs shows.
 # Query mix: the corpus's 3,000 test + support queries in one shuffled order, no hot set (--repeat-ratio 0),
 # Redis flushed before each run: a query repeats (and hits the cache) only once all 3,000 were sent.
 #
-#   loadtest/served_real.sh [--real artifacts/real] [--users 16] [--duration 60s] [--out loadtest/results/served-real]
+#   loadtest/served_real.sh [--real artifacts/real] [--users 16] [--paced-users 64] [--duration 60s]
+#                           [--out loadtest/results/served-real]
 #
 # Threads: the new encoder on every core and the static old one on 1 (NOBACKFILL_NEW__THREADS /
 # NOBACKFILL_OLD__THREADS / NOBACKFILL_NEW__REPLICAS in the environment win); the bare encoder, one
@@ -16,11 +18,12 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 BIN=${BIN:-.venv/bin}
-REAL=artifacts/real USERS=16 DURATION=60s OUT=loadtest/results/served-real PORT=8031 DB=7
+REAL=artifacts/real USERS=16 PACED_USERS=64 DURATION=60s OUT=loadtest/results/served-real PORT=8031 DB=7
 while [ $# -gt 0 ]; do
   case "$1" in
     --real) REAL=$2; shift 2 ;;
     --users) USERS=$2; shift 2 ;;
+    --paced-users) PACED_USERS=$2; shift 2 ;;
     --duration) DURATION=$2; shift 2 ;;
     --out) OUT=$2; shift 2 ;;
     --port) PORT=$2; shift 2 ;;
@@ -46,10 +49,10 @@ loadtest/run.sh --real "$REAL" --users "$USERS" --spawn-rate "$USERS" --duration
 cp loadtest/report.md "$OUT/closed/report.md"
 bare "$OUT/bare-1.json"
 RATE=$("$BIN/python" -c "import json; print(0.7 * json.load(open('$OUT/bare-1.json'))['texts_per_s_at_served_batch'])")
-PER_USER=$("$BIN/python" -c "print($RATE / $USERS)")
-echo "paced run: 70 % of the bare encoder = $RATE requests/s ($USERS users x $PER_USER)"
+PER_USER=$("$BIN/python" -c "print($RATE / $PACED_USERS)")
+echo "paced run: 70 % of the bare encoder = $RATE requests/s ($PACED_USERS Poisson users x $PER_USER)"
 flush
-loadtest/run.sh --real "$REAL" --users "$USERS" --spawn-rate "$USERS" --duration "$DURATION" --port "$PORT" \
+loadtest/run.sh --real "$REAL" --users "$PACED_USERS" --spawn-rate "$PACED_USERS" --duration "$DURATION" --port "$PORT" \
   --redis-url "$REDIS_URL" --out "$OUT/paced" -- "${MIX[@]}" --user-rate "$PER_USER"
 cp loadtest/report.md "$OUT/paced/report.md"
 bare "$OUT/bare-2.json"
@@ -66,6 +69,6 @@ served = float(closed["Requests/s"])
 print(f"bare encoder at the served batch size: {bare[0]:.1f} then {bare[1]:.1f} texts/s")
 print(f"closed loop: {served:.1f} requests/s = {served / bare[0]:.3f} / {served / bare[1]:.3f} of the bare encoder "
       f"(target >= 0.9), p50 {closed['50%']} ms, p99 {closed['99%']} ms, {closed['Failure Count']} failed")
-print(f"paced at 70 %: {float(paced['Requests/s']):.1f} requests/s, p50 {paced['50%']} ms, p99 {paced['99%']} ms "
+print(f"paced at 70 %: {float(paced['Requests/s']):.1f} requests/s of {0.7 * bare[0]:.1f} offered, p50 {paced['50%']} ms, p99 {paced['99%']} ms "
       f"(target <= 100), {paced['Failure Count']} failed")
 EOF

@@ -42,6 +42,11 @@ class EncoderSettings(BaseModel):
     # share the cores with the event loop and the other encoder); each copy costs the model's memory.
     replicas: int = Field(1, ge=1)
     max_batch_size: int = Field(32, ge=1)
+    # A sentence-transformers transformer on CPU runs a batch as forward passes of at most this many
+    # texts, sorted by length first, so short ones are not padded to the batch's longest
+    # (docs/benchmarks.md: +27-56 % texts/s at batches of 16-32 real queries). 0: one pass per batch,
+    # as on CUDA and for static models, which pad nothing.
+    cpu_forward_batch_size: int = Field(4, ge=0)
     max_wait_ms: float = Field(2.0, ge=0)
     # Off only for benchmarks: every call then runs alone on the encoder.
     batching: bool = True

@@ -71,6 +71,18 @@ def test_minilm_identity_and_info(minilm: Any) -> None:
     assert info["modalities"] == ["text"] and info["dtype"] == "float32" and info["threads"] == 1
 
 
+def test_minilm_runs_a_batch_as_length_sorted_passes_and_keeps_the_order(minilm: Any) -> None:
+    texts = [f"{'numpy arrays and their reductions ' * (1 + (7 * i) % 9)}item {i}" for i in range(11)]
+    assert minilm.forward_batch_size == 4 and describe(minilm)["forward_batch_size"] == 4
+    batched = minilm.encode(texts)  # three passes of <= 4 texts, sorted by length, rows back in input order
+    alone = np.concatenate([minilm.encode([text]) for text in texts])
+    np.testing.assert_allclose(batched, alone, atol=1e-4)
+    one_pass = EncoderSettings(
+        backend="sentence-transformers", path=str(packaged_minilm()), threads=1, cpu_forward_batch_size=0
+    )
+    assert describe(create_encoder(one_pass, "new"))["forward_batch_size"] is None
+
+
 def test_minilm_truncates_long_text_instead_of_failing(minilm: Any) -> None:
     short = "numpy arrays and their reductions " * 40  # ~240 tokens: under the limit
     long = short * 5  # ~1,200 tokens: cut at 256
@@ -94,6 +106,7 @@ def test_model_id_setting_overrides_the_folder_name(tmp_path: Path) -> None:
     plain = create_encoder(EncoderSettings(backend="sentence-transformers", path=str(folder)), "old")
     assert (named.model_id, plain.model_id) == ("lexical-v1", "static-24")
     assert named.dim == 24 and describe(plain)["max_seq_length"] is None
+    assert describe(plain)["forward_batch_size"] is None  # a static model pads nothing: one pass per batch
 
 
 def test_static_model_gives_zero_not_nan_for_text_without_tokens(tmp_path: Path) -> None:

@@ -37,7 +37,15 @@ class SentenceTransformerEncoder:
 
     modalities: tuple[Modality, ...] = ("text",)
 
-    def __init__(self, model: Any, folder: Path, runtime: TorchRuntime, model_id: str, fingerprint: str) -> None:
+    def __init__(
+        self,
+        model: Any,
+        folder: Path,
+        runtime: TorchRuntime,
+        model_id: str,
+        fingerprint: str,
+        forward_batch_size: int = 0,
+    ) -> None:
         self.model = model
         self.folder = folder
         self.runtime = runtime
@@ -54,6 +62,10 @@ class SentenceTransformerEncoder:
         limit = getattr(model, "max_seq_length", None)
         # Static models report no limit (None or infinity): nothing is truncated.
         self.max_seq_length = int(limit) if isinstance(limit, int | float) and math.isfinite(limit) else None
+        # Padding to the longest text costs little on a GPU and much on a CPU: there, length-sorted passes.
+        # A static model pads nothing (an embedding bag over its tokens): extra passes would only cost.
+        pads = self.max_seq_length is not None and not runtime.cuda
+        self.forward_batch_size = forward_batch_size if pads else 0
 
     def encode(self, batch: list[str], modality: Modality = "text") -> Embeddings:
         """Unit float32 [len(batch), dim] rows; InputError for any modality but text."""
@@ -63,7 +75,8 @@ class SentenceTransformerEncoder:
             return unit_rows(
                 self.model.encode(
                     batch,
-                    batch_size=max(1, len(batch)),
+                    # encode sorts the texts by length and runs them in passes of batch_size.
+                    batch_size=self.forward_batch_size or max(1, len(batch)),
                     convert_to_tensor=True,
                     normalize_embeddings=False,
                     show_progress_bar=False,
@@ -86,6 +99,7 @@ class SentenceTransformerEncoder:
             "path": str(self.folder),
             "max_seq_length": self.max_seq_length,
             "truncation": truncation,
+            "forward_batch_size": self.forward_batch_size or None,
             **self.runtime.details(),
         }
 
@@ -104,4 +118,6 @@ def sentence_transformer_encoder(settings: EncoderSettings, device: str) -> Sent
     # The runtime's dtype, whatever the checkpoint holds: transformers loads a float16 checkpoint (and
     # model2vec saves static models) in float16, which on CPU is slow and not what /v1/info reports.
     model.to(runtime.dtype)
-    return SentenceTransformerEncoder(model, folder, runtime, model_id(settings, folder), fingerprint)
+    return SentenceTransformerEncoder(
+        model, folder, runtime, model_id(settings, folder), fingerprint, settings.cpu_forward_batch_size
+    )
