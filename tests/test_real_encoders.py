@@ -74,7 +74,13 @@ def test_minilm_identity_and_info(minilm: Any) -> None:
 def test_minilm_runs_a_batch_as_length_sorted_passes_and_keeps_the_order(minilm: Any) -> None:
     texts = [f"{'numpy arrays and their reductions ' * (1 + (7 * i) % 9)}item {i}" for i in range(11)]
     assert minilm.forward_batch_size == 4 and describe(minilm)["forward_batch_size"] == 4
-    batched = minilm.encode(texts)  # three passes of <= 4 texts, sorted by length, rows back in input order
+    passes: list[int] = []
+    hook = minilm.model[0].register_forward_hook(lambda _m, args, _out: passes.append(len(args[0]["input_ids"])))
+    try:
+        batched = minilm.encode(texts)  # passes of <= 4 texts, sorted by length, rows back in input order
+    finally:
+        hook.remove()
+    assert passes == [4, 4, 3]
     alone = np.concatenate([minilm.encode([text]) for text in texts])
     np.testing.assert_allclose(batched, alone, atol=1e-4)
     one_pass = EncoderSettings(
