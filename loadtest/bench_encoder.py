@@ -25,6 +25,8 @@ from pathlib import Path
 
 from report import mean_batch_sizes
 
+from service.settings import Settings
+
 
 def read_texts(spec: str) -> list[str]:
     """Query texts from JSONL (`query` field) or text files, comma separated, in file order."""
@@ -50,7 +52,7 @@ def main() -> None:
     parser.add_argument(
         "--forward-batch-size",
         type=int,
-        default=int(os.environ.get("NOBACKFILL_NEW__CPU_FORWARD_BATCH_SIZE", "4")),
+        default=Settings().new.cpu_forward_batch_size,  # the service's, from the same environment
         help="texts per length-sorted forward pass, as the service's cpu_forward_batch_size (0: one pass)",
     )
     parser.add_argument("--rounds", type=int, default=5)

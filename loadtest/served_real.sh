@@ -56,10 +56,10 @@ loadtest/run.sh --real "$REAL" --users "$PACED_USERS" --spawn-rate "$PACED_USERS
   --redis-url "$REDIS_URL" --out "$OUT/paced" -- "${MIX[@]}" --user-rate "$PER_USER"
 cp loadtest/report.md "$OUT/paced/report.md"
 bare "$OUT/bare-2.json"
-"$BIN/python" - "$OUT" <<'EOF'
+"$BIN/python" - "$OUT" "$RATE" <<'EOF'
 import csv, json, sys
 from pathlib import Path
-out = Path(sys.argv[1])
+out, offered = Path(sys.argv[1]), float(sys.argv[2])
 def total(run):
     with (out / run / "locust_stats.csv").open() as f:
         return next(r for r in csv.DictReader(f) if r["Name"] == "Aggregated")
@@ -69,6 +69,6 @@ served = float(closed["Requests/s"])
 print(f"bare encoder at the served batch size: {bare[0]:.1f} then {bare[1]:.1f} texts/s")
 print(f"closed loop: {served:.1f} requests/s = {served / bare[0]:.3f} / {served / bare[1]:.3f} of the bare encoder "
       f"(target >= 0.9), p50 {closed['50%']} ms, p99 {closed['99%']} ms, {closed['Failure Count']} failed")
-print(f"paced at 70 %: {float(paced['Requests/s']):.1f} requests/s of {0.7 * bare[0]:.1f} offered, p50 {paced['50%']} ms, p99 {paced['99%']} ms "
+print(f"paced at 70 %: {float(paced['Requests/s']):.1f} requests/s of {offered:.1f} offered, p50 {paced['50%']} ms, p99 {paced['99%']} ms "
       f"(target <= 100), {paced['Failure Count']} failed")
 EOF
