@@ -139,6 +139,12 @@ ENCODER_FAILURES = Counter(
     ["encoder", "reason"],
     registry=REGISTRY,
 )
+ENCODER_PROCESS_RESTARTS = Counter(
+    "nobackfill_encoder_process_restarts_total",
+    "Encoder child processes (isolation: process) that died during a call and were started again.",
+    ["encoder"],
+    registry=REGISTRY,
+)
 BATCHER_RESTARTS = Counter(
     "nobackfill_batcher_restarts_total",
     "Times a micro-batcher's collector task died and was restarted.",

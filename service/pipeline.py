@@ -34,6 +34,7 @@ from service.compat.profile import CompatProfile, load_profile
 from service.compat.rows import normalize_rows
 from service.encoders.base import Embeddings, Encoder, Modality, describe, fingerprint_of, modalities_of
 from service.encoders.batcher import MicroBatcher
+from service.encoders.process import close_all, isolation_of, start_processes
 from service.encoders.registry import create_encoder, identity_of
 from service.errors import ArtifactError, InputError, NobackfillError, Overloaded, TooManyQueries, UnsupportedMode
 from service.index.base import GalleryBackend, check_nprobe, open_gallery
@@ -124,9 +125,27 @@ def _create_encoders(settings: Settings, role: Literal["old", "new"]) -> list[En
     """The configured encoder for `role`, one copy per replica; a failure names its settings, in one line."""
     encoder_settings = settings.old if role == "old" else settings.new
     try:
+        if isolation_of(encoder_settings) == "process":
+            return start_processes(encoder_settings, role, encoder_settings.replicas)
         return [create_encoder(encoder_settings, role) for _ in range(encoder_settings.replicas)]
     except NobackfillError as exc:
         raise type(exc)(f"{role} encoder ({encoder_line(encoder_settings, role)}): {exc.message}") from exc
+
+
+async def _create_both(settings: Settings) -> tuple[list[Encoder], list[Encoder]]:
+    """Both roles' encoders, built side by side; when one side fails, the other's processes are stopped."""
+    old, new = await asyncio.gather(
+        asyncio.to_thread(_create_encoders, settings, "old"),
+        asyncio.to_thread(_create_encoders, settings, "new"),
+        return_exceptions=True,
+    )
+    for side, other in ((old, new), (new, old)):
+        if isinstance(side, BaseException):
+            if isinstance(other, list):
+                await asyncio.to_thread(close_all, other)
+            raise side
+    assert isinstance(old, list) and isinstance(new, list)
+    return old, new
 
 
 def _warm(replicas: list[Encoder]) -> None:
@@ -209,22 +228,25 @@ class Pipeline:
     @classmethod
     async def build(cls, settings: Settings) -> Pipeline:
         """Load encoders, gallery and profile (off the event loop), check they fit, start the batchers."""
-        old_replicas, new_replicas = await asyncio.gather(
-            asyncio.to_thread(_create_encoders, settings, "old"),
-            asyncio.to_thread(_create_encoders, settings, "new"),
-        )
+        old_replicas, new_replicas = await _create_both(settings)
         old_encoder, new_encoder = old_replicas[0], new_replicas[0]
-        gallery, profile, _, _ = await asyncio.gather(
-            asyncio.to_thread(open_gallery, settings.index),  # FAISS folder or Milvus collection (index/base.py)
-            asyncio.to_thread(load_profile, settings.compat.profile_dir),
-            asyncio.to_thread(_warm, old_replicas),
-            asyncio.to_thread(_warm, new_replicas),
-        )
+        every_replica = [*old_replicas, *new_replicas]
+        try:
+            gallery, profile, _, _ = await asyncio.gather(
+                asyncio.to_thread(open_gallery, settings.index),  # FAISS folder or Milvus collection (index/base.py)
+                asyncio.to_thread(load_profile, settings.compat.profile_dir),
+                asyncio.to_thread(_warm, old_replicas),
+                asyncio.to_thread(_warm, new_replicas),
+            )
+        except BaseException:
+            await asyncio.to_thread(close_all, every_replica)  # a refused start leaves no encoder process behind
+            raise
         try:
             check_compatible(profile, old_encoder, new_encoder, gallery, settings)
             default_mode(settings, profile)  # refuses a configured default the profile cannot serve
         except NobackfillError:
             await asyncio.to_thread(gallery.close)  # a refused start leaves no Milvus connection behind
+            await asyncio.to_thread(close_all, every_replica)
             raise
         cache = create_cache(settings.cache, cache_model_key(old_encoder), old_encoder.dim)
         old = MicroBatcher(
@@ -277,6 +299,7 @@ class Pipeline:
         await self.drain()
         await self.old.stop()
         await self.new.stop()
+        await asyncio.to_thread(close_all, [*self.old.replicas, *self.new.replicas])
         await self.cache.aclose()
         await asyncio.to_thread(self.gallery.close)
         if self.traffic is not None:
@@ -572,8 +595,16 @@ class Pipeline:
         """What /v1/info reports: models, dims, devices, profile, gallery."""
         profile = self.profile
         return {
-            "old_model": {**describe(self.old.encoder), "replicas": len(self.old.replicas)},
-            "new_model": {**describe(self.new.encoder), "replicas": len(self.new.replicas)},
+            "old_model": {
+                **describe(self.old.encoder),
+                "replicas": len(self.old.replicas),
+                "isolation": isolation_of(self.settings.old),
+            },
+            "new_model": {
+                **describe(self.new.encoder),
+                "replicas": len(self.new.replicas),
+                "isolation": isolation_of(self.settings.new),
+            },
             "profile": {
                 "id": profile.profile_id,
                 "head": profile.head,

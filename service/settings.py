@@ -41,6 +41,11 @@ class EncoderSettings(BaseModel):
     # box N one-thread copies out-run one N-thread copy (no barrier waits between threads that
     # share the cores with the event loop and the other encoder); each copy costs the model's memory.
     replicas: int = Field(1, ge=1)
+    # "process": each copy runs in a child process of its own (encoders/process.py), so its Python
+    # work (tokenizer, the model's modules, every torch op re-taking the GIL) never waits behind the
+    # event loop or the other encoder.  "thread": in the service's process, on its worker thread.
+    # "auto": process for the built-in model backends (sentence-transformers, clip), thread otherwise.
+    isolation: Literal["auto", "thread", "process"] = "auto"
     max_batch_size: int = Field(32, ge=1)
     # A sentence-transformers transformer on CPU runs a batch as forward passes of at most this many
     # texts, sorted by length first, so short ones are not padded to the batch's longest

@@ -124,6 +124,8 @@ def test_text_in_ids_out_and_the_repeat_is_a_redis_hit(served: str, upgrade: Tex
         384,
     )
     assert info["new_model"]["max_seq_length"] == 256 and info["old_model"]["max_seq_length"] is None
+    # `auto` runs both sentence-transformers models in child processes of their own.
+    assert info["new_model"]["isolation"] == info["old_model"]["isolation"] == "process"
 
 
 def test_served_answers_are_the_offline_pipeline(served: str, upgrade: TextUpgrade, tmp_path: Path) -> None:

@@ -11,8 +11,10 @@
 
 Each replica (a copy of the model; one by default) owns one worker thread, so the old and the new
 encoder run at the same time (torch and time.sleep release the GIL), several replicas of one model
-run batches side by side, and the event loop never runs model code.  With one replica a batch is
-formed only when the previous one has finished, so it collects whatever arrived meanwhile.
+run batches side by side, and the event loop never runs model code.  A replica may live in a child
+process (encoders/process.py, `isolation: process`): its worker thread then only waits on the pipe.
+With one replica a batch is formed only when the previous one has finished, so it collects whatever
+arrived meanwhile.
 A call larger than `max_batch_size` is split into chunks; entries are never split further, so a
 batch holds whole entries of one modality.  The batcher's `name` labels its metrics (`old` / `new`).
 

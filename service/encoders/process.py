@@ -1,0 +1,269 @@
+"""An encoder in a child process of its own (`isolation: process`): its Python never waits on the service's GIL.
+
+    batcher worker thread ──encode(items, modality)──► pipe ──► child: create_encoder(settings, role)
+                          ◄──── float32 rows, or the exception ◄────┘
+
+In one process, every torch op an encoder runs gives up the GIL and takes it back, and between ops the
+model's modules and the tokenizer run Python: each encoder's batch waits behind the event loop, the
+other encoder and the search threads.  On 2 vCPUs a MiniLM batch took 1.5-1.9x its bare time in the
+service for that reason (docs/benchmarks.md).  A child has an interpreter of its own; the worker
+thread only sends the texts and blocks on the pipe with the GIL released.
+
+The child builds the encoder as the service would (`create_encoder`: the built-in backends and
+entry-point plug-ins; a backend added from code with `register_backend` exists only in the parent),
+warms it up and reports what /v1/info shows of it.  The child is a fresh interpreter
+(`python -m service.encoders.process FD`, never a fork, which would copy torch's thread pools and CUDA
+state, nor multiprocessing's spawn, which re-imports the parent's main script); the two ends talk
+over a socket pair through multiprocessing's Connection (pickled messages).
+
+    the child cannot build the encoder   InputError with the child's own one-line message (startup refusal)
+    the model raises in the child        the same exception, re-raised here (the batcher's rules apply)
+    the child dies (OOM kill, a crash)   EncoderProcessExited for the batch in flight, after a new child
+                                         is started, so the batcher's call-by-call retry finds it ready
+    the service exits                    the child reads EOF on its pipe and exits with it
+"""
+
+from __future__ import annotations
+
+import logging
+import pickle
+import signal
+import socket
+import subprocess
+import sys
+import threading
+from multiprocessing.connection import Connection
+from typing import Any, Literal
+
+import numpy as np
+
+from service import metrics
+from service.encoders.base import Embeddings, Encoder, Modality, describe
+from service.errors import InputError
+from service.settings import EncoderSettings
+
+log = logging.getLogger(__name__)
+
+Role = Literal["old", "new"]
+# How often a parent waiting for a loading child checks that the child is still alive.
+POLL_S = 0.5
+STOP_GRACE_S = 5.0
+
+
+# Backends that run a real model's torch code from Python: a process of their own under `isolation: auto`.
+# The simulated and external backends cost the GIL little, and a backend added from code with
+# register_backend exists only in this process.
+PROCESS_BY_DEFAULT = frozenset({"sentence-transformers", "clip"})
+
+
+def isolation_of(settings: EncoderSettings) -> Literal["thread", "process"]:
+    """Where an encoder runs: as set, or under `auto` a child process for the built-in model backends."""
+    if settings.isolation != "auto":
+        return settings.isolation
+    return "process" if settings.backend in PROCESS_BY_DEFAULT else "thread"
+
+
+class EncoderProcessExited(RuntimeError):
+    """The child process died during a call (its exit code says how); a new one has been started."""
+
+
+def _portable(exc: BaseException) -> BaseException:
+    """`exc` if it survives pickling, else a RuntimeError carrying its type and message."""
+    try:
+        pickle.loads(pickle.dumps(exc))
+    except Exception:
+        return RuntimeError(f"{type(exc).__name__}: {exc}")
+    return exc
+
+
+def _serve(conn: Connection) -> None:
+    """The child's main: take the settings, build and warm the encoder, report it, answer calls until EOF or None."""
+    # Ctrl-C (or a signal to the whole process group) reaches the children too: the parent drains its
+    # requests first and then stops them; if it dies instead, the pipe's EOF ends the child.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    from service.encoders.base import fingerprint_of, modalities_of
+    from service.encoders.registry import create_encoder
+
+    try:
+        settings, role = conn.recv()
+        encoder = create_encoder(settings, role)
+        encoder.warmup()
+    except BaseException as exc:
+        conn.send(("error", _portable(exc)))
+        return
+    facts = {
+        "dim": encoder.dim,
+        "model_id": encoder.model_id,
+        "device": encoder.device,
+        "fingerprint": fingerprint_of(encoder),
+        "modalities": modalities_of(encoder),
+        "describe": describe(encoder),
+    }
+    conn.send(("ready", facts))
+    while True:
+        try:
+            message = conn.recv()
+        except (EOFError, OSError):  # the parent is gone
+            return
+        if message is None:
+            return
+        try:
+            if message[0] == "warmup":
+                encoder.warmup()
+                conn.send(("ok", None))
+            else:
+                _, items, modality = message
+                conn.send(("ok", np.asarray(encoder.encode(items, modality), dtype=np.float32)))
+        except Exception as exc:
+            conn.send(("error", _portable(exc)))
+
+
+class ProcessEncoder:
+    """The Encoder protocol over a child process that runs the configured backend."""
+
+    def __init__(self, settings: EncoderSettings, role: Role) -> None:
+        self.settings = settings
+        self.role = role
+        self._lock = threading.Lock()  # one call on the pipe at a time
+        self._conn: Connection | None = None
+        self._process: subprocess.Popen[bytes] | None = None
+        self._facts: dict[str, Any] = {}
+        self._closed = False
+        self._spawn()
+        # What the service reads of an encoder, as the child reported it (a restarted child is the same model).
+        self.dim: int = self._facts["dim"]
+        self.model_id: str = self._facts["model_id"]
+        self.device: str = self._facts["device"]
+        self.fingerprint: str | None = self._facts["fingerprint"]
+        self.modalities: tuple[Modality, ...] = tuple(self._facts["modalities"])
+
+    @property
+    def pid(self) -> int | None:
+        """The child's process id (None once stopped)."""
+        return None if self._process is None else self._process.pid
+
+    def details(self) -> dict[str, Any]:
+        """The child encoder's own /v1/info details (its describe() minus what the protocol covers)."""
+        own = {"id", "dim", "device", "fingerprint", "modalities"}
+        return {key: value for key, value in self._facts["describe"].items() if key not in own}
+
+    # -- calls -----------------------------------------------------------------------------------
+
+    def encode(self, batch: list[str], modality: Modality = "text") -> Embeddings:
+        """The child's rows for `batch` (its exception re-raised here; EncoderProcessExited if it died)."""
+        rows: Embeddings = self._call(("encode", batch, modality))
+        return rows
+
+    def warmup(self) -> None:
+        """Warm the child's encoder again (it warmed once before reporting ready)."""
+        self._call(("warmup",))
+
+    def close(self) -> None:
+        """Ask the child to exit; terminate it when it does not within STOP_GRACE_S."""
+        with self._lock:
+            self._closed = True
+            self._stop()
+
+    def _call(self, message: tuple[Any, ...]) -> Any:
+        with self._lock:
+            if self._closed:
+                raise EncoderProcessExited(f"{self.role} encoder process was stopped")
+            if self._conn is None:  # the last restart failed: try again now
+                self._restart()
+            assert self._conn is not None
+            try:
+                self._conn.send(message)
+                status, value = self._conn.recv()
+            except (EOFError, OSError) as exc:
+                code = self._reap()
+                log.error("%s encoder process exited (code %s) during a call; starting a new one", self.role, code)
+                metrics.ENCODER_PROCESS_RESTARTS.labels(encoder=self.role).inc()
+                self._restart()
+                raise EncoderProcessExited(f"{self.role} encoder process exited with code {code}") from exc
+        if status == "error":
+            raise value
+        return value
+
+    # -- the child's lifecycle -------------------------------------------------------------------
+
+    def _spawn(self) -> None:
+        """Start a child and wait until it reports ready; InputError with its message when it cannot."""
+        parent_sock, child_sock = socket.socketpair()
+        process = subprocess.Popen(
+            [sys.executable, "-m", "service.encoders.process", str(child_sock.fileno())], pass_fds=[child_sock.fileno()]
+        )
+        child_sock.close()  # only the child holds this end now: its death reads as EOF here
+        conn = Connection(parent_sock.detach())
+        try:
+            conn.send((self.settings, self.role))
+            while not conn.poll(POLL_S):
+                if process.poll() is not None:
+                    break
+            status, value = conn.recv()
+        except (EOFError, OSError):
+            conn.close()
+            raise InputError(f"the encoder process exited with code {process.wait()} while loading the model") from None
+        if status == "error":
+            conn.close()
+            process.wait()
+            if isinstance(value, InputError):
+                raise value
+            raise InputError(f"the encoder process could not build the encoder: {type(value).__name__}: {value}")
+        self._conn, self._process, self._facts = conn, process, value
+
+    def _restart(self) -> None:
+        """Start a new child after one died; a failure here is this call's failure (a 500), never a 400."""
+        try:
+            self._spawn()
+        except InputError as exc:
+            raise EncoderProcessExited(f"{self.role} encoder process could not be restarted: {exc.message}") from exc
+
+    def _reap(self) -> int | None:
+        """Forget a dead (or stopping) child; its exit code, None if it outlived STOP_GRACE_S."""
+        process, self._process = self._process, None
+        if self._conn is not None:
+            self._conn.close()
+            self._conn = None
+        if process is None:
+            return None
+        try:
+            return process.wait(STOP_GRACE_S)
+        except subprocess.TimeoutExpired:
+            return None
+
+    def _stop(self) -> None:
+        if self._conn is not None:
+            try:
+                self._conn.send(None)
+            except OSError:
+                pass
+        process = self._process
+        if self._reap() is None and process is not None:
+            process.kill()
+            process.wait()
+
+
+def start_processes(settings: EncoderSettings, role: Role, count: int) -> list[Encoder]:
+    """`count` children loading side by side; when one cannot start, the others are stopped too."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(count, thread_name_prefix=f"spawn-{role}") as pool:
+        futures = [pool.submit(ProcessEncoder, settings, role) for _ in range(count)]
+    started: list[Encoder] = [future.result() for future in futures if future.exception() is None]
+    failures = [exc for future in futures if (exc := future.exception()) is not None]
+    if failures:
+        close_all(started)
+        raise failures[0]
+    return started
+
+
+def close_all(encoders: list[Encoder]) -> None:
+    """Stop the child of every encoder that has one (in-process encoders have nothing to stop)."""
+    for encoder in encoders:
+        if isinstance(encoder, ProcessEncoder):
+            encoder.close()
+
+
+if __name__ == "__main__":
+    _serve(Connection(int(sys.argv[1])))

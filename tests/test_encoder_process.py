@@ -1,0 +1,186 @@
+"""Encoders in child processes (`isolation: process`): same rows, failures that stay contained, no orphans.
+
+The child runs the configured backend itself (`python -m service.encoders.process`); these tests use
+the synthetic models (real torch, deterministic) so each child starts in a second or two.  The real
+MiniLM runs in a child in tests/test_real_serving_text.py, where `auto` puts it.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+
+import numpy as np
+import psutil
+import pytest
+from conftest import Running, World, start_app
+
+from service import metrics
+from service.encoders.process import EncoderProcessExited, ProcessEncoder, isolation_of
+from service.encoders.registry import create_encoder
+from service.errors import ArtifactError, InputError
+from service.pipeline import Pipeline
+from service.settings import CacheSettings, CompatSettings, EncoderSettings, IndexSettings, Settings
+
+TEXTS = ["item-0000000007 caption-1", "item-0000000042 caption-2", "item-0000001234 caption-3"]
+
+
+def encoder_children() -> set[int]:
+    """Pids of this process's encoder children still running."""
+    found = set()
+    for child in psutil.Process().children(recursive=True):
+        try:
+            if "service.encoders.process" in child.cmdline() and child.status() != psutil.STATUS_ZOMBIE:
+                found.add(child.pid)
+        except psutil.NoSuchProcess:
+            continue
+    return found
+
+
+def wait_until_gone(pids: set[int], timeout_s: float = 10.0) -> set[int]:
+    """The pids of `pids` still running after up to timeout_s."""
+    deadline = time.monotonic() + timeout_s
+    while (left := pids & encoder_children()) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return left
+
+
+def settings_for(world: World, isolation: str) -> Settings:
+    """The synthetic world served with both encoders under `isolation`, no cache."""
+    return Settings(
+        old=EncoderSettings(backend="synthetic-old", device="cpu", isolation=isolation),
+        new=EncoderSettings(backend="synthetic-new", device="cpu", isolation=isolation),
+        index=IndexSettings(gallery_dir=world.gallery_dir, nprobe=8),
+        compat=CompatSettings(profile_dir=world.profile_dir),
+        cache=CacheSettings(lru_size=0),
+    )
+
+
+@pytest.fixture(scope="module")
+def child() -> Iterator[ProcessEncoder]:
+    """One synthetic-new encoder in a child process, shared by the tests that only read from it."""
+    encoder = ProcessEncoder(EncoderSettings(backend="synthetic-new", device="cpu"), "new")
+    yield encoder
+    encoder.close()
+
+
+def test_the_child_returns_the_rows_and_facts_of_the_same_encoder_in_process(child: ProcessEncoder) -> None:
+    local = create_encoder(EncoderSettings(backend="synthetic-new", device="cpu"), "new")
+    rows = child.encode(TEXTS)
+    assert rows.dtype == np.float32 and rows.shape == (3, local.dim)
+    np.testing.assert_array_equal(rows, local.encode(TEXTS))
+    assert (child.dim, child.model_id, child.device) == (local.dim, local.model_id, local.device)
+    assert child.pid is not None and child.pid != os.getpid()
+
+
+def test_ctrl_c_or_sigterm_to_the_process_group_leaves_the_child_to_its_parent(child: ProcessEncoder) -> None:
+    # The parent drains its requests first and then stops its children; they must not die under it.
+    assert child.pid is not None
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        os.kill(child.pid, sig)
+    time.sleep(0.3)
+    assert child.encode(TEXTS[:1]).shape == (1, child.dim)
+
+
+def test_a_killed_child_fails_its_call_and_a_new_one_serves_the_next() -> None:
+    encoder = ProcessEncoder(EncoderSettings(backend="synthetic-old", device="cpu"), "old")
+    try:
+        before = encoder.encode(TEXTS)
+        first_pid = encoder.pid
+        assert first_pid is not None
+        os.kill(first_pid, signal.SIGKILL)
+        with pytest.raises(EncoderProcessExited, match="exited with code -9"):
+            encoder.encode(TEXTS)
+        assert encoder.pid not in (None, first_pid)
+        np.testing.assert_array_equal(encoder.encode(TEXTS), before)
+    finally:
+        encoder.close()
+    assert encoder.pid is None
+    with pytest.raises(EncoderProcessExited, match="stopped"):
+        encoder.encode(TEXTS)
+
+
+def test_a_child_that_cannot_build_its_encoder_refuses_with_the_childs_message(tmp_path: Path) -> None:
+    missing = tmp_path / "no-model-here"
+    before = encoder_children()
+    with pytest.raises(InputError, match=f"model folder {missing} does not exist"):
+        ProcessEncoder(EncoderSettings(backend="sentence-transformers", path=str(missing)), "old")
+    assert encoder_children() == before
+
+
+def test_what_the_model_raises_in_the_child_is_raised_here() -> None:
+    encoder = ProcessEncoder(EncoderSettings(backend="external", dim=8, model_id="clients-encode"), "old")
+    try:
+        with pytest.raises(InputError, match="takes precomputed embeddings"):
+            encoder.encode(["some text"])
+        assert encoder.pid is not None  # the child lives on: a raising model is not a dead process
+    finally:
+        encoder.close()
+
+
+def test_auto_puts_the_built_in_model_backends_in_a_process() -> None:
+    for backend, expected in (
+        ("sentence-transformers", "process"),
+        ("clip", "process"),
+        ("synthetic-new", "thread"),
+        ("external", "thread"),
+        ("my-plugin", "thread"),
+    ):
+        assert isolation_of(EncoderSettings(backend=backend)) == expected, backend
+    assert isolation_of(EncoderSettings(backend="clip", isolation="thread")) == "thread"
+    assert isolation_of(EncoderSettings(backend="synthetic-new", isolation="process")) == "process"
+
+
+@pytest.fixture
+async def isolated(world: World) -> AsyncIterator[Running]:
+    """The synthetic world served over HTTP with both encoders in child processes."""
+    async for running in start_app(settings_for(world, "process")):
+        yield running
+
+
+async def test_served_from_child_processes_answers_as_in_process(world: World, isolated: Running) -> None:
+    info = (await isolated.client.get("/v1/info")).json()
+    assert info["old_model"]["isolation"] == info["new_model"]["isolation"] == "process"
+    pipeline = isolated.pipeline
+    assert {pipeline.old.replicas[0].pid, pipeline.new.replicas[0].pid} <= encoder_children()
+    body = {"queries": [{"text": t} for t in TEXTS], "k": 10, "mode": "slerp"}
+    from_children = (await isolated.client.post("/v1/search", json=body)).json()["results"]
+    async for running in start_app(settings_for(world, "thread")):
+        in_process = (await running.client.post("/v1/search", json=body)).json()["results"]
+    assert [r["ids"] for r in from_children] == [r["ids"] for r in in_process]
+    np.testing.assert_allclose(
+        [r["scores"] for r in from_children], [r["scores"] for r in in_process], rtol=0, atol=1e-6
+    )
+
+
+async def test_a_dead_encoder_process_costs_one_500_and_is_replaced(isolated: Running) -> None:
+    new = isolated.pipeline.new.replicas[0]
+
+    def restarts() -> float:
+        return metrics.REGISTRY.get_sample_value("nobackfill_encoder_process_restarts_total", {"encoder": "new"}) or 0.0
+
+    before = restarts()
+    os.kill(new.pid, signal.SIGKILL)
+    failed = await isolated.search(queries=[{"text": TEXTS[0]}], k=5)
+    assert failed.status_code == 500 and failed.json()["error"]["code"] == "encoder_failed"
+    assert restarts() == before + 1
+    recovered = await isolated.search(queries=[{"text": TEXTS[0]}], k=5)
+    assert recovered.status_code == 200, recovered.text
+    assert (await isolated.client.get("/readyz")).status_code == 200
+
+
+async def test_no_encoder_process_outlives_the_service_or_a_refused_start(world: World) -> None:
+    before = encoder_children()
+    async for running in start_app(settings_for(world, "process")):
+        pids = {replica.pid for b in (running.pipeline.old, running.pipeline.new) for replica in b.replicas}
+        assert len(pids) == 2 and pids <= encoder_children()
+    assert wait_until_gone(pids) == set()
+    # The old encoder's 768-d rows do not fit the 512-d gallery: the start is refused after both children started.
+    mismatched = settings_for(world, "process")
+    mismatched.old = EncoderSettings(backend="synthetic-new", device="cpu", isolation="process")
+    with pytest.raises(ArtifactError, match="768-d"):
+        await Pipeline.build(mismatched)
+    assert wait_until_gone(encoder_children() - before) == set()
