@@ -180,7 +180,12 @@ def load_queries(real: RealDeployment, n: int) -> tuple[list[str], list[int]]:
 def encoder_settings(path: Path, device: str, threads: int | None, args: argparse.Namespace) -> EncoderSettings:
     """A sentence-transformers encoder as the service would run it."""
     return EncoderSettings(
-        backend=BACKEND, path=str(path), device=device, threads=threads, max_wait_ms=args.max_wait_ms
+        backend=BACKEND,
+        path=str(path),
+        device=device,
+        threads=threads,
+        max_wait_ms=args.max_wait_ms,
+        isolation=args.isolation,
     )
 
 
@@ -275,6 +280,12 @@ async def main() -> None:
     parser.add_argument("--threads", nargs="+", choices=["default", "deployment"], default=["default", "deployment"])
     parser.add_argument("--nprobe", type=int, default=16)
     parser.add_argument("--max-wait-ms", type=float, default=EncoderSettings().max_wait_ms, help="micro-batch wait")
+    parser.add_argument(
+        "--isolation",
+        choices=["auto", "thread", "process"],
+        default=EncoderSettings().isolation,
+        help="the pipelines' encoders in child processes or in this one (the bare floor always in this one)",
+    )
     parser.add_argument("--sigma", type=float, default=0.5, help="norm of the filler copies' noise")
     parser.add_argument("--old-device", default="cpu", help="cpu, cuda:0, ... or auto (see resolve_device)")
     parser.add_argument("--new-device", default="cpu")
@@ -300,7 +311,10 @@ async def main() -> None:
             where = plan.describe(args.old_device, args.new_device)
             print(f"\n### {size:,} items, threads {where}\n\n{table(rows)}", flush=True)
             latency += rows
-    print(f"\ndevices: old {args.old_device}, new {args.new_device}; nprobe {args.nprobe}; {args.queries} queries")
+    print(
+        f"\ndevices: old {args.old_device}, new {args.new_device}; encoders' isolation {args.isolation}; "
+        f"nprobe {args.nprobe}; {args.queries} queries"
+    )
     print(f"\n### galleries (filler sigma {args.sigma:g})\n\n{table(built)}")
     if latency:
         print("\n### targets\n\n" + "\n".join(verdicts(latency)))

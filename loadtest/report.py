@@ -78,7 +78,7 @@ def read_pairs(path: Path) -> dict[str, list[float]]:
 
 
 def cpu_lines(results: Path) -> list[str]:
-    """Cores used during the Locust run by the whole box, the service and Locust itself (when recorded)."""
+    """Cores used in the Locust run by the box, the service, its encoder processes and Locust (when recorded)."""
     start, end = read_pairs(results / "cpu-start.txt"), read_pairs(results / "cpu-end.txt")
     if "time" not in start or "time" not in end:
         return []
@@ -94,6 +94,9 @@ def cpu_lines(results: Path) -> list[str]:
     if "service" in start and "service" in end:
         used = (sum(end["service"]) - sum(start["service"])) / ticks
         lines.append(f"- service process: {used / wall:.2f} cores ({used:.0f} CPU-s)")
+    if "encoder_processes" in start and "encoder_processes" in end:
+        used = (end["encoder_processes"][0] - start["encoder_processes"][0]) / ticks
+        lines.append(f"- its encoder processes (isolation: process): {used / wall:.2f} cores ({used:.0f} CPU-s)")
     timed = read_pairs(results / "locust-time.txt")
     if "locust_user" in timed:
         used = timed["locust_user"][0] + timed["locust_sys"][0]

@@ -72,10 +72,14 @@ fi
   done ) >"$OUT/metrics.txt" 2>/dev/null &
 PIDS+=($!)
 
-# CPU snapshot: the box's cpu line of /proc/stat, the service's utime + stime (clock ticks), the time.
+# CPU snapshot: the box's cpu line of /proc/stat, the service's utime + stime (clock ticks) and its
+# encoder processes', the time.
 cpu_snapshot() {
   { head -1 /proc/stat; echo "ticks_per_s $(getconf CLK_TCK)"; echo "cores $(nproc)"
     [ -n "$SERVICE_PID" ] && awk '{print "service", $14, $15}' "/proc/$SERVICE_PID/stat"
+    # Its encoder child processes (isolation: process): their utime + stime, summed.
+    [ -n "$SERVICE_PID" ] && for child in $(pgrep -P "$SERVICE_PID"); do awk '{print $14 + $15}' "/proc/$child/stat"; done \
+      | awk '{s += $1} END {print "encoder_processes", s + 0}'
     echo "time $(date +%s.%N)"; } >"$1" 2>/dev/null || true
 }
 TIMED=()
