@@ -24,17 +24,14 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from bench_encoder import read_texts
+
 from service.encoders.base import Encoder
 from service.encoders.process import ProcessEncoder
 from service.encoders.registry import create_encoder
 from service.settings import EncoderSettings
 
 PERIOD_S = 0.010
-
-
-def read_queries(path: Path) -> list[str]:
-    """The `query` field of every JSONL row."""
-    return [str(json.loads(line)["query"]) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
 
 
 def neighbour(stop: threading.Event, busy_s: float) -> None:
@@ -76,7 +73,9 @@ def main() -> None:
     """Build the copies, run every case per round, print texts/s and the ratios."""
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", type=Path, default=Path("artifacts/real/models/all-MiniLM-L6-v2"))
-    parser.add_argument("--queries", type=Path, default=Path("artifacts/real/corpus/test.jsonl"))
+    parser.add_argument(
+        "--queries", default="artifacts/real/corpus/test.jsonl", help="JSONL or text files, comma separated"
+    )
     parser.add_argument("--batch-size", type=int, default=4)
     parser.add_argument("--batches", type=int, default=40, help="batches per copy per case per round")
     parser.add_argument("--rounds", type=int, default=3)
@@ -85,7 +84,7 @@ def main() -> None:
     args = parser.parse_args()
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     settings = EncoderSettings(backend="sentence-transformers", path=str(args.model), device="cpu", threads=1)
-    texts = read_queries(args.queries)
+    texts = read_texts(args.queries)
     local = [create_encoder(settings, "new") for _ in range(2)]
     children = [ProcessEncoder(settings, "new") for _ in range(2)]
     busy = args.neighbour_ms / 1000
