@@ -32,6 +32,7 @@ import socket
 import subprocess
 import sys
 import threading
+from concurrent.futures import ThreadPoolExecutor
 from multiprocessing.connection import Connection
 from typing import Any, Literal
 
@@ -82,25 +83,16 @@ def _serve(conn: Connection) -> None:
     # requests first and then stops them; if it dies instead, the pipe's EOF ends the child.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
-    from service.encoders.base import fingerprint_of, modalities_of
     from service.encoders.registry import create_encoder
 
     try:
         settings, role = conn.recv()
         encoder = create_encoder(settings, role)
-        encoder.warmup()
+        encoder.warmup()  # every child, a restarted one too, is warm before it takes a call
     except BaseException as exc:
         conn.send(("error", _portable(exc)))
         return
-    facts = {
-        "dim": encoder.dim,
-        "model_id": encoder.model_id,
-        "device": encoder.device,
-        "fingerprint": fingerprint_of(encoder),
-        "modalities": modalities_of(encoder),
-        "describe": describe(encoder),
-    }
-    conn.send(("ready", facts))
+    conn.send(("ready", describe(encoder)))
     while True:
         try:
             message = conn.recv()
@@ -108,13 +100,9 @@ def _serve(conn: Connection) -> None:
             return
         if message is None:
             return
+        items, modality = message
         try:
-            if message[0] == "warmup":
-                encoder.warmup()
-                conn.send(("ok", None))
-            else:
-                _, items, modality = message
-                conn.send(("ok", np.asarray(encoder.encode(items, modality), dtype=np.float32)))
+            conn.send(("ok", np.asarray(encoder.encode(items, modality), dtype=np.float32)))
         except Exception as exc:
             conn.send(("error", _portable(exc)))
 
@@ -128,15 +116,15 @@ class ProcessEncoder:
         self._lock = threading.Lock()  # one call on the pipe at a time
         self._conn: Connection | None = None
         self._process: subprocess.Popen[bytes] | None = None
-        self._facts: dict[str, Any] = {}
+        self._described: dict[str, Any] = {}  # the child encoder's describe(), as it reported it
         self._closed = False
         self._spawn()
-        # What the service reads of an encoder, as the child reported it (a restarted child is the same model).
-        self.dim: int = self._facts["dim"]
-        self.model_id: str = self._facts["model_id"]
-        self.device: str = self._facts["device"]
-        self.fingerprint: str | None = self._facts["fingerprint"]
-        self.modalities: tuple[Modality, ...] = tuple(self._facts["modalities"])
+        # What the service reads of an encoder, from that report (a restarted child is the same model).
+        self.dim: int = self._described["dim"]
+        self.model_id: str = self._described["id"]
+        self.device: str = self._described["device"]
+        self.fingerprint: str | None = self._described["fingerprint"]
+        self.modalities: tuple[Modality, ...] = tuple(self._described["modalities"])
 
     @property
     def pid(self) -> int | None:
@@ -146,18 +134,17 @@ class ProcessEncoder:
     def details(self) -> dict[str, Any]:
         """The child encoder's own /v1/info details (its describe() minus what the protocol covers)."""
         own = {"id", "dim", "device", "fingerprint", "modalities"}
-        return {key: value for key, value in self._facts["describe"].items() if key not in own}
+        return {key: value for key, value in self._described.items() if key not in own}
 
     # -- calls -----------------------------------------------------------------------------------
 
     def encode(self, batch: list[str], modality: Modality = "text") -> Embeddings:
         """The child's rows for `batch` (its exception re-raised here; EncoderProcessExited if it died)."""
-        rows: Embeddings = self._call(("encode", batch, modality))
+        rows: Embeddings = self._call((batch, modality))
         return rows
 
     def warmup(self) -> None:
-        """Warm the child's encoder again (it warmed once before reporting ready)."""
-        self._call(("warmup",))
+        """Nothing to do: every child warms its encoder (each modality) before it reports ready."""
 
     def close(self) -> None:
         """Ask the child to exit; terminate it when it does not within STOP_GRACE_S."""
@@ -210,7 +197,7 @@ class ProcessEncoder:
             if isinstance(value, InputError):
                 raise value
             raise InputError(f"the encoder process could not build the encoder: {type(value).__name__}: {value}")
-        self._conn, self._process, self._facts = conn, process, value
+        self._conn, self._process, self._described = conn, process, value
 
     def _restart(self) -> None:
         """Start a new child after one died; a failure here is this call's failure (a 500), never a 400."""
@@ -246,8 +233,6 @@ class ProcessEncoder:
 
 def start_processes(settings: EncoderSettings, role: Role, count: int) -> list[Encoder]:
     """`count` children loading side by side; when one cannot start, the others are stopped too."""
-    from concurrent.futures import ThreadPoolExecutor
-
     with ThreadPoolExecutor(count, thread_name_prefix=f"spawn-{role}") as pool:
         futures = [pool.submit(ProcessEncoder, settings, role) for _ in range(count)]
     started: list[Encoder] = [future.result() for future in futures if future.exception() is None]
