@@ -7,10 +7,12 @@ MiniLM runs in a child in tests/test_real_serving_text.py, where `auto` puts it.
 
 from __future__ import annotations
 
+import asyncio
 import os
 import signal
 import time
 from collections.abc import AsyncIterator, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
@@ -85,22 +87,40 @@ def test_ctrl_c_or_sigterm_to_the_process_group_leaves_the_child_to_its_parent(c
     assert child.encode(TEXTS[:1]).shape == (1, child.dim)
 
 
-def test_a_killed_child_fails_its_call_and_a_new_one_serves_the_next() -> None:
+def test_a_child_killed_between_calls_is_replaced_before_the_next_call() -> None:
     encoder = ProcessEncoder(EncoderSettings(backend="synthetic-old", device="cpu"), "old")
     try:
         before = encoder.encode(TEXTS)
         first_pid = encoder.pid
         assert first_pid is not None
         os.kill(first_pid, signal.SIGKILL)
-        with pytest.raises(EncoderProcessExited, match="exited with code -9"):
-            encoder.encode(TEXTS)
+        while psutil.Process(first_pid).status() != psutil.STATUS_ZOMBIE:  # dead, not only dying
+            time.sleep(0.01)
+        np.testing.assert_array_equal(encoder.encode(TEXTS), before)  # no call of its was in flight: none fails
         assert encoder.pid not in (None, first_pid)
-        np.testing.assert_array_equal(encoder.encode(TEXTS), before)
     finally:
         encoder.close()
     assert encoder.pid is None
     with pytest.raises(EncoderProcessExited, match="stopped"):
         encoder.encode(TEXTS)
+
+
+def test_a_child_killed_during_a_call_fails_that_call_and_a_new_one_serves_the_next() -> None:
+    # 100 items at 200 ms each: the call is still running when interrupt() kills the child.
+    slow = EncoderSettings(backend="synthetic-old", device="cpu", simulated_cost_per_item_ms=200)
+    encoder = ProcessEncoder(slow, "old")
+    try:
+        first_pid = encoder.pid
+        with ThreadPoolExecutor(1) as pool:
+            call = pool.submit(encoder.encode, [TEXTS[0]] * 100)
+            time.sleep(0.5)
+            encoder.interrupt()
+            with pytest.raises(EncoderProcessExited, match="exited with code -9"):
+                call.result(timeout=60)
+        assert encoder.pid not in (None, first_pid)
+        assert encoder.encode(TEXTS[:1]).shape == (1, encoder.dim)
+    finally:
+        encoder.close()
 
 
 def test_a_child_that_cannot_build_its_encoder_refuses_with_the_childs_message(tmp_path: Path) -> None:
@@ -170,6 +190,38 @@ async def test_a_dead_encoder_process_costs_one_500_and_is_replaced(isolated: Ru
     recovered = await isolated.search(queries=[{"text": TEXTS[0]}], k=5)
     assert recovered.status_code == 200, recovered.text
     assert (await isolated.client.get("/readyz")).status_code == 200
+
+
+async def test_a_stuck_encoder_process_is_killed_at_the_timeout_and_replaced(world: World) -> None:
+    settings = settings_for(world, "process")
+    # 40 texts at 100 ms each outlive the 1 s timeout; one text does not.
+    settings.new = EncoderSettings(
+        backend="synthetic-new",
+        device="cpu",
+        isolation="process",
+        timeout_s=1.0,
+        simulated_cost_per_item_ms=100,
+        max_batch_size=64,
+    )
+    async for running in start_app(settings):
+        new = running.pipeline.new.replicas[0]
+        stuck_pid = new.pid
+        before = (
+            metrics.REGISTRY.get_sample_value("nobackfill_encoder_process_restarts_total", {"encoder": "new"}) or 0.0
+        )
+        slow = await running.search(queries=[{"text": TEXTS[i % 3]} for i in range(40)], k=5)
+        assert slow.status_code == 504 and slow.json()["error"]["code"] == "encoder_timeout"
+        assert wait_until_gone({stuck_pid}) == set()  # killed, not left to finish its 4 s
+        # Ready again once the new child has loaded (the replica is stuck, so not ready, until then).
+        for _ in range(200):
+            if (await running.client.get("/readyz")).status_code == 200:
+                break
+            await asyncio.sleep(0.05)
+        served = await running.search(queries=[{"text": TEXTS[0]}], k=5)
+        assert served.status_code == 200, served.text
+        assert new.pid not in (None, stuck_pid)
+        after = metrics.REGISTRY.get_sample_value("nobackfill_encoder_process_restarts_total", {"encoder": "new"})
+        assert after == before + 1
 
 
 async def test_no_encoder_process_outlives_the_service_or_a_refused_start(world: World) -> None:

@@ -6,6 +6,7 @@ Optional, read through `describe` and `fingerprint_of` when present:
                   the one recorded in the profile and the gallery at startup
     modalities    the query modalities it encodes (default: text and image)
     details()     extra facts for /v1/info (max sequence length, dtype, threads, ...)
+    interrupt()   make a call that outlived the batcher's timeout return soon (a child process: kill it)
 """
 
 from __future__ import annotations

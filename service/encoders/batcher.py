@@ -26,7 +26,9 @@ batcher keeps serving:
     a NaN / inf in some rows                   EncoderFailed for the calls those rows belong to only
     no answer within timeout_s                 EncoderTimeout (encoder_timeout, 504); the replica's
                                                thread cannot be interrupted, so the replica is "stuck"
-                                               until the call returns, and takes no batch meanwhile
+                                               until the call returns, and takes no batch meanwhile;
+                                               a replica with interrupt() (a child process) is told
+                                               to give up, so the call returns soon
     an entry queued for timeout_s              EncoderTimeout (no free replica, or a queue behind stuck ones),
                                                so no caller waits much past 2 x timeout_s in all
 All-zero rows are data (a static model's row for text with no known token), not failures: the
@@ -349,6 +351,9 @@ class MicroBatcher:
             raise
         except TimeoutError:
             self._stuck_until_done(replica, call)
+            interrupt = getattr(encoder, "interrupt", None)
+            if interrupt is not None and not call.done():
+                interrupt()
             log.error("encoder %r: no answer for a batch of %d within %g s", self.name, len(items), self.timeout_s)
             metrics.ENCODER_FAILURES.labels(encoder=self.name, reason="timeout").inc()
             self._fail(batch, EncoderTimeout(f"encoder {self.name!r} did not answer within {self.timeout_s:g} s"))

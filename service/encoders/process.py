@@ -19,7 +19,11 @@ over a socket pair through multiprocessing's Connection (pickled messages).
     the child cannot build the encoder   InputError with the child's own one-line message (startup refusal)
     the model raises in the child        the same exception, re-raised here (the batcher's rules apply)
     the child dies (OOM kill, a crash)   EncoderProcessExited for the batch in flight, after a new child
-                                         is started, so the batcher's call-by-call retry finds it ready
+                                         is started, so the batcher's call-by-call retry finds it ready;
+                                         one that died between calls is replaced before the next call
+    a call outlives the batcher's timeout  the batcher calls interrupt(): the child is killed, so the
+                                         replica is back (a new child) once it has loaded, not whenever
+                                         the stuck call would have returned (a thread cannot be killed)
     the service exits                    the child reads EOF on its pipe and exits with it
 """
 
@@ -146,6 +150,13 @@ class ProcessEncoder:
     def warmup(self) -> None:
         """Nothing to do: every child warms its encoder (each modality) before it reports ready."""
 
+    def interrupt(self) -> None:
+        """Kill the child in the middle of a call that has run too long; the call then fails and a new child starts."""
+        process = self._process  # read without the lock: the stuck call holds it
+        if process is not None and process.poll() is None:
+            log.error("%s encoder process %d: a call outlived its timeout; killing it", self.role, process.pid)
+            process.kill()
+
     def close(self) -> None:
         """Ask the child to exit; terminate it when it does not within STOP_GRACE_S."""
         with self._lock:
@@ -157,6 +168,13 @@ class ProcessEncoder:
             if self._closed:
                 raise EncoderProcessExited(f"{self.role} encoder process was stopped")
             if self._conn is None:  # the last restart failed: try again now
+                self._restart()
+            elif self._process is not None and self._process.poll() is not None:
+                # It died between calls (or was interrupted just as its call returned): no call of
+                # its was lost, so this one waits for a new child instead of failing.
+                code = self._reap()
+                log.error("%s encoder process exited (code %s) between calls; starting a new one", self.role, code)
+                metrics.ENCODER_PROCESS_RESTARTS.labels(encoder=self.role).inc()
                 self._restart()
             assert self._conn is not None
             try:
