@@ -2,7 +2,7 @@
 
     python loadtest/bench_encoder.py --model artifacts/real/models/all-MiniLM-L6-v2 \\
         --queries artifacts/real/corpus/test.jsonl,artifacts/real/corpus/support.jsonl \\
-        --metrics loadtest/results/real-closed/metrics-final.txt [--batch-sizes 1 8] [--threads 2]
+        --metrics loadtest/results/real-closed/metrics-final.txt [--batch-sizes 1 8] [--threads 2] [--bf16]
 
 The reference for the served throughput (issue 10): B is the mean batch size the service's NEW
 micro-batcher reached under load (`nobackfill_encoder_batch_size{encoder="new"}` in a /metrics
@@ -55,6 +55,7 @@ def main() -> None:
         default=Settings().new.cpu_forward_batch_size,  # the service's, from the same environment
         help="texts per length-sorted forward pass, as the service's cpu_forward_batch_size (0: one pass)",
     )
+    parser.add_argument("--bf16", action="store_true", help="bfloat16 weights, as the service's cpu_bf16 setting")
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--texts-per-round", type=int, default=256, help="texts per batch size per round")
     parser.add_argument("--json", type=Path, help="also write the figures here")
@@ -69,6 +70,8 @@ def main() -> None:
     if not sizes:
         parser.error("give --metrics or --batch-sizes")
     model = SentenceTransformer(str(args.model), device="cpu", local_files_only=True)
+    dtype = torch.bfloat16 if args.bf16 else torch.float32
+    model.to(dtype)
     texts = read_texts(args.queries)
     model.encode(texts[:32], batch_size=32)  # warm-up: lazy init, allocator, first touches
     seconds = dict.fromkeys(sizes, 0.0)
@@ -85,12 +88,14 @@ def main() -> None:
                 done[size] += size
     rates = {size: done[size] / seconds[size] for size in sizes}
     passes = f"passes of {args.forward_batch_size}" if args.forward_batch_size else "one pass per batch"
-    print(f"bare encoder {args.model.name}, {args.threads} torch threads, {passes}, {args.rounds} rounds")
+    name = str(dtype).removeprefix("torch.")
+    print(f"bare encoder {args.model.name}, {name}, {args.threads} torch threads, {passes}, {args.rounds} rounds")
     for size in sizes:
         per_batch_ms = 1000 * seconds[size] * size / done[size]
         print(f"  batch {size:3d}: {rates[size]:8.1f} texts/s ({per_batch_ms:.1f} ms per batch)")
     result: dict[str, object] = {
         "threads": args.threads,
+        "dtype": name,
         "forward_batch_size": args.forward_batch_size,
         "texts_per_s": {str(k): v for k, v in rates.items()},
     }

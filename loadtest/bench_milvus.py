@@ -21,7 +21,6 @@ import argparse
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -31,6 +30,8 @@ from typing import Any
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from benchlib import free_port, percentiles  # noqa: E402
 
 from service.encoders.synthetic import SyntheticOldEncoder  # noqa: E402
 from service.index.build import build_gallery  # noqa: E402
@@ -58,13 +59,6 @@ def write_vectors(path: Path, n: int) -> None:
     rows.flush()
     del rows
     tmp.replace(path)
-
-
-def free_port() -> int:
-    """A TCP port nobody listens on now."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def start_milvus_lite(data_dir: Path) -> tuple[subprocess.Popen[bytes], str]:
@@ -96,11 +90,6 @@ def exact_top10(queries: np.ndarray[Any, Any], vectors: np.ndarray[Any, Any]) ->
         keep = np.argsort(-scores, axis=1)[:, :10]
         best_scores, best_ids = np.take_along_axis(scores, keep, 1), np.take_along_axis(ids, keep, 1)
     return best_ids
-
-
-def percentile(values: list[float], q: float) -> float:
-    """The q-th percentile in ms."""
-    return float(np.percentile(np.asarray(values) * 1000, q))
 
 
 def run_size(n: int, work: Path, queries: int, nprobe: int, seed: int) -> dict[str, Any]:
@@ -185,15 +174,11 @@ def run_size(n: int, work: Path, queries: int, nprobe: int, seed: int) -> dict[s
         "faiss_build_s": faiss_build_s,
         "milvus_build_s": milvus_build_s,
         "milvus_inserted": built["inserted"],
-        "milvus_rpc_floor_p50_ms": percentile(floor, 50),
+        "milvus_rpc_floor_p50_ms": percentiles(floor)["p50_ms"],
     }
     for name in names:
         hits = [len(set(f.tolist()) & set(t.tolist())) / 10 for f, t in zip(found[name], truth, strict=True)]
-        result[name] = {
-            "p50_ms": percentile(times[name], 50),
-            "p99_ms": percentile(times[name], 99),
-            "recall_at_10": float(np.mean(hits)),
-        }
+        result[name] = {**percentiles(times[name]), "recall_at_10": float(np.mean(hits))}
     result["ratio"] = {
         key: result["milvus"][key] / result["faiss"][key] if result["faiss"][key] else None
         for key in ("p50_ms", "p99_ms", "recall_at_10")

@@ -8,6 +8,7 @@ variant against the re-indexed service and the bare floor of that same run.
 from __future__ import annotations
 
 import asyncio
+import socket
 import statistics
 import subprocess
 import sys
@@ -59,6 +60,13 @@ class Baseline:
         """Encode and search, as the pipeline does (search on a worker thread)."""
         rows = await self.batcher.encode([text], "text")
         await asyncio.to_thread(self.gallery.search, rows, 10, self.nprobe)
+
+
+def free_port() -> int:
+    """A TCP port nobody listens on right now."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
 
 
 def percentiles(samples: Sequence[float]) -> dict[str, float]:

@@ -42,6 +42,7 @@ from typing import Any
 
 import httpx
 import numpy as np
+from benchlib import free_port
 from prometheus_client.parser import text_string_to_metric_families
 from report import cache_counts  # loadtest/report.py: (hits, misses) of one scrape
 
@@ -75,13 +76,6 @@ class Plan:
 
 LONG = Plan(100_000, 256, 120, 40, 20, 30, 10, 10, 10, 30, 10, 30, 5)
 SHORT = Plan(20_000, 64, 12, 4, 2, 5, 1.5, 2, 2, 3, 2, 4, 1.5)
-
-
-def free_port() -> int:
-    """A TCP port nobody listens on right now."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def build_world(root: Path, plan: Plan) -> Path:

@@ -14,7 +14,8 @@
 #
 # Threads: the new encoder on every core and the static old one on 1 (NOBACKFILL_NEW__THREADS /
 # NOBACKFILL_OLD__THREADS / NOBACKFILL_NEW__REPLICAS in the environment win); the bare encoder, one
-# SentenceTransformer, always gets every core (BARE_THREADS overrides): the strongest single encoder.
+# SentenceTransformer, always gets every core (BARE_THREADS overrides): the strongest single encoder,
+# in float32 unless BARE_ARGS=--bf16.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 BIN=${BIN:-.venv/bin}
@@ -33,6 +34,7 @@ done
 export NOBACKFILL_NEW__THREADS=${NOBACKFILL_NEW__THREADS:-$(nproc)} NOBACKFILL_OLD__THREADS=${NOBACKFILL_OLD__THREADS:-1}
 export HF_HUB_OFFLINE=1
 BARE_THREADS=${BARE_THREADS:-$(nproc)}
+BARE_ARGS=${BARE_ARGS:-}  # e.g. --bf16: a bfloat16 reference for a service run with NOBACKFILL_NEW__CPU_BF16=true
 REDIS_URL=redis://127.0.0.1:6379/$DB
 MIX=(--mode-mix slerp:1 --batch-mix 1:1 --repeat-ratio 0)
 mkdir -p "$OUT"
@@ -40,7 +42,7 @@ flush() { redis-cli -n "$DB" flushdb >/dev/null 2>&1 || true; }
 bare() {
   "$BIN/python" loadtest/bench_encoder.py --model "$REAL/models/all-MiniLM-L6-v2" \
     --queries "$REAL/corpus/test.jsonl,$REAL/corpus/support.jsonl" --metrics "$OUT/closed/metrics-final.txt" \
-    --threads "$BARE_THREADS" --json "$1"
+    --threads "$BARE_THREADS" $BARE_ARGS --json "$1"
 }
 
 flush

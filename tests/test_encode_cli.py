@@ -509,6 +509,11 @@ def test_encode_with_the_packaged_minilm(tmp_path: Path) -> None:
     meta = json.loads(out.with_suffix(".json").read_text())
     assert (meta["backend"], meta["model_id"], meta["dim"]) == ("sentence-transformers", "all-MiniLM-L6-v2", 384)
     assert meta["fingerprint"] == weights_fingerprint(model)
+    # --cpu-bf16 as the service's setting: bfloat16 compute, float32 rows within a cosine of 0.999 of those.
+    out16 = tmp_path / "emb16.npy"
+    run_cli("encode", *backend, "--input", src, "--field", "body", "--out", out16, "--device", "cpu", "--cpu-bf16")
+    rows16 = np.load(out16)
+    assert rows16.dtype == np.float32 and ((rows16 * rows).sum(axis=1) > 0.999).all()
 
 
 @pytest.mark.usefixtures("torch_one_thread")

@@ -194,6 +194,7 @@ async def test_a_dead_encoder_process_costs_one_500_and_is_replaced(isolated: Ru
 
 async def test_a_stuck_encoder_process_is_killed_at_the_timeout_and_replaced(world: World) -> None:
     settings = settings_for(world, "process")
+    settings.old.isolation = "thread"  # one child to start, not two
     # 40 texts at 100 ms each outlive the 1 s timeout; one text does not.
     settings.new = EncoderSettings(
         backend="synthetic-new",

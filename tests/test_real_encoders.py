@@ -71,6 +71,23 @@ def test_minilm_identity_and_info(minilm: Any) -> None:
     assert info["modalities"] == ["text"] and info["dtype"] == "float32" and info["threads"] == 1
 
 
+def test_cpu_bf16_runs_minilm_in_bfloat16_and_its_rows_agree_with_float32(minilm: Any) -> None:
+    bf16 = create_encoder(
+        EncoderSettings(backend="sentence-transformers", path=str(packaged_minilm()), threads=1, cpu_bf16=True), "new"
+    )
+    assert describe(bf16)["dtype"] == "bfloat16" and next(bf16.model.parameters()).dtype == torch.bfloat16
+    texts = [
+        "Compute the arithmetic mean along the specified axis.",
+        "Return a new array of given shape and type, filled with zeros.",
+        "Open a file and return a stream.",
+    ]
+    rows, exact = bf16.encode(texts), minilm.encode(texts)
+    assert rows.dtype == np.float32 and rows.shape == exact.shape
+    np.testing.assert_allclose(np.linalg.norm(rows, axis=1), 1.0, atol=1e-5)
+    cosines = (rows * exact).sum(axis=1)
+    assert cosines.min() > 0.999 and not np.array_equal(rows, exact)  # close, and really computed in bfloat16
+
+
 def test_minilm_runs_a_batch_as_length_sorted_passes_and_keeps_the_order(minilm: Any) -> None:
     texts = [f"{'numpy arrays and their reductions ' * (1 + (7 * i) % 9)}item {i}" for i in range(11)]
     assert minilm.forward_batch_size == 4 and describe(minilm)["forward_batch_size"] == 4
@@ -139,6 +156,22 @@ def test_clip_encodes_text_and_images(clip_dir: Path) -> None:
     assert images[0] @ images[1] > images[0] @ images[2]  # the same colour survives resizing and JPEG
     info = describe(encoder)
     assert info["backend"] == "clip" and info["max_seq_length"] == CLIP_TEXT_POSITIONS
+
+
+def test_cpu_bf16_serves_clip_text_and_images_and_a_static_model(clip_dir: Path, tmp_path: Path) -> None:
+    clip = create_encoder(EncoderSettings(backend="clip", path=str(clip_dir), cpu_bf16=True), "new")
+    exact = create_encoder(EncoderSettings(backend="clip", path=str(clip_dir)), "new")
+    assert describe(clip)["dtype"] == "bfloat16"
+    for items, modality in (([png_b64((255, 0, 0)), png_b64((0, 0, 255))], "image"), (["a red square"], "text")):
+        rows = clip.encode(items, modality)
+        assert rows.dtype == np.float32 and np.isfinite(rows).all()
+        assert ((rows * exact.encode(items, modality)).sum(axis=1) > 0.99).all()
+    static = create_encoder(
+        EncoderSettings(backend="sentence-transformers", path=str(tiny_static(tmp_path / "s")), cpu_bf16=True), "old"
+    )
+    rows = static.encode(["a sentence with known words", ""])
+    assert describe(static)["dtype"] == "bfloat16"
+    assert np.linalg.norm(rows[0]) == pytest.approx(1.0, abs=1e-5) and not rows[1].any()
 
 
 def test_clip_truncates_text_at_its_position_limit(clip_dir: Path) -> None:

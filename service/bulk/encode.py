@@ -60,6 +60,7 @@ def load_encoder(
     device: str = "auto",
     model_id: str | None = None,
     fp16: bool = True,
+    cpu_bf16: bool = False,
     threads: int | None = None,
 ) -> tuple[Encoder, ModelIdentity]:
     """Build backend `backend` from `path` as the service would for `role`; returns it and its identity."""
@@ -72,6 +73,7 @@ def load_encoder(
         device=device,
         model_id=model_id,
         fp16=fp16,
+        cpu_bf16=cpu_bf16,
         # Offline, one encoder runs at a time: it may have every core (the service splits them in two).
         threads=threads or usable_cpus(),  # the container's CPU limit, not the node's cores
     )

@@ -52,11 +52,12 @@ class ModelSource:
 
 @dataclass(frozen=True)
 class EncodeOptions:
-    """How the models run: device, batch size, fp16 on CUDA, CPU threads, progress bars."""
+    """How the models run: device, batch size, fp16 on CUDA, bfloat16 on CPU, CPU threads, progress bars."""
 
     device: str = "auto"
     batch_size: int = 64
     fp16: bool = True
+    cpu_bf16: bool = False
     threads: int | None = None
     progress: bool = True
 
@@ -121,6 +122,7 @@ def build_support(
                 device=options.device,
                 model_id=side.model_id,
                 fp16=options.fp16,
+                cpu_bf16=options.cpu_bf16,
                 threads=options.threads,
             )
             log(f"{role} model: {identity.backend} {identity.model_id} ({identity.dim}-d) on {encoder.device}")

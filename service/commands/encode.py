@@ -50,6 +50,7 @@ def encode(
     batch_size: int = typer.Option(64, "--batch-size", min=1, help="Inputs per encoder call."),
     device: str = typer.Option("auto", "--device", help="auto, cpu, cuda:0, ..."),
     fp16: bool = typer.Option(True, "--fp16/--no-fp16", help="Half precision on CUDA, as the service's setting."),
+    cpu_bf16: bool = typer.Option(False, "--cpu-bf16", help="bfloat16 on CPU, as the service's cpu_bf16 setting."),
     threads: int | None = typer.Option(None, "--threads", min=1, help="Torch CPU threads (default: all usable cores)."),
     model_id: str | None = typer.Option(None, "--model-id", help="Model id to record (default: the folder's name)."),
     skip_bad: bool = typer.Option(False, "--skip-bad", help="Skip bad inputs (listed in OUT.json) instead of failing."),
@@ -67,7 +68,9 @@ def encode(
     checked = scan(spec, skip_bad=skip_bad)
     if checked.skipped:
         typer.echo(f"skipping {len(checked.skipped)} bad input(s), first: {checked.skipped[0].message()}", err=True)
-    encoder, identity = load_encoder(backend, path, device=device, model_id=model_id, fp16=fp16, threads=threads)
+    encoder, identity = load_encoder(
+        backend, path, device=device, model_id=model_id, fp16=fp16, cpu_bf16=cpu_bf16, threads=threads
+    )
     _warn_ignored_id(backend, model_id, identity.model_id)
     meta = encode_file(encoder, identity, spec, checked, out, ids_out=ids_out, batch_size=batch_size)
     typer.echo(
@@ -91,6 +94,7 @@ def support_build(
     batch_size: int = typer.Option(64, "--batch-size", min=1, help="Inputs per encoder call."),
     device: str = typer.Option("auto", "--device", help="auto (old cuda:0, new cuda:1 when there are two), cpu, ..."),
     fp16: bool = typer.Option(True, "--fp16/--no-fp16", help="Half precision on CUDA, as the service's setting."),
+    cpu_bf16: bool = typer.Option(False, "--cpu-bf16", help="bfloat16 on CPU, as the service's cpu_bf16 setting."),
     threads: int | None = typer.Option(None, "--threads", min=1, help="Torch CPU threads (default: all usable cores)."),
     old_model_id: str | None = typer.Option(None, "--old-model-id", help="Old model id (default: its folder's name)."),
     new_model_id: str | None = typer.Option(None, "--new-model-id", help="New model id (default: its folder's name)."),
@@ -113,7 +117,7 @@ def support_build(
         out,
         query_modality=modality.literal(),
         target_modality=target.literal(),
-        options=EncodeOptions(device=device, batch_size=batch_size, fp16=fp16, threads=threads),
+        options=EncodeOptions(device=device, batch_size=batch_size, fp16=fp16, cpu_bf16=cpu_bf16, threads=threads),
         log=lambda line: typer.echo(line, err=True),
     )
     for role, given in (("old", old_model_id), ("new", new_model_id)):

@@ -107,7 +107,10 @@ class TorchRuntime:
         self.cuda = device.startswith("cuda")
         if self.cuda and not torch.cuda.is_available():
             raise InputError(f"device {device} requested but torch sees no CUDA device")
-        self.dtype = torch.float16 if self.cuda and settings.fp16 else torch.float32
+        if self.cuda:
+            self.dtype = torch.float16 if settings.fp16 else torch.float32
+        else:
+            self.dtype = torch.bfloat16 if settings.cpu_bf16 else torch.float32
         self.threads = None if self.cuda else cpu_threads(settings.threads)
         self.stream = torch.cuda.Stream(device=device) if self.cuda else None  # type: ignore[no-untyped-call]
 
