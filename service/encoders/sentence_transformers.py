@@ -3,9 +3,9 @@
 Transformer models and static models (model2vec through sentence-transformers' StaticEmbedding)
 load alike from `settings.path`, with the network forbidden.  Inputs longer than the model's
 max_seq_length tokens are truncated by its tokenizer (/v1/info says how long that is).  fp16 on CUDA
-when settings.fp16, float32 on CPU.  Rows come back as unit float32; a static model gives an all-zero
-row (or, after its Normalize module, a NaN row) for text with no known token, e.g. an empty string:
-such rows come back as zero, never NaN, for the pipeline to judge.
+when settings.fp16; float32 on CPU, bfloat16 when settings.cpu_bf16.  Rows come back as unit float32;
+a static model gives an all-zero row (or, after its Normalize module, a NaN row) for text with no
+known token, e.g. an empty string: such rows come back as zero, never NaN, for the pipeline to judge.
 model_id: settings.model_id, else the folder's name; fingerprint: sha256 of the weight files.
 """
 
