@@ -141,7 +141,7 @@ ENCODER_FAILURES = Counter(
 )
 ENCODER_PROCESS_RESTARTS = Counter(
     "nobackfill_encoder_process_restarts_total",
-    "Encoder child processes (isolation: process) that died during a call and were started again.",
+    "Encoder child processes (isolation: process) that died or were killed at the timeout, and were replaced.",
     ["encoder"],
     registry=REGISTRY,
 )

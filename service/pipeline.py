@@ -38,7 +38,7 @@ from service.encoders.process import close_all, isolation_of, start_processes
 from service.encoders.registry import create_encoder, identity_of
 from service.errors import ArtifactError, InputError, NobackfillError, Overloaded, TooManyQueries, UnsupportedMode
 from service.index.base import GalleryBackend, check_nprobe, open_gallery
-from service.settings import Settings
+from service.settings import EncoderSettings, Settings
 from service.traffic.sampler import TrafficSampler, create_sampler
 
 T = TypeVar("T")
@@ -146,6 +146,11 @@ async def _create_both(settings: Settings) -> tuple[list[Encoder], list[Encoder]
             raise side
     assert isinstance(old, list) and isinstance(new, list)
     return old, new
+
+
+def _model_info(batcher: MicroBatcher, settings: EncoderSettings) -> dict[str, Any]:
+    """What /v1/info says of one encoder: its describe(), how many copies, where they run."""
+    return {**describe(batcher.encoder), "replicas": len(batcher.replicas), "isolation": isolation_of(settings)}
 
 
 def _warm(replicas: list[Encoder]) -> None:
@@ -595,16 +600,8 @@ class Pipeline:
         """What /v1/info reports: models, dims, devices, profile, gallery."""
         profile = self.profile
         return {
-            "old_model": {
-                **describe(self.old.encoder),
-                "replicas": len(self.old.replicas),
-                "isolation": isolation_of(self.settings.old),
-            },
-            "new_model": {
-                **describe(self.new.encoder),
-                "replicas": len(self.new.replicas),
-                "isolation": isolation_of(self.settings.new),
-            },
+            "old_model": _model_info(self.old, self.settings.old),
+            "new_model": _model_info(self.new, self.settings.new),
             "profile": {
                 "id": profile.profile_id,
                 "head": profile.head,

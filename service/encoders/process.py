@@ -172,19 +172,13 @@ class ProcessEncoder:
             elif self._process is not None and self._process.poll() is not None:
                 # It died between calls (or was interrupted just as its call returned): no call of
                 # its was lost, so this one waits for a new child instead of failing.
-                code = self._reap()
-                log.error("%s encoder process exited (code %s) between calls; starting a new one", self.role, code)
-                metrics.ENCODER_PROCESS_RESTARTS.labels(encoder=self.role).inc()
-                self._restart()
+                self._replace_dead("between calls")
             assert self._conn is not None
             try:
                 self._conn.send(message)
                 status, value = self._conn.recv()
             except (EOFError, OSError) as exc:
-                code = self._reap()
-                log.error("%s encoder process exited (code %s) during a call; starting a new one", self.role, code)
-                metrics.ENCODER_PROCESS_RESTARTS.labels(encoder=self.role).inc()
-                self._restart()
+                code = self._replace_dead("during a call")
                 raise EncoderProcessExited(f"{self.role} encoder process exited with code {code}") from exc
         if status == "error":
             raise value
@@ -216,6 +210,14 @@ class ProcessEncoder:
                 raise value
             raise InputError(f"the encoder process could not build the encoder: {type(value).__name__}: {value}")
         self._conn, self._process, self._described = conn, process, value
+
+    def _replace_dead(self, when: str) -> int | None:
+        """Reap a child that exited, count it, start a new one; the dead child's exit code."""
+        code = self._reap()
+        log.error("%s encoder process exited (code %s) %s; starting a new one", self.role, code, when)
+        metrics.ENCODER_PROCESS_RESTARTS.labels(encoder=self.role).inc()
+        self._restart()
+        return code
 
     def _restart(self) -> None:
         """Start a new child after one died; a failure here is this call's failure (a 500), never a 400."""
