@@ -23,6 +23,8 @@ from tiny_models import CLIP_DIM, CLIP_TEXT_POSITIONS, packaged_minilm, tiny_cli
 from service.encoders.base import describe, fingerprint_of, modalities_of
 from service.encoders.identity import weights_fingerprint
 from service.encoders.registry import ENTRY_POINT_GROUP, backends, create_encoder
+from service.encoders.sentence_transformers import runs_directly
+from service.encoders.torch_runtime import unit_rows
 from service.errors import InputError
 from service.settings import EncoderSettings
 
@@ -106,6 +108,48 @@ def test_minilm_runs_a_batch_as_length_sorted_passes_and_keeps_the_order(minilm:
     assert describe(create_encoder(one_pass, "new"))["forward_batch_size"] is None
 
 
+def library_rows(encoder: Any, texts: list[str]) -> np.ndarray:
+    """The rows SentenceTransformer.encode gives for `texts` in the encoder's passes, made unit as the backend does."""
+    with encoder.runtime.run():
+        return unit_rows(
+            encoder.model.encode(
+                texts,
+                batch_size=encoder.forward_batch_size or len(texts),
+                convert_to_tensor=True,
+                show_progress_bar=False,
+            )
+        )
+
+
+def test_minilm_runs_its_passes_without_encode_and_gives_its_rows_bit_for_bit(minilm: Any) -> None:
+    texts = [f"{'numpy arrays and their reductions ' * (1 + (5 * i) % 7)}item {i}" for i in range(11)]
+    assert minilm.direct  # no prompt, no truncation dimension: preprocess + forward, not encode
+    calls: list[int] = []
+    original = minilm.model.encode
+    minilm.model.encode = lambda *a, **k: calls.append(1) or original(*a, **k)
+    try:
+        rows = minilm.encode(texts)
+    finally:
+        del minilm.model.encode  # the instance attribute shadowed the class's method
+    assert calls == []
+    np.testing.assert_array_equal(rows, library_rows(minilm, texts))
+
+
+def test_a_model_with_a_default_prompt_or_a_truncation_goes_through_encode(minilm: Any) -> None:
+    model = minilm.model
+    assert runs_directly(model)
+    prompts, default = dict(model.prompts), model.default_prompt_name
+    try:
+        model.prompts, model.default_prompt_name = {**prompts, "query": "query: "}, "query"
+        assert not runs_directly(model)  # encode prepends the prompt: only encode gives its rows
+        model.default_prompt_name = None
+        model.truncate_dim = 128
+        assert not runs_directly(model)
+    finally:
+        model.prompts, model.default_prompt_name, model.truncate_dim = prompts, default, None
+    assert runs_directly(model)
+
+
 def test_minilm_truncates_long_text_instead_of_failing(minilm: Any) -> None:
     short = "numpy arrays and their reductions " * 40  # ~240 tokens: under the limit
     long = short * 5  # ~1,200 tokens: cut at 256
@@ -140,6 +184,8 @@ def test_static_model_gives_zero_not_nan_for_text_without_tokens(tmp_path: Path)
     assert np.isfinite(rows).all()
     assert np.linalg.norm(rows[0]) == pytest.approx(1.0, abs=1e-5)
     assert not rows[1].any()
+    assert encoder.direct  # and what preprocess + forward gave is what encode gives
+    np.testing.assert_array_equal(rows, library_rows(encoder, ["a sentence with known words", ""]))
 
 
 def test_clip_encodes_text_and_images(clip_dir: Path) -> None:
