@@ -227,7 +227,7 @@ def test_regime_on_ten_thousand_items(old: SyntheticOldEncoder, new: SyntheticNe
     assert 30 <= r["old"] <= 75, r  # 10^4 items are easier than the 10^5 the 20-60% band is set for
 
 
-@pytest.mark.slow
+@pytest.mark.scale  # make test-scale; make test runs the 10^4 version above
 def test_regime_on_a_hundred_thousand_items(old: SyntheticOldEncoder, new: SyntheticNewEncoder) -> None:
     r = regime(old, new, items=100_000, queries=2_000, support=10_000)
     check_regime(r)
