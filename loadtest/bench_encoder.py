@@ -137,7 +137,6 @@ def service_backend(args: argparse.Namespace) -> Any:
         threads=args.threads,
         cpu_bf16=args.bf16,
         cpu_forward_batch_size=args.forward_batch_size,
-        isolation="thread",
     )
     encoder = create_encoder(settings, "new")
     encoder.warmup()
