@@ -88,15 +88,25 @@ def cpu_lines(results: Path) -> list[str]:
     lines = [f"CPU over the {wall:.0f} s Locust run ({cores:.0f} cores on the box):", ""]
     if "cpu" in start and "cpu" in end:
         deltas = [b - a for a, b in zip(start["cpu"], end["cpu"], strict=False)]
-        idle = deltas[3] + (deltas[4] if len(deltas) > 4 else 0.0)  # idle + iowait
-        busy = 1 - idle / sum(deltas) if sum(deltas) else 0.0
-        lines.append(f"- whole box: {busy * cores:.2f} cores busy ({100 * busy:.0f} %)")
+        total = sum(deltas) or 1.0
+        share = [d / total for d in [*deltas, 0.0, 0.0, 0.0, 0.0][:8]]  # user nice system idle iowait irq softirq steal
+        busy = 1 - share[3] - share[4]
+        lines.append(
+            f"- whole box: {busy * cores:.2f} cores busy ({100 * busy:.0f} %); "
+            f"iowait {100 * share[4]:.1f} %, stolen by the hypervisor {100 * share[7]:.1f} %"
+        )
     if "service" in start and "service" in end:
         used = (sum(end["service"]) - sum(start["service"])) / ticks
         lines.append(f"- service process: {used / wall:.2f} cores ({used:.0f} CPU-s)")
     if "encoder_processes" in start and "encoder_processes" in end:
         used = (end["encoder_processes"][0] - start["encoder_processes"][0]) / ticks
         lines.append(f"- its encoder processes (isolation: process): {used / wall:.2f} cores ({used:.0f} CPU-s)")
+    if "major_faults" in start and "major_faults" in end:
+        faults = end["major_faults"][0] - start["major_faults"][0]
+        lines.append(f"- major page faults (pages read back from disk), service and encoder processes: {faults:.0f}")
+    if "io_stall_us" in start and "io_stall_us" in end:
+        stalled = (end["io_stall_us"][0] - start["io_stall_us"][0]) / 1e6
+        lines.append(f"- some task waited on IO {100 * stalled / wall:.1f} % of the time (/proc/pressure/io)")
     timed = read_pairs(results / "locust-time.txt")
     if "locust_user" in timed:
         used = timed["locust_user"][0] + timed["locust_sys"][0]

@@ -140,3 +140,26 @@ def test_bench_real_building_blocks(tmp_path: Path, monkeypatch: pytest.MonkeyPa
     assert order[0::3] == ["service", "bare", "warm", "service"]  # who goes first rotates
     rows = benchlib.ratio_rows(samples, {"service": "re-indexed", "bare": "floor", "warm": "slerp"})
     assert rows[0]["p50_ratio"] == 1.0 and rows[1]["p50_ratio_vs_bare"] == 1.0
+
+
+def test_report_reads_the_cpu_snapshots(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """run.sh's snapshots -> cores busy, iowait, steal, major faults and IO stall over the Locust run."""
+    monkeypatch.syspath_prepend(str(ROOT / "loadtest"))
+    import report
+
+    head = "ticks_per_s 100\ncores 2\n"
+    (tmp_path / "cpu-start.txt").write_text(
+        f"cpu 1000 0 100 5000 10 0 0 20 0 0\n{head}service 50 10\nencoder_processes 300\n"
+        "major_faults 7\nio_stall_us 1000000\ntime 100.0\n"
+    )
+    # 10 s later: 2000 ticks of box time, 60 % user + system, 25 % idle, 10 % iowait, 5 % steal (not idle: busy).
+    (tmp_path / "cpu-end.txt").write_text(
+        f"cpu 2100 0 200 5500 210 0 0 120 0 0\n{head}service 250 10\nencoder_processes 1300\n"
+        "major_faults 57\nio_stall_us 3500000\ntime 110.0\n"
+    )
+    lines = report.cpu_lines(tmp_path)
+    assert "- whole box: 1.30 cores busy (65 %); iowait 10.0 %, stolen by the hypervisor 5.0 %" in lines
+    assert "- service process: 0.20 cores (2 CPU-s)" in lines
+    assert "- its encoder processes (isolation: process): 1.00 cores (10 CPU-s)" in lines
+    assert "- major page faults (pages read back from disk), service and encoder processes: 50" in lines
+    assert "- some task waited on IO 25.0 % of the time (/proc/pressure/io)" in lines
