@@ -90,7 +90,7 @@ def cpu_lines(results: Path) -> list[str]:
         deltas = [b - a for a, b in zip(start["cpu"], end["cpu"], strict=False)]
         total = sum(deltas) or 1.0
         share = [d / total for d in [*deltas, 0.0, 0.0, 0.0, 0.0][:8]]  # user nice system idle iowait irq softirq steal
-        busy = 1 - share[3] - share[4]
+        busy = 1 - share[3] - share[4]  # steal counts as busy, as it always did here: the box wanted the CPU
         lines.append(
             f"- whole box: {busy * cores:.2f} cores busy ({100 * busy:.0f} %); "
             f"iowait {100 * share[4]:.1f} %, stolen by the hypervisor {100 * share[7]:.1f} %"
