@@ -77,12 +77,11 @@ PIDS+=($!)
 cpu_snapshot() {
   { head -1 /proc/stat; echo "ticks_per_s $(getconf CLK_TCK)"; echo "cores $(nproc)"
     [ -n "$SERVICE_PID" ] && awk '{print "service", $14, $15}' "/proc/$SERVICE_PID/stat"
-    # Its encoder child processes (isolation: process): their utime + stime, summed.
-    [ -n "$SERVICE_PID" ] && for child in $(pgrep -P "$SERVICE_PID"); do awk '{print $14 + $15}' "/proc/$child/stat"; done \
-      | awk '{s += $1} END {print "encoder_processes", s + 0}'
-    # Major page faults (pages read back from disk: evicted code or weights) of the service and its children.
-    [ -n "$SERVICE_PID" ] && for pid in "$SERVICE_PID" $(pgrep -P "$SERVICE_PID"); do awk '{print $12}' "/proc/$pid/stat"; done \
-      | awk '{s += $1} END {print "major_faults", s + 0}'
+    # One pass over the service and its encoder child processes (isolation: process): the children's
+    # utime + stime, and the major page faults (pages read back from disk: evicted code or weights) of all.
+    [ -n "$SERVICE_PID" ] && for pid in "$SERVICE_PID" $(pgrep -P "$SERVICE_PID"); do
+        awk -v service="$SERVICE_PID" '{print ($1 == service), $14 + $15, $12}' "/proc/$pid/stat"; done \
+      | awk '{if (!$1) ticks += $2; faults += $3} END {print "encoder_processes", ticks + 0; print "major_faults", faults + 0}'
     # Microseconds since boot during which some task waited on IO (a VM short of page cache shows here).
     sed -n 's/^some .*total=\([0-9]*\)$/io_stall_us \1/p' /proc/pressure/io
     echo "time $(date +%s.%N)"; } >"$1" 2>/dev/null || true
