@@ -16,18 +16,19 @@ A fingerprint is compared only when both sides know one (synthetic and external 
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Any
 
 from service.compat.profile import CompatProfile
 from service.encoders.base import Encoder, fingerprint_of
 from service.errors import ArtifactError
 from service.index.base import GalleryBackend, setting_line
 from service.settings import EncoderSettings, Settings
+from service.vocabulary import Role
 
 UNKNOWN_MODEL = "unknown"
 
 
-def encoder_line(settings: EncoderSettings, role: Literal["old", "new"]) -> str:
+def encoder_line(settings: EncoderSettings, role: Role) -> str:
     """The environment variables that chose an encoder, as the user would set them."""
     prefix = f"NOBACKFILL_{role.upper()}__"
     line = f"{prefix}BACKEND={settings.backend}"
@@ -55,8 +56,8 @@ def check_compatible(
     """Refuse, in one ArtifactError line, encoders / profile / gallery that disagree on dims or model identity."""
     settings = settings or Settings()
     encoders = {
-        "old": (old, f"old encoder {old.model_id!r} ({encoder_line(settings.old, 'old')})"),
-        "new": (new, f"new encoder {new.model_id!r} ({encoder_line(settings.new, 'new')})"),
+        "old": (old, f"old encoder {old.model_id!r} ({encoder_line(settings.old, Role.old)})"),
+        "new": (new, f"new encoder {new.model_id!r} ({encoder_line(settings.new, Role.new)})"),
     }
     profile_name = f"profile {profile.profile_id} (NOBACKFILL_COMPAT__PROFILE_DIR={settings.compat.profile_dir})"
     gallery_name = f"gallery ({setting_line(settings.index)})"  # a folder, or a Milvus collection

@@ -21,7 +21,7 @@ from collections.abc import Awaitable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal, TypeVar
+from typing import Any, TypeVar
 
 import numpy as np
 
@@ -32,7 +32,7 @@ from service.cache.base import usable_rows
 from service.compat.heads import transform
 from service.compat.profile import CompatProfile, load_profile
 from service.compat.rows import normalize_rows
-from service.encoders.base import Embeddings, Encoder, Modality, describe, fingerprint_of, modalities_of
+from service.encoders.base import Embeddings, Encoder, describe, fingerprint_of, modalities_of
 from service.encoders.batcher import MicroBatcher
 from service.encoders.process import close_all, isolation_of, start_processes
 from service.encoders.registry import create_encoder, identity_of
@@ -40,16 +40,13 @@ from service.errors import ArtifactError, InputError, NobackfillError, Overloade
 from service.index.base import GalleryBackend, check_nprobe, open_gallery
 from service.settings import EncoderSettings, Settings
 from service.traffic.sampler import TrafficSampler, create_sampler
+from service.vocabulary import Modality, Mode, Role
 
 T = TypeVar("T")
 
 # Modes that never look at one of the two query embeddings, so that encoder is skipped.
-OLD_FREE_MODES = frozenset({"aligned", "adapter", "psp", "lsp"})
-NEW_FREE_MODES = frozenset({"old"})
-COMPARE = "compare"
-KNOWN_MODES = frozenset(
-    {"old", "aligned", "slerp", "nlerp", "adaptive", "adapter", "adapter+slerp", "psp", "lsp", COMPARE}
-)
+OLD_FREE_MODES = frozenset(mode for mode in Mode if not mode.reads_old)
+COMPARE = Mode.compare
 
 
 @dataclass(frozen=True)
@@ -121,9 +118,9 @@ def _groups(queries: list[Query], plan: list[tuple[str, str | None]]) -> dict[Gr
     return dict(groups)
 
 
-def _create_encoders(settings: Settings, role: Literal["old", "new"]) -> list[Encoder]:
+def _create_encoders(settings: Settings, role: Role) -> list[Encoder]:
     """The configured encoder for `role`, one copy per replica; a failure names its settings, in one line."""
-    encoder_settings = settings.old if role == "old" else settings.new
+    encoder_settings = settings.old if role == Role.old else settings.new
     try:
         if isolation_of(encoder_settings) == "process":
             return start_processes(encoder_settings, role, encoder_settings.replicas)
@@ -135,8 +132,8 @@ def _create_encoders(settings: Settings, role: Literal["old", "new"]) -> list[En
 async def _create_both(settings: Settings) -> tuple[list[Encoder], list[Encoder]]:
     """Both roles' encoders, built side by side; when one side fails, the other's processes are stopped."""
     old, new = await asyncio.gather(
-        asyncio.to_thread(_create_encoders, settings, "old"),
-        asyncio.to_thread(_create_encoders, settings, "new"),
+        asyncio.to_thread(_create_encoders, settings, Role.old),
+        asyncio.to_thread(_create_encoders, settings, Role.new),
         return_exceptions=True,
     )
     for side, other in ((old, new), (new, old)):
@@ -164,7 +161,7 @@ def _fallback_modes(
 ) -> list[tuple[str, str | None]]:
     """(mode, fallback) per query: the head's mode, or the other endpoint alone after an all-zero encoder row."""
     n = len(queries)
-    reads_old, reads_new = head_mode not in OLD_FREE_MODES, head_mode not in NEW_FREE_MODES
+    reads_old, reads_new = Mode(head_mode).reads_old, Mode(head_mode).reads_new
     old_zero = ~old.any(axis=1) if reads_old else np.zeros(n, dtype=bool)
     new_zero = ~new.any(axis=1) if reads_new else np.zeros(n, dtype=bool)
     if not (old_zero.any() or new_zero.any()):  # the hot path: every row has a direction
@@ -344,8 +341,8 @@ class Pipeline:
                 raise InputError(f"queries[{i}].text is empty")
         if query.content is not None:
             for role, batcher, needed in (
-                ("old", self.old, mode not in OLD_FREE_MODES),
-                ("new", self.new, mode not in NEW_FREE_MODES),
+                ("old", self.old, Mode(mode).reads_old),
+                ("new", self.new, Mode(mode).reads_new),
             ):
                 if needed and query.modality not in modalities_of(batcher.encoder):
                     raise InputError(
@@ -353,12 +350,12 @@ class Pipeline:
                         f"{batcher.encoder.model_id!r} encodes {' and '.join(modalities_of(batcher.encoder))} only"
                     )
         else:
-            if query.old_embedding is None and mode not in OLD_FREE_MODES:
+            if query.old_embedding is None and Mode(mode).reads_old:
                 raise InputError(
                     f"queries[{i}] has no old_embedding, which mode {mode!r} needs "
                     f"(modes that take new_embedding alone: {', '.join(sorted(OLD_FREE_MODES))})"
                 )
-            if query.new_embedding is None and mode not in NEW_FREE_MODES:
+            if query.new_embedding is None and Mode(mode).reads_new:
                 raise InputError(f"queries[{i}] has no new_embedding, which mode {mode!r} needs")
         for name, row, dim in (
             ("old_embedding", query.old_embedding, self.profile.old_dim),
@@ -394,8 +391,8 @@ class Pipeline:
         profile = self.profile  # one profile for the whole request, even if a reload lands meanwhile
         timings: dict[str, float] = {}
         try:
-            need_old = mode not in OLD_FREE_MODES
-            need_new = mode not in NEW_FREE_MODES
+            need_old = Mode(mode).reads_old
+            need_new = Mode(mode).reads_new
             old, new, cache_status = await self._embed(queries, profile, need_old, need_new, timings)
             results = await asyncio.to_thread(
                 self._transform_and_search, profile, queries, old, new, mode, alpha, k, nprobe, timings
@@ -405,7 +402,7 @@ class Pipeline:
             metrics.IN_FLIGHT.dec()
         for result, status in zip(results, cache_status, strict=True):
             result.cache = status
-        if self.traffic is not None and mode not in OLD_FREE_MODES | NEW_FREE_MODES:
+        if self.traffic is not None and Mode(mode).blends:
             # A blending answer read both embeddings: hand them to the sampler (a queue put, never a wait).
             self.traffic.offer_queries(queries, old, new)
         return SearchOutcome(results, timings)
@@ -532,14 +529,14 @@ class Pipeline:
                 out = transform(
                     profile,
                     row_mode,
-                    None if row_mode in OLD_FREE_MODES else old[rows],
-                    None if row_mode in NEW_FREE_MODES else new[rows],
+                    old[rows] if Mode(row_mode).reads_old else None,
+                    new[rows] if Mode(row_mode).reads_new else None,
                     modality,
                     alpha if row_mode == head_mode else None,  # a fallback mode takes no weight
                 )
                 batch[rows] = out.queries
                 alphas[rows] = out.row_alpha
-                if row_mode not in OLD_FREE_MODES | NEW_FREE_MODES:  # theta needs both endpoints
+                if Mode(row_mode).blends:  # theta needs both endpoints
                     thetas[rows] = out.theta
                     for theta in out.theta.tolist():
                         metrics.RESIDUAL_ANGLE.observe(theta)

@@ -18,6 +18,8 @@ from pydantic_settings import (
     YamlConfigSettingsSource,
 )
 
+from service.vocabulary import Mode
+
 ARTIFACTS = Path("artifacts")
 
 
@@ -106,7 +108,7 @@ class CompatSettings(BaseModel):
 
     profile_dir: Path = ARTIFACTS / "profile"
     # Mode for requests that name none; unset means the profile's own head (slerp, adapter, psp, ...).
-    default_mode: str | None = None
+    default_mode: Mode | None = None
     # Off only for benchmarks: the old encoder then finishes before the new one starts.
     concurrent_encoders: bool = True
 

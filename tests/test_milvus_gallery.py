@@ -35,8 +35,9 @@ from service.compat.heads import transform  # noqa: E402
 from service.errors import ArtifactError, GalleryUnavailable  # noqa: E402
 from service.index.milvus import PROBE_INTERVAL_S  # noqa: E402
 from service.index.sources import SyntheticSource  # noqa: E402
-from service.pipeline import NEW_FREE_MODES, OLD_FREE_MODES, Pipeline  # noqa: E402
+from service.pipeline import Pipeline  # noqa: E402
 from service.settings import CompatSettings, IndexSettings, Settings  # noqa: E402
+from service.vocabulary import Mode  # noqa: E402
 
 WORLD_ITEMS = 20_000  # conftest.WORLD_GALLERY_SIZE: the same items as the FAISS gallery
 WORLD_NLIST = 64  # the world gallery's nlist (conftest builds it with --nlist 64)
@@ -126,8 +127,8 @@ def exact_scores(pipeline: Pipeline, vectors: np.ndarray[Any, Any], mode: str) -
     queries = transform(
         pipeline.profile,
         mode,
-        None if mode in OLD_FREE_MODES else old,
-        None if mode in NEW_FREE_MODES else new,
+        old if Mode(mode).reads_old else None,
+        new if Mode(mode).reads_new else None,
         "text",
     ).queries
     return np.asarray(queries @ vectors.T)

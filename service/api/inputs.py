@@ -13,6 +13,7 @@ from service.encoders.base import Embeddings
 from service.errors import InputError, TooManyQueries
 from service.images import verify_image
 from service.pipeline import Query
+from service.vocabulary import Modality
 
 
 def _check_image(i: int, payload: str, max_bytes: int) -> None:
@@ -34,15 +35,15 @@ def to_queries(items: list[QueryIn], max_queries: int, max_image_bytes: int) -> 
     queries = []
     for i, item in enumerate(items):
         if item.text is not None:
-            queries.append(Query(modality="text", content=item.text))
+            queries.append(Query(modality=Modality.text, content=item.text))
         elif item.image_b64 is not None:
             _check_image(i, item.image_b64, max_image_bytes)
             # Image backends receive the base64 payload itself; it also keys the cache.
-            queries.append(Query(modality="image", content=item.image_b64))
+            queries.append(Query(modality=Modality.image, content=item.image_b64))
         else:
             queries.append(
                 Query(
-                    modality=item.modality or "text",
+                    modality=item.modality or Modality.text,
                     old_embedding=_vector(item.old_embedding),
                     new_embedding=_vector(item.new_embedding),
                 )

@@ -11,8 +11,8 @@ from typing import Any
 
 from fastapi import FastAPI
 
-from service.pipeline import KNOWN_MODES
 from service.settings import ApiSettings
+from service.vocabulary import Mode
 
 
 def state_limits(schema: dict[str, Any], api: ApiSettings) -> None:
@@ -28,7 +28,7 @@ def state_limits(schema: dict[str, Any], api: ApiSettings) -> None:
                 branch.update(bounds)
     for branch in search["mode"]["anyOf"]:
         if branch.get("type") == "string":
-            branch["enum"] = sorted(KNOWN_MODES)  # the loaded profile serves a subset (others: 400)
+            branch["enum"] = sorted(mode.value for mode in Mode)  # the loaded profile serves a subset (others: 400)
     query = components["QueryIn"]
     props = query["properties"]
     for branch in props["text"]["anyOf"]:

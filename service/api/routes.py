@@ -13,7 +13,8 @@ from service.api.deps import PipelineDep
 from service.api.inputs import to_queries
 from service.api.responses import OrjsonResponse
 from service.api.schemas import SearchRequest, SearchResponse, error_responses
-from service.pipeline import KNOWN_MODES, Pipeline, default_mode
+from service.pipeline import Pipeline, default_mode
+from service.vocabulary import Mode
 
 router = APIRouter()
 metrics_router = APIRouter()
@@ -23,7 +24,7 @@ metrics_router = APIRouter()
 async def search(body: SearchRequest, request: Request, pipeline: PipelineDep, _: ApiKey) -> OrjsonResponse:
     """Search the frozen gallery with each query, through the chosen compatibility mode."""
     mode = body.mode or default_mode(pipeline.settings, pipeline.profile)
-    request.state.mode = mode if mode in KNOWN_MODES else "unknown"  # keeps the metric label bounded
+    request.state.mode = mode if Mode.has(mode) else "unknown"  # keeps the metric label bounded
     api = pipeline.settings.api
     if any(item.image_b64 is not None for item in body.queries):
         # base64 decoding and the image check cost milliseconds per image: not on the event loop.

@@ -6,7 +6,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-QueryModality = Literal["text", "image"]
+from service.vocabulary import Modality
 
 
 class QueryIn(BaseModel):
@@ -23,7 +23,7 @@ class QueryIn(BaseModel):
     image_b64: str | None = None
     old_embedding: list[float] | None = None
     new_embedding: list[float] | None = None
-    modality: QueryModality | None = Field(
+    modality: Modality | None = Field(
         None, description="Query modality for precomputed embeddings (picks the alpha); default text."
     )
 

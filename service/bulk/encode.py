@@ -21,7 +21,7 @@ import time
 from collections.abc import Iterator
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
@@ -31,9 +31,10 @@ from service.bulk.atomic import make_parents, publish_files, refuse_existing, re
 from service.bulk.inputs import Bad, InputSpec, Item, Scan, image_b64, read_items
 from service.bulk.npy_writer import NpyWriter
 from service.cpu_limit import usable_cpus
-from service.encoders.base import Embeddings, Encoder, Modality, modalities_of
+from service.encoders.base import Embeddings, Encoder, modalities_of
 from service.encoders.identity import ModelIdentity, read_json
 from service.errors import ArtifactError, InputError, NobackfillError
+from service.vocabulary import Modality, Role
 
 FORMAT_VERSION = 1
 
@@ -56,7 +57,7 @@ def load_encoder(
     backend: str,
     path: Path | None,
     *,
-    role: Literal["old", "new"] = "old",
+    role: Role = Role.old,
     device: str = "auto",
     model_id: str | None = None,
     fp16: bool = True,

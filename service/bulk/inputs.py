@@ -24,8 +24,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from service.encoders.base import Modality
 from service.errors import InputError
+from service.vocabulary import Modality
 
 Kind = Literal["lines", "jsonl", "folder"]
 IMAGE_SUFFIXES = frozenset({".jpg", ".jpeg", ".png", ".gif", ".bmp", ".webp", ".tif", ".tiff"})

@@ -24,8 +24,8 @@ from pathlib import Path
 from typing import Any
 
 from service.bulk.inputs import SKIP_HINT, Bad, image_check, int_id, read_lines, resolve_image, text_value
-from service.encoders.base import Modality
 from service.errors import InputError
+from service.vocabulary import Modality
 
 
 @dataclass

@@ -22,7 +22,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 import numpy as np
 
@@ -32,9 +32,10 @@ from service.bulk.atomic import discard, make_parents, remove_empty
 from service.bulk.encode import check_modality, encode_batch, load_encoder
 from service.bulk.npy_writer import NpyWriter
 from service.bulk.pairs import Pairs
-from service.encoders.base import Encoder, Modality
+from service.encoders.base import Encoder
 from service.encoders.identity import MODELS_JSON, ModelIdentity
 from service.errors import InputError
+from service.vocabulary import Modality, Role
 
 Log = Callable[[str], None]
 FORMAT_VERSION = 1
@@ -113,7 +114,7 @@ def build_support(
     try:
         tmp = sibling_dir(out)
         identities: list[ModelIdentity] = []
-        sides: tuple[tuple[Literal["old", "new"], ModelSource], ...] = (("old", old), ("new", new))
+        sides: tuple[tuple[Role, ModelSource], ...] = ((Role.old, old), (Role.new, new))
         for role, side in sides:
             encoder, identity = load_encoder(
                 side.backend,

@@ -23,13 +23,23 @@ the fit report (`zero_rows_dropped`) and the eval caption; --strict refuses them
 from __future__ import annotations
 
 import json
-from enum import StrEnum
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 import typer
 
 from service.errors import ArtifactError
+from service.vocabulary import (
+    ADAPTER_HEADS,
+    CLASS_HEADS,
+    PROCRUSTES_HEADS,
+    Criterion,
+    EvalGallery,
+    FitOn,
+    Head,
+    HeadFamily,
+    Modality,
+)
 
 if TYPE_CHECKING:
     from service.compat.io import Split
@@ -41,62 +51,12 @@ PLOT_NAME = "fit_recall.png"
 QUERY_PAIRS_WEIGHT = 1.0
 
 
-class Head(StrEnum):
-    """Default head a profile serves."""
-
-    slerp = "slerp"
-    nlerp = "nlerp"
-    adaptive = "adaptive"
-    aligned = "aligned"
-    adapter = "adapter"
-    adapter_slerp = "adapter+slerp"
-    psp = "psp"
-    lsp = "lsp"
-
-
-ADAPTER_HEADS = (Head.adapter, Head.adapter_slerp)
-CLASS_HEADS = (Head.psp, Head.lsp)
-
-
 class ModelIds(NamedTuple):
     """The model ids a profile records, and the two identities (ModelIdentity.as_dict) when known."""
 
     old: str
     new: str
     record: dict[str, Any] | None
-
-
-class Criterion(StrEnum):
-    """How the blend weight is chosen on the cross-fitted curve (service.compat.selection.CRITERIA)."""
-
-    r1 = "r1"
-    mean = "mean"
-    mrr = "mrr"
-    r1_1se = "r1-1se"
-    mean_1se = "mean-1se"
-    mrr_1se = "mrr-1se"
-
-
-class EvalGallery(StrEnum):
-    """Which old targets a held-out fold's queries are ranked against while choosing alpha."""
-
-    support = "support"
-    fold = "fold"
-
-
-class FitOn(StrEnum):
-    """Which paired rows R is fitted on."""
-
-    query = "query"
-    target = "target"
-    both = "both"
-
-
-class Modality(StrEnum):
-    """Query modality the weight is chosen for."""
-
-    text = "text"
-    image = "image"
 
 
 def _fmt(x: Any) -> str:
@@ -391,8 +351,8 @@ def fit(
             same_set=same_set,
             eval_queries=eval_queries,
             seed=seed,
-            criterion=criterion.value,
-            eval_gallery=eval_gallery.value,
+            criterion=criterion,
+            eval_gallery=eval_gallery,
             strict=strict,
             force=force,
             add_query_pairs=add_query_pairs or [],
@@ -417,15 +377,15 @@ def fit(
             ids,
             adapter_opts,
             threads_opt,
-            fit_on=fit_on.value,
+            fit_on=fit_on,
             folds=folds,
             same_set=same_set,
             eval_queries=eval_queries,
             seed=seed,
             modality=modality,
             force=force,
-            criterion=criterion.value,
-            eval_gallery=eval_gallery.value,
+            criterion=criterion,
+            eval_gallery=eval_gallery,
         )
         return
 
@@ -435,13 +395,13 @@ def fit(
     pairs = _query_pairs(add_query_pairs or [], split, ids)
     result = selection.fit(
         split,
-        fit_on=fit_on.value,
+        fit_on=fit_on,
         folds=folds,
         same_set=same_set,
         max_eval_queries=eval_queries,
         seed=seed,
-        criterion=criterion.value,
-        eval_gallery=eval_gallery.value,
+        criterion=criterion,
+        eval_gallery=eval_gallery,
         query_pairs=pairs,
         query_pairs_weight=query_pairs_weight,
     )
@@ -458,7 +418,7 @@ def fit(
         new_dim=split.new_dim,
         alphas={modality: float(head_alpha)},
         params={modality: result.params},
-        fit_on=fit_on.value,
+        fit_on=fit_on,
         folds=int(result.report["folds"]),
         fit_report={**result.report, "query_modality": modality, "zero_rows_dropped": split.zero_rows},
         tensors={"R": result.rotation},
@@ -573,8 +533,8 @@ def _fit_modalities(
     same_set: bool,
     eval_queries: int,
     seed: int,
-    criterion: str,
-    eval_gallery: str,
+    criterion: Criterion,
+    eval_gallery: EvalGallery,
     strict: bool,
     force: bool,
     add_query_pairs: list[Path] | None = None,
@@ -583,10 +543,10 @@ def _fit_modalities(
     """Several --support folders: one R over all their pairs, the blend weights chosen per query modality."""
     from service.compat import selection
     from service.compat.io import load_split
-    from service.compat.profile import PROCRUSTES_HEADS, CompatProfile, save_profile
+    from service.compat.profile import CompatProfile, save_profile
     from service.errors import InputError
 
-    if head is not None and head.value not in PROCRUSTES_HEADS:
+    if head is not None and head not in PROCRUSTES_HEADS:
         raise InputError(
             f"--head {head.value} fits one query modality; several --support folders need "
             f"{' / '.join(PROCRUSTES_HEADS)}"
@@ -609,13 +569,13 @@ def _fit_modalities(
             )
     fitted = selection.fit_modalities(
         splits,
-        fit_on=fit_on.value,
+        fit_on=fit_on,
         folds=folds,
         same_set=same_set,
         max_eval_queries=eval_queries,
         seed=seed,
         criterion=criterion,
-        eval_gallery=eval_gallery,  # type: ignore[arg-type]
+        eval_gallery=eval_gallery,
         query_pairs=_query_pairs(add_query_pairs or [], splits[first], ids[first]),
         query_pairs_weight=query_pairs_weight,
     )
@@ -650,7 +610,7 @@ def _fit_modalities(
         new_dim=splits[first].new_dim,
         alphas={m: float(head_alpha(fitted.params[m])) for m in splits},
         params=fitted.params,
-        fit_on=fit_on.value,
+        fit_on=fit_on,
         folds=int(first_rep["folds"]),
         fit_report=report,
         tensors={"R": fitted.rotation},
@@ -690,15 +650,15 @@ def _fit_adapter(
     overrides: dict[str, Any],
     threads: int | None,
     *,
-    fit_on: str,
+    fit_on: FitOn,
     folds: int,
     same_set: bool,
     eval_queries: int,
     seed: int,
     modality: str,
     force: bool,
-    criterion: str,
-    eval_gallery: str,
+    criterion: Criterion,
+    eval_gallery: EvalGallery,
 ) -> None:
     """--head adapter / adapter+slerp: train the MKP adapter, save.
 
@@ -720,7 +680,7 @@ def _fit_adapter(
     try:
         config = AdapterConfig(**{**overrides, "seed": seed})
         if "epochs" not in overrides and not same_set:
-            rows = len(selection.support_pairs(split, fit_on)[0])  # type: ignore[arg-type]
+            rows = len(selection.support_pairs(split, fit_on)[0])
             config = replace(config, epochs=_max_epochs(rows, config.batch_size, config.epochs))
     except ValueError as exc:
         raise InputError(f"adapter options: {exc}") from exc
@@ -739,7 +699,7 @@ def _fit_adapter(
         torch.set_num_threads(threads)
     try:
         if head is Head.adapter and same_set:
-            new, old, blocks = selection.support_pairs(split, fit_on)  # type: ignore[arg-type]
+            new, old, blocks = selection.support_pairs(split, fit_on)
             adapter = fit_map(new, old)
             report: dict[str, Any] = {
                 "selection": "none (the adapter head has no weight to choose)",
@@ -756,14 +716,14 @@ def _fit_adapter(
                 split,
                 fit_map,
                 mode=head.value,
-                fit_on=fit_on,  # type: ignore[arg-type]
+                fit_on=fit_on,
                 folds=folds,
                 same_set=same_set,
                 max_eval_queries=eval_queries,
                 seed=seed,
                 criterion=criterion,
                 early_stop=not same_set,
-                eval_gallery=eval_gallery,  # type: ignore[arg-type]
+                eval_gallery=eval_gallery,
             )
             adapter, report = result.mapper, result.report
             alphas = {modality: result.alpha}
@@ -911,10 +871,10 @@ def _eval_table(rows: list[dict[str, Any]], title: str, caption: str | None) -> 
 
 
 _CAPTIONS = {
-    "procrustes": "compatible: R@1 strictly above old->old; pfr/nfr vs old->old at R@1; "
+    HeadFamily.procrustes: "compatible: R@1 strictly above old->old; pfr/nfr vs old->old at R@1; "
     "oracle = best alpha on this test set, an upper bound, not deployable",
-    "adapter": "compatible: R@1 strictly above old->old; pfr/nfr vs old->old at R@1",
-    "classes": "gallery = the old model's {head} features of old_target; compatible / pfr / nfr vs old->old, "
+    HeadFamily.adapter: "compatible: R@1 strictly above old->old; pfr/nfr vs old->old at R@1",
+    HeadFamily.classes: "gallery = the old model's {head} features of old_target; compatible / pfr / nfr vs old->old, "
     "except new-logits: vs old-logits (raw normalised logits on both sides, the baseline {head} replaces)",
 }
 
@@ -930,8 +890,6 @@ def evaluate(
 ) -> None:
     """Compare every head the profile has with old->old (and new->new) on a test split, with flips."""
     from service.compat.io import load_split
-    from service.compat.profile import ADAPTER_HEADS as ADAPTER_FAMILY
-    from service.compat.profile import CLASS_HEADS as CLASS_FAMILY
     from service.compat.profile import load_profile
     from service.errors import InputError
 
@@ -955,10 +913,7 @@ def evaluate(
         return
     from rich.console import Console
 
-    family = (
-        "classes" if profile.head in CLASS_FAMILY else "adapter" if profile.head in ADAPTER_FAMILY else "procrustes"
-    )
-    caption = _CAPTIONS[family].format(head=profile.head)
+    caption = _CAPTIONS[profile.family].format(head=profile.head)
     if split.zero_rows:
         caption += f"; {split.zero_rows_line()}"
     title = f"profile {profile.profile_id} ({profile.head}) on {test_dir} ({modality} queries)"
@@ -968,17 +923,14 @@ def evaluate(
 def _show_text(profile: CompatProfile, directory: Path) -> None:
     """Human-readable dump of a profile and its fit report, whatever its head."""
 
-    from service.compat.profile import ADAPTER_HEADS as ADAPTER_FAMILY
-    from service.compat.profile import CLASS_HEADS as CLASS_FAMILY
-
     console = _console()
     rep = profile.fit_report
     console.print(f"profile {profile.profile_id}  ({directory})")
     console.print(f"  head {profile.head}; modes {', '.join(profile.modes())}")
     console.print(f"  old model {profile.old_model_id} (dim {profile.old_dim})")
-    if profile.head in CLASS_FAMILY:
+    if profile.family is HeadFamily.classes:
         _show_classes(console, profile)
-    elif profile.head in ADAPTER_FAMILY:
+    elif profile.family is HeadFamily.adapter:
         _show_adapter(console, profile)
     else:
         console.print(f"  new model {profile.new_model_id} (dim {profile.new_dim}); R is {profile.dim}x{profile.dim}")

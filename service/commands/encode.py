@@ -7,27 +7,13 @@ unless --skip-bad; a failure or Ctrl-C leaves no output behind.
 
 from __future__ import annotations
 
-from enum import StrEnum
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import typer
 
-if TYPE_CHECKING:
-    from service.encoders.base import Modality as ModalityName
+from service.vocabulary import Modality
 
 support_app = typer.Typer(no_args_is_help=True)
-
-
-class Modality(StrEnum):
-    """What the inputs are."""
-
-    text = "text"
-    image = "image"
-
-    def literal(self) -> ModalityName:
-        """The encoders' spelling (a Literal)."""
-        return "image" if self is Modality.image else "text"
 
 
 def encode(
@@ -64,7 +50,7 @@ def encode(
     if id_field is not None and ids_out is None:
         raise InputError("--id-field names the ids to write: give --ids-out IDS.npy too")
     check_outputs(out, ids_out, force)
-    spec = input_spec(input_path, modality.literal(), field, id_field)
+    spec = input_spec(input_path, modality, field, id_field)
     checked = scan(spec, skip_bad=skip_bad)
     if checked.skipped:
         typer.echo(f"skipping {len(checked.skipped)} bad input(s), first: {checked.skipped[0].message()}", err=True)
@@ -107,7 +93,7 @@ def support_build(
 
     target = target_modality or modality
     check_support_out(out, force)
-    pairs = read_pairs(pairs_path, modality.literal(), target.literal(), skip_bad=skip_bad)
+    pairs = read_pairs(pairs_path, modality, target, skip_bad=skip_bad)
     if pairs.skipped:
         typer.echo(f"skipping {len(pairs.skipped)} bad row(s), first: {pairs.skipped[0].message()}", err=True)
     models = build_support(
@@ -115,8 +101,8 @@ def support_build(
         ModelSource(old_backend, old_path, old_model_id),
         ModelSource(new_backend, new_path, new_model_id),
         out,
-        query_modality=modality.literal(),
-        target_modality=target.literal(),
+        query_modality=modality,
+        target_modality=target,
         options=EncodeOptions(device=device, batch_size=batch_size, fp16=fp16, cpu_bf16=cpu_bf16, threads=threads),
         log=lambda line: typer.echo(line, err=True),
     )

@@ -16,7 +16,6 @@ support items gives a text and an image support set for a profile that serves bo
 from __future__ import annotations
 
 import json
-from enum import StrEnum
 from pathlib import Path
 from typing import Any
 
@@ -24,14 +23,9 @@ import numpy as np
 import numpy.typing as npt
 import typer
 
+from service.vocabulary import Modality
+
 app = typer.Typer(no_args_is_help=True)
-
-
-class QueryModality(StrEnum):
-    """Which side of a synthetic pair is the query."""
-
-    text = "text"
-    image = "image"
 
 
 SUPPORT_FIRST_ITEM = 10**12
@@ -80,8 +74,8 @@ def support(
     n: int = typer.Option(20_000, "--n", min=1, help="Support pairs (caption query + image target per item)."),
     out: Path = typer.Option(..., "--out", help="Folder to write."),
     force: bool = typer.Option(False, "--force", help="Overwrite a non-empty folder."),
-    modality: QueryModality = typer.Option(
-        QueryModality.text, help="Query modality: text (caption -> image) or image (image -> caption)."
+    modality: Modality = typer.Option(
+        Modality.text, help="Query modality: text (caption -> image) or image (image -> caption)."
     ),
 ) -> None:
     """A support set for `nobackfill fit`, from items disjoint from every gallery."""
@@ -96,8 +90,8 @@ def test(
     gallery_size: int | None = typer.Option(None, "--gallery-size", min=1, help="Targets: items 0..G-1 (default N)."),
     seed: int = typer.Option(0, "--seed", help="Which gallery items are queried."),
     force: bool = typer.Option(False, "--force", help="Overwrite a non-empty folder."),
-    modality: QueryModality = typer.Option(
-        QueryModality.text, help="Query modality: text (caption -> image) or image (image -> caption)."
+    modality: Modality = typer.Option(
+        Modality.text, help="Query modality: text (caption -> image) or image (image -> caption)."
     ),
 ) -> None:
     """A test set for `nobackfill eval`: captions of gallery items against the gallery's image views."""

@@ -35,9 +35,10 @@ from service.compat.heads import transform_in_chunks
 from service.compat.io import Split
 from service.compat.metrics import KS, flip_rates, is_compatible, ranks, recall_at_k, relevance
 from service.compat.procrustes import normalize_rows
-from service.compat.profile import CLASS_HEADS, CompatProfile
+from service.compat.profile import CompatProfile
 from service.compat.selection import angle_stats
 from service.errors import InputError
+from service.vocabulary import HeadFamily, Mode
 
 P_WORSE = 0.025
 TOP = 10
@@ -53,7 +54,7 @@ def _queries(profile: CompatProfile, mode: str, old: F32, new: F32, modality: st
 def _served_on(profile: CompatProfile, old: F32, new: F32, modality: str) -> tuple[F32, dict[str, float] | None]:
     """The profile's head queries, and the angle statistics between u and the mapped v (degrees) when it blends."""
     served = transform_in_chunks(profile, profile.head, old, new, modality)
-    mode = next((m for m in ("slerp", "adapter+slerp") if m in profile.modes()), None)
+    mode = next((m for m in (Mode.slerp, Mode.adapter_slerp) if m in profile.modes()), None)
     if mode is None:
         return served.queries.astype(np.float32), None
     blended = served if mode == profile.head else transform_in_chunks(profile, mode, old, new, modality)
@@ -109,7 +110,7 @@ def compare(
     traffic: (old, new) query rows of exported traffic, for the shadow agreement.
     """
     for name, p in (("current", current), ("candidate", candidate)):
-        if p.head in CLASS_HEADS:
+        if p.family is HeadFamily.classes:
             raise InputError(f"the {name} profile is {p.head}: compare scores Procrustes and adapter heads")
     mismatch = _same_models(current, candidate)
     modality = _modality(current, modality)

@@ -29,9 +29,10 @@ from service.compat.heads import transform_in_chunks
 from service.compat.io import Split
 from service.compat.metrics import KS, flip_rates, is_compatible, ranks, recall_at_k, relevance
 from service.compat.procrustes import normalize_rows
-from service.compat.profile import ADAPTER_HEADS, CLASS_HEADS, CompatProfile
+from service.compat.profile import CompatProfile
 from service.compat.selection import ALPHA_GRID, slerp_lambda
 from service.errors import InputError
+from service.vocabulary import HeadFamily, Mode
 
 COLUMNS = ("method", "alpha", "recall@1", "recall@5", "recall@10", "compatible", "pfr", "nfr")
 
@@ -82,7 +83,7 @@ def evaluate(profile: CompatProfile, split: Split, modality: str) -> list[dict[s
             f"{split.path}: dims old {split.old_dim} / new {split.new_dim} do not match the profile's "
             f"{profile.old_dim} / {profile.new_dim}"
         )
-    if profile.head in CLASS_HEADS:
+    if profile.family is HeadFamily.classes:
         return _evaluate_classes(profile, split)
     targets = normalize_rows(split.old_target)
     rel = relevance(split.query_ids, split.target_ids)
@@ -96,18 +97,18 @@ def evaluate(profile: CompatProfile, split: Split, modality: str) -> list[dict[s
     if split.new_target is not None:
         new_rank = ranks(normalize_rows(split.new_query), normalize_rows(split.new_target), rel)
         rows.append(_row("new", None, new_rank, old_rank, reference=True))
-    if profile.head in ADAPTER_HEADS:
+    if profile.family is HeadFamily.adapter:
         for mode in profile.modes():
-            if mode != "old":
+            if mode != Mode.old:
                 used, rank = run(mode)
                 rows.append(_row(mode, used, rank, old_rank))
         return rows
     for method, mode, alpha in (
-        ("aligned", "aligned", None),
-        ("midpoint", "nlerp", 0.5),
-        ("slerp", "slerp", None),
-        ("nlerp", "nlerp", None),
-        ("adaptive", "adaptive", None),
+        ("aligned", Mode.aligned, None),
+        ("midpoint", Mode.nlerp, 0.5),
+        ("slerp", Mode.slerp, None),
+        ("nlerp", Mode.nlerp, None),
+        ("adaptive", Mode.adaptive, None),
     ):
         used, rank = run(mode, alpha)
         rows.append(_row(method, used, rank, old_rank))

@@ -29,9 +29,10 @@ import numpy.typing as npt
 
 from service.compat import procrustes_blend, psp
 from service.compat.interpolation import adaptive_alpha, geometry, slerp_on
-from service.compat.profile import ADAPTER_HEADS, ALPHA_MODES, CLASS_HEADS, CompatProfile
+from service.compat.profile import CompatProfile
 from service.compat.rows import normalize_rows
 from service.errors import InputError, UnsupportedMode
+from service.vocabulary import ALPHA_MODES, HeadFamily, Mode
 
 Array = npt.NDArray[np.float32]
 # transform_in_chunks' rows per call: the blends' float64 temporaries stay ~100 MB at d = 768.
@@ -99,15 +100,15 @@ def transform(
             raise InputError(f"an explicit alpha applies to {', '.join(ALPHA_MODES)}, not to mode {mode!r}")
         if not (math.isfinite(alpha) and 0.0 <= alpha <= 1.0):
             raise InputError(f"alpha must be within [0, 1], got {alpha}")
-    old_free = mode in ("aligned", "adapter", *CLASS_HEADS)
-    u_raw = _check_rows(old, profile.old_dim, "old", needed=not old_free, mode=mode)
-    v_raw = _check_rows(new, profile.new_dim, "new", needed=mode != "old", mode=mode)
+    reads = Mode(mode)
+    u_raw = _check_rows(old, profile.old_dim, "old", needed=reads.reads_old, mode=mode)
+    v_raw = _check_rows(new, profile.new_dim, "new", needed=reads.reads_new, mode=mode)
     if u_raw is not None and v_raw is not None and len(u_raw) != len(v_raw):
         raise InputError(f"{len(u_raw)} old rows but {len(v_raw)} new rows")
-    if profile.head in CLASS_HEADS:
+    if profile.family is HeadFamily.classes:
         assert v_raw is not None
         return _class_head(profile, mode, v_raw)
-    if profile.head in ADAPTER_HEADS:
+    if profile.family is HeadFamily.adapter:
         return _adapter_head(profile, mode, u_raw, v_raw, modality, alpha)
     return _rotation_head(profile, mode, u_raw, v_raw, modality, alpha)
 

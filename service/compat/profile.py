@@ -64,6 +64,7 @@ from service.atomic_dir import replace_dir
 from service.compat.psp import correction_matrix
 from service.errors import ArtifactError
 from service.manifest import MANIFEST_NAME, sha256_of, verify_manifest, write_manifest
+from service.vocabulary import ADAPTER_HEADS, ALPHA_MODES, PROCRUSTES_HEADS, Head, HeadFamily, Mode
 
 if TYPE_CHECKING:
     from service.compat.adapter import TrainedAdapter
@@ -73,21 +74,6 @@ READABLE_VERSIONS = (1, 2, 3)
 MANIFEST_SINCE = 3  # from this format on, a folder without manifest.json is refused
 PROFILE_JSON = "profile.json"
 TENSORS = "tensors.safetensors"
-PROCRUSTES_HEADS = ("slerp", "nlerp", "adaptive", "aligned")
-ADAPTER_HEADS = ("adapter", "adapter+slerp")
-CLASS_HEADS = ("psp", "lsp")
-HEADS = (*PROCRUSTES_HEADS, *ADAPTER_HEADS, *CLASS_HEADS)
-BLEND_MODES = ("slerp", "nlerp", "adaptive")
-PROCRUSTES_MODES = ("old", "aligned", *BLEND_MODES)
-# Modes that take an explicit alpha (a weight on the mapped new query).
-ALPHA_MODES = (*BLEND_MODES, "adapter+slerp")
-HEAD_MODES: dict[str, tuple[str, ...]] = {
-    **dict.fromkeys(PROCRUSTES_HEADS, PROCRUSTES_MODES),
-    "adapter": ("old", "adapter"),
-    "adapter+slerp": ("old", "adapter", "adapter+slerp"),
-    "psp": ("psp",),
-    "lsp": ("lsp",),
-}
 # Same string as service.compat.adapter.TENSOR_PREFIX, repeated so this module does not import torch.
 ADAPTER_PREFIX = "adapter."
 _ORTHO_TOL = 1e-3
@@ -182,9 +168,14 @@ class CompatProfile:
         """Short id derived from the sha256 of the metadata (which includes the tensors' sha256)."""
         return hashlib.sha256(_canonical(self.metadata()).encode()).hexdigest()[:12]
 
-    def modes(self) -> list[str]:
+    @property
+    def family(self) -> HeadFamily:
+        """What the profile stores to serve its head (R, an adapter, or class counts)."""
+        return Head(self.head).family
+
+    def modes(self) -> list[Mode]:
         """Modes this profile can serve (see the module docstring)."""
-        return list(HEAD_MODES.get(self.head, ()))
+        return list(Head(self.head).modes) if Head.has(self.head) else []
 
     def metadata(self) -> dict[str, Any]:
         """The content of profile.json."""
@@ -216,8 +207,8 @@ def _canonical(obj: Any) -> str:
 
 def _validate(profile: CompatProfile, meta_where: Path | str, tensors_where: Path | str) -> None:
     """Shapes, finiteness and ranges of a profile; one ArtifactError line naming profile.json or the tensors file."""
-    if profile.head not in HEADS:
-        raise ArtifactError(f"{meta_where}: unknown head {profile.head!r} (known: {', '.join(HEADS)})")
+    if not Head.has(profile.head):
+        raise ArtifactError(f"{meta_where}: unknown head {profile.head!r} (known: {', '.join(Head)})")
     if profile.old_dim < 1 or profile.new_dim < 1:
         raise ArtifactError(f"{meta_where}: dims must be positive, got {profile.old_dim} / {profile.new_dim}")
     for name, t in profile.tensors.items():
@@ -247,11 +238,11 @@ def _validate_params(profile: CompatProfile, where: Path | str) -> None:
             bad = [k for k, v in p.items() if not math.isfinite(float(v))]
             if bad:
                 raise ArtifactError(f"{where}: {what}: {', '.join(bad)} not finite")
-            if mode in ("slerp", "nlerp", "adapter+slerp"):
+            if mode in (Mode.slerp, Mode.nlerp, Mode.adapter_slerp):
                 if "alpha" not in p:
                     raise ArtifactError(f"{where}: {what} lack alpha")
                 unit_interval(float(p["alpha"]), f"the {mode} alpha for modality {modality!r}")
-            elif mode == "adaptive":
+            elif mode == Mode.adaptive:
                 missing = [k for k in ("a", "b", "c_ref") if k not in p]
                 if missing:
                     raise ArtifactError(f"{where}: {what} lack {', '.join(missing)}")

@@ -47,7 +47,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Generic, Literal, Protocol, TypeVar
+from typing import Any, Generic, Protocol, TypeVar
 
 import numpy as np
 import numpy.typing as npt
@@ -63,10 +63,9 @@ from service.compat.procrustes import (
     thin_rotation,
 )
 from service.errors import InputError
+from service.vocabulary import Criterion, EvalGallery, FitOn
 
-FitOn = Literal["query", "target", "both"]
-EvalGallery = Literal["fold", "support"]
-DEFAULT_EVAL_GALLERY: EvalGallery = "support"
+DEFAULT_EVAL_GALLERY = EvalGallery.support
 F32 = npt.NDArray[np.float32]
 F64 = npt.NDArray[np.float64]
 I64 = npt.NDArray[np.int64]
@@ -267,22 +266,22 @@ def _adaptive_weights(a: float, b: float, c_ref: float) -> Callable[[_Held], F64
 
 # criterion -> (score read off a curve row, its standard error, "centre of the one-SE set" or arg-max)
 _CRITERIA: dict[str, tuple[str, str, bool]] = {
-    "r1": ("recall@1", "se@1", False),
-    "mean": ("mean@1-10", "se_mean@1-10", False),
-    "mrr": ("mrr@10", "se_mrr@10", False),
-    "r1-1se": ("recall@1", "se@1", True),
-    "mean-1se": ("mean@1-10", "se_mean@1-10", True),
-    "mrr-1se": ("mrr@10", "se_mrr@10", True),
+    Criterion.r1: ("recall@1", "se@1", False),
+    Criterion.mean: ("mean@1-10", "se_mean@1-10", False),
+    Criterion.mrr: ("mrr@10", "se_mrr@10", False),
+    Criterion.r1_1se: ("recall@1", "se@1", True),
+    Criterion.mean_1se: ("mean@1-10", "se_mean@1-10", True),
+    Criterion.mrr_1se: ("mrr@10", "se_mrr@10", True),
 }
-CRITERIA: tuple[str, ...] = tuple(_CRITERIA)
-DEFAULT_CRITERION = "mrr-1se"
-CRITERION_TEXT = {
-    "r1": "arg-max of R@1",
-    "mean": "arg-max of the mean of R@1, R@5, R@10",
-    "mrr": "arg-max of MRR@10",
-    "r1-1se": "centre of the weights within one standard error of the best R@1",
-    "mean-1se": "centre of the weights within one standard error of the best mean of R@1/5/10",
-    "mrr-1se": "centre of the weights within one standard error of the best MRR@10",
+CRITERIA: tuple[str, ...] = tuple(c.value for c in Criterion)
+DEFAULT_CRITERION = Criterion.mrr_1se
+CRITERION_TEXT: dict[str, str] = {
+    Criterion.r1: "arg-max of R@1",
+    Criterion.mean: "arg-max of the mean of R@1, R@5, R@10",
+    Criterion.mrr: "arg-max of MRR@10",
+    Criterion.r1_1se: "centre of the weights within one standard error of the best R@1",
+    Criterion.mean_1se: "centre of the weights within one standard error of the best mean of R@1/5/10",
+    Criterion.mrr_1se: "centre of the weights within one standard error of the best MRR@10",
 }
 
 
@@ -368,7 +367,7 @@ def _report_basics(
     folds: int,
     same_set: bool,
     criterion: str,
-    eval_gallery: EvalGallery = "fold",
+    eval_gallery: EvalGallery = EvalGallery.fold,
 ) -> dict[str, Any]:
     """The fit-report fields every head shares: how alpha was selected and on which rows."""
     gallery = (
@@ -423,7 +422,7 @@ class MultiFit:
 def fit(
     split: Split,
     *,
-    fit_on: FitOn = "both",
+    fit_on: FitOn = FitOn.both,
     folds: int = 5,
     same_set: bool = False,
     max_eval_queries: int = MAX_EVAL_QUERIES,
@@ -452,7 +451,7 @@ def fit(
 def fit_modalities(
     splits: Mapping[str, Split],
     *,
-    fit_on: FitOn = "both",
+    fit_on: FitOn = FitOn.both,
     folds: int = 5,
     same_set: bool = False,
     max_eval_queries: int = MAX_EVAL_QUERIES,
@@ -675,7 +674,7 @@ def fit_mapped_slerp(
     fit_map: Callable[..., M],
     *,
     mode: str = "adapter+slerp",
-    fit_on: FitOn = "both",
+    fit_on: FitOn = FitOn.both,
     folds: int = 5,
     same_set: bool = False,
     max_eval_queries: int = MAX_EVAL_QUERIES,

@@ -11,15 +11,15 @@ Optional, read through `describe` and `fingerprint_of` when present:
 
 from __future__ import annotations
 
-from typing import Any, Literal, Protocol, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 import numpy.typing as npt
 
 from service.cpu_limit import usable_cpus
+from service.vocabulary import Modality, Role
 
-Modality = Literal["text", "image"]
-MODALITIES: tuple[Modality, ...] = ("text", "image")
+MODALITIES: tuple[Modality, ...] = tuple(Modality)
 Embeddings = npt.NDArray[np.float32]
 
 
@@ -31,7 +31,7 @@ class Encoder(Protocol):
     model_id: str
     device: str
 
-    def encode(self, batch: list[str], modality: Modality = "text") -> Embeddings:
+    def encode(self, batch: list[str], modality: Modality = Modality.text) -> Embeddings:
         """Return float32 [len(batch), dim] with unit-norm rows."""
         ...
 
@@ -65,7 +65,7 @@ def describe(encoder: Encoder) -> dict[str, Any]:
     }
 
 
-def resolve_device(requested: str, role: Literal["old", "new"]) -> str:
+def resolve_device(requested: str, role: Role) -> str:
     """Turn `auto` into a device: old on cuda:0, new on cuda:1 with two GPUs; one GPU shared; else CPU."""
     if requested != "auto":
         return requested
@@ -76,7 +76,7 @@ def resolve_device(requested: str, role: Literal["old", "new"]) -> str:
         return "cpu"
     if count == 1:
         return "cuda:0"
-    return "cuda:0" if role == "old" else "cuda:1"
+    return "cuda:0" if role == Role.old else "cuda:1"
 
 
 def cpu_threads(requested: int | None) -> int:

@@ -51,8 +51,9 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from service import metrics
-from service.encoders.base import Embeddings, Encoder, Modality
+from service.encoders.base import Embeddings, Encoder
 from service.errors import EncoderFailed, EncoderTimeout, NobackfillError, NotReady
+from service.vocabulary import Modality
 
 log = logging.getLogger(__name__)
 
@@ -172,11 +173,11 @@ class MicroBatcher:
             # shutdown(wait=True) blocks until a running batch ends: do that wait off the loop.
             await asyncio.to_thread(executor.shutdown, True)
 
-    async def encode(self, items: list[str], modality: Modality = "text") -> Embeddings:
+    async def encode(self, items: list[str], modality: Modality = Modality.text) -> Embeddings:
         """Float32 [len(items), dim] rows, encoded in whatever batches the traffic allows."""
         return await self.submit(items, modality)
 
-    def submit(self, items: list[str], modality: Modality = "text") -> Awaitable[Embeddings]:
+    def submit(self, items: list[str], modality: Modality = Modality.text) -> Awaitable[Embeddings]:
         """Enqueue the items now and return an awaitable of their rows (`encode` without the first await).
 
         A caller with other work to do meanwhile (a cache lookup) starts the encoder before it,

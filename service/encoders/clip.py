@@ -16,7 +16,7 @@ import io
 from pathlib import Path
 from typing import Any
 
-from service.encoders.base import Embeddings, Modality
+from service.encoders.base import Embeddings
 from service.encoders.identity import weights_fingerprint
 from service.encoders.torch_runtime import (
     TorchRuntime,
@@ -29,6 +29,7 @@ from service.encoders.torch_runtime import (
 from service.errors import InputError
 from service.images import rgb_image
 from service.settings import EncoderSettings
+from service.vocabulary import Modality
 
 BACKEND = "clip"
 WARMUP_TEXT = "a photo"
@@ -38,7 +39,7 @@ _WARMUP_IMAGE_SIDE = 8
 class ClipEncoder:
     """A CLIP-family model from a local folder behind the Encoder protocol (text and image)."""
 
-    modalities: tuple[Modality, ...] = ("text", "image")
+    modalities: tuple[Modality, ...] = (Modality.text, Modality.image)
 
     def __init__(
         self,
@@ -64,7 +65,7 @@ class ClipEncoder:
         limit = getattr(tokenizer, "model_max_length", positions)
         self.max_text_tokens = min(positions, int(limit)) if isinstance(limit, int) else positions
 
-    def encode(self, batch: list[str], modality: Modality = "text") -> Embeddings:
+    def encode(self, batch: list[str], modality: Modality = Modality.text) -> Embeddings:
         """Unit float32 [len(batch), dim] rows of texts, or of base64 image files."""
         if modality == "text":
             return self._text(batch)
@@ -90,10 +91,10 @@ class ClipEncoder:
         """Encode one text and one small image, so both towers and both preprocessors are initialised."""
         from PIL import Image
 
-        self.encode([WARMUP_TEXT], "text")
+        self.encode([WARMUP_TEXT], Modality.text)
         buffer = io.BytesIO()
         Image.new("RGB", (_WARMUP_IMAGE_SIDE, _WARMUP_IMAGE_SIDE), (127, 127, 127)).save(buffer, format="PNG")
-        self.encode([base64.b64encode(buffer.getvalue()).decode()], "image")
+        self.encode([base64.b64encode(buffer.getvalue()).decode()], Modality.image)
 
     def details(self) -> dict[str, Any]:
         """Backend, folder, text truncation length, dtype, threads."""

@@ -8,9 +8,10 @@ that tells the caller what to send instead.
 
 from __future__ import annotations
 
-from service.encoders.base import Embeddings, Modality
+from service.encoders.base import Embeddings
 from service.errors import InputError
 from service.settings import EncoderSettings
+from service.vocabulary import Modality
 
 BACKEND = "external"
 
@@ -25,7 +26,7 @@ class ExternalEncoder:
         self.model_id = model_id
         self.device = device
 
-    def encode(self, batch: list[str], modality: Modality = "text") -> Embeddings:
+    def encode(self, batch: list[str], modality: Modality = Modality.text) -> Embeddings:
         """Always refuses: there is no model behind this backend."""
         raise InputError(
             f"this deployment takes precomputed embeddings; send old_embedding/new_embedding "

@@ -43,13 +43,13 @@ from typing import Any, Literal
 import numpy as np
 
 from service import metrics
-from service.encoders.base import Embeddings, Encoder, Modality, describe
+from service.encoders.base import Embeddings, Encoder, describe
 from service.errors import InputError
 from service.settings import EncoderSettings
+from service.vocabulary import Modality, Role
 
 log = logging.getLogger(__name__)
 
-Role = Literal["old", "new"]
 # How often a parent waiting for a loading child checks that the child is still alive.
 POLL_S = 0.5
 STOP_GRACE_S = 5.0
@@ -142,7 +142,7 @@ class ProcessEncoder:
 
     # -- calls -----------------------------------------------------------------------------------
 
-    def encode(self, batch: list[str], modality: Modality = "text") -> Embeddings:
+    def encode(self, batch: list[str], modality: Modality = Modality.text) -> Embeddings:
         """The child's rows for `batch` (its exception re-raised here; EncoderProcessExited if it died)."""
         rows: Embeddings = self._call((batch, modality))
         return rows

@@ -19,14 +19,13 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from importlib.metadata import entry_points
-from typing import Literal
 
 from service.encoders.base import Encoder, fingerprint_of, resolve_device
 from service.encoders.identity import ModelIdentity
 from service.errors import InputError
 from service.settings import EncoderSettings
+from service.vocabulary import Role
 
-Role = Literal["old", "new"]
 BackendFactory = Callable[[EncoderSettings, str], Encoder]
 ENTRY_POINT_GROUP = "nobackfill.encoders"
 
@@ -91,8 +90,8 @@ def _clip(settings: EncoderSettings, device: str) -> Encoder:
     return clip_encoder(settings, device)
 
 
-register_backend("synthetic-old", _synthetic("old"))
-register_backend("synthetic-new", _synthetic("new"))
+register_backend("synthetic-old", _synthetic(Role.old))
+register_backend("synthetic-new", _synthetic(Role.new))
 register_backend("external", _external)
 register_backend("sentence-transformers", _sentence_transformers)
 register_backend("clip", _clip)

@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from service.encoders.base import Embeddings, Modality
+from service.encoders.base import Embeddings
 from service.encoders.identity import weights_fingerprint
 from service.encoders.torch_runtime import (
     TorchRuntime,
@@ -36,6 +36,7 @@ from service.encoders.torch_runtime import (
 )
 from service.errors import InputError
 from service.settings import EncoderSettings
+from service.vocabulary import Modality
 
 if TYPE_CHECKING:
     import torch
@@ -47,7 +48,7 @@ WARMUP_TEXT = "warm up the encoder"
 class SentenceTransformerEncoder:
     """A SentenceTransformer from a local folder behind the Encoder protocol (text only)."""
 
-    modalities: tuple[Modality, ...] = ("text",)
+    modalities: tuple[Modality, ...] = (Modality.text,)
 
     def __init__(
         self,
@@ -80,7 +81,7 @@ class SentenceTransformerEncoder:
         self.forward_batch_size = forward_batch_size if pads else 0
         self.direct = runs_directly(model)  # preprocess + forward here, not encode() (see the module docstring)
 
-    def encode(self, batch: list[str], modality: Modality = "text") -> Embeddings:
+    def encode(self, batch: list[str], modality: Modality = Modality.text) -> Embeddings:
         """Unit float32 [len(batch), dim] rows; InputError for any modality but text."""
         if modality != "text":
             raise InputError(f"model {self.model_id!r} ({BACKEND}) encodes text only, not {modality}")

@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import time
 
-from service.encoders.base import Embeddings, Encoder, Modality, fingerprint_of, modalities_of
+from service.encoders.base import Embeddings, Encoder, fingerprint_of, modalities_of
+from service.vocabulary import Modality
 
 
 class SimulatedCostEncoder:
@@ -24,7 +25,7 @@ class SimulatedCostEncoder:
         self.fingerprint = fingerprint_of(inner)
         self.modalities = modalities_of(inner)
 
-    def encode(self, batch: list[str], modality: Modality = "text") -> Embeddings:
+    def encode(self, batch: list[str], modality: Modality = Modality.text) -> Embeddings:
         """Encode with the inner encoder, padded to the simulated cost."""
         start = time.perf_counter()
         rows = self.inner.encode(batch, modality)

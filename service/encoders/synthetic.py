@@ -18,15 +18,15 @@ import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import lru_cache
-from typing import Final, Literal
+from typing import Final
 
 import numpy as np
 import numpy.typing as npt
 import torch
 
-from service.encoders.base import Embeddings, Modality
+from service.encoders.base import Embeddings
+from service.vocabulary import Modality, Role
 
-Role = Literal["old", "new"]
 IntArray = npt.NDArray[np.int64]
 
 IMAGE_VIEW: Final = -1
@@ -172,7 +172,7 @@ def world_for(params: WorldParams = DEFAULT_WORLD) -> SyntheticWorld:
 # --------------------------------------------------------------------------- parsing inputs
 
 
-def parse_inputs(batch: Sequence[str], modality: Modality = "text") -> tuple[IntArray, IntArray]:
+def parse_inputs(batch: Sequence[str], modality: Modality = Modality.text) -> tuple[IntArray, IntArray]:
     """Map input strings to (item ids, view codes); anything unparseable hashes to its own item.
 
     The view comes from the string; without one, `text` means caption-0 and `image` the image view.
@@ -312,7 +312,7 @@ class SyntheticEncoder:
             self._map(self.model_inputs(ids[start:stop], view_arr[start:stop]), out[start:stop])
         return out
 
-    def encode(self, batch: list[str], modality: Modality = "text") -> Embeddings:
+    def encode(self, batch: list[str], modality: Modality = Modality.text) -> Embeddings:
         """Return float32 [len(batch), dim] unit rows for inputs naming (item, view)."""
         items, views = parse_inputs(batch, modality)
         return self.encode_items(items, views)
