@@ -37,7 +37,8 @@ from service.encoders.batcher import MicroBatcher
 from service.encoders.process import close_all, isolation_of, start_processes
 from service.encoders.registry import create_encoder, identity_of
 from service.errors import ArtifactError, InputError, NobackfillError, Overloaded, TooManyQueries, UnsupportedMode
-from service.index.base import GalleryBackend, check_nprobe, open_gallery
+from service.index.base import GalleryBackend, check_nprobe
+from service.index.factory import create_gallery
 from service.settings import EncoderSettings, Settings
 from service.traffic.sampler import TrafficSampler, create_sampler
 from service.vocabulary import Modality, Mode, Role
@@ -235,7 +236,7 @@ class Pipeline:
         every_replica = [*old_replicas, *new_replicas]
         try:
             gallery, profile, _, _ = await asyncio.gather(
-                asyncio.to_thread(open_gallery, settings.index),  # FAISS folder or Milvus collection (index/base.py)
+                asyncio.to_thread(create_gallery, settings.index),  # a FAISS folder or a Milvus collection
                 asyncio.to_thread(load_profile, settings.compat.profile_dir),
                 asyncio.to_thread(_warm, old_replicas),
                 asyncio.to_thread(_warm, new_replicas),

@@ -1,10 +1,11 @@
-"""The gallery interface the pipeline searches, and the factory that opens the configured backend.
+"""The gallery interface the pipeline searches, and the checks every backend shares.
 
     GalleryBackend (protocol)
     ├── Gallery        index/gallery.py  a local FAISS IVF-PQ folder, memory-mapped read-only (the default)
     └── MilvusGallery  index/milvus.py   an existing Milvus collection, searched read-only
 
-Both rank unit old-model vectors by inner product, so the compat path in front of them is the same.
+`index/factory.py` opens the configured one.  Both rank unit old-model vectors by inner product, so the
+compat path in front of them is the same.
 Neither ever writes: a FAISS gallery is opened read-only, a Milvus collection is only described and
 searched (its load state and index are the operator's, `nobackfill gallery build` sets them up).
 `max_nprobe` is the request's nprobe bound: the IVF nlist where the index has lists, None where
@@ -90,14 +91,3 @@ def setting_line(index: IndexSettings) -> str:
             f"NOBACKFILL_INDEX__MILVUS_COLLECTION={index.milvus_collection}"
         )
     return f"NOBACKFILL_INDEX__GALLERY_DIR={index.gallery_dir}"
-
-
-def open_gallery(index: IndexSettings) -> GalleryBackend:
-    """Open the configured backend read-only; ArtifactError / GalleryUnavailable (one line) when it cannot serve."""
-    if index.backend == "milvus":
-        from service.index.milvus import MilvusGallery  # optional extra: nobackfill[milvus]
-
-        return MilvusGallery.open(index)
-    from service.index.gallery import Gallery
-
-    return Gallery.load(index.gallery_dir, coarse=index.coarse, graph_ef=index.coarse_ef)
