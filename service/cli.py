@@ -6,16 +6,16 @@ import sys
 
 import typer
 
-from service.commands import compat, encode, gallery, realworld, serve, synth, traffic
+from service.commands import encode, fit, gallery, profile, realworld, serve, synth, traffic
 from service.errors import NobackfillError
 
 app = typer.Typer(no_args_is_help=True, pretty_exceptions_enable=False, add_completion=False)
 profile_app = typer.Typer(no_args_is_help=True, help="Inspect compatibility profiles.")
 
-app.command("fit")(compat.fit)
-app.command("eval")(compat.evaluate)
-profile_app.command("show")(compat.profile_show)
-profile_app.command("compare")(traffic.profile_compare)
+app.command("fit")(fit.fit)
+app.command("eval")(fit.evaluate)
+profile_app.command("show")(profile.profile_show)
+profile_app.command("compare")(profile.profile_compare)
 app.add_typer(profile_app, name="profile")
 app.add_typer(gallery.app, name="gallery", help="Build, inspect and evaluate frozen IVF-PQ galleries.")
 app.add_typer(synth.app, name="synth", help="Write support / test sets from the synthetic upgrade world.")

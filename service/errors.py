@@ -5,16 +5,20 @@ NobackfillError            500 internal           also what any foreign exceptio
 │   ├── InvalidRequest     422 invalid_request    the body does not match the request schema
 │   ├── TooManyQueries     413 too_many_queries
 │   ├── BodyTooLarge       413 body_too_large     the request body is over api.max_body_bytes
-│   └── UnsupportedMode    400 unsupported_mode   unknown mode, or one the profile lacks
+│   ├── UnsupportedMode    400 unsupported_mode   unknown mode, or one the profile lacks
+│   └── SettingsError      400 bad_settings       a setting (env var, YAML key) that can never work: at startup
 ├── ArtifactError          400 bad_artifact       profile / gallery missing, corrupt or mismatched
 ├── Unauthorized           401 unauthorized
 ├── NotFound               404 not_found          no such route (the admin routes too, while they are off)
 ├── MethodNotAllowed       405 method_not_allowed carries the allowed methods
-├── EncoderFailed          500 encoder_failed     a model raised or returned unusable rows
-├── EncoderTimeout         504 encoder_timeout    a model did not answer within its timeout_s
-├── NotReady               503 not_ready
-├── GalleryUnavailable     503 gallery_unavailable  a remote gallery (Milvus) did not answer within its deadline
-└── Overloaded             503 overloaded         carries retry_after_s
+├── EncoderError           500 encoder_failed     an encoder gave no usable rows
+│   ├── EncoderFailed      500 encoder_failed     a model raised or returned unusable rows
+│   ├── EncoderTimeout     504 encoder_timeout    a model did not answer within its timeout_s
+│   └── EncoderProcessExited 500 encoder_failed   an encoder's child died mid-call (answered as EncoderFailed)
+└── Unavailable            503 unavailable        not now, later it may: a refusal, not a bug (logged in one line)
+    ├── NotReady           503 not_ready
+    ├── GalleryUnavailable 503 gallery_unavailable  a remote gallery (Milvus) did not answer within its deadline
+    └── Overloaded         503 overloaded         carries retry_after_s
 
 `translate` is the one place where a foreign exception (torch, faiss, redis, OSError, anything
 unexpected) enters the tree: it becomes a bare NobackfillError whose message says nothing about
@@ -74,6 +78,12 @@ class UnsupportedMode(InputError):
     code = "unsupported_mode"
 
 
+class SettingsError(InputError):
+    """A setting that can never work (a typo, a missing partner, a contradiction), refused when Settings() is built."""
+
+    code = "bad_settings"
+
+
 class ArtifactError(NobackfillError):
     """A profile or gallery on disk is missing, corrupt, or does not match its partners."""
 
@@ -106,35 +116,56 @@ class MethodNotAllowed(NobackfillError):
         self.allowed = allowed
 
 
-class EncoderFailed(NobackfillError):
+class EncoderError(NobackfillError):
+    """An encoder gave no usable rows for a call: the family of every encoder failure."""
+
+    status = 500
+    code = "encoder_failed"
+
+
+class EncoderFailed(EncoderError):
     """An encoder raised, or returned rows that are not finite or not of its width (zero rows are data)."""
 
     status = 500
     code = "encoder_failed"
 
 
-class EncoderTimeout(NobackfillError):
+class EncoderTimeout(EncoderError):
     """An encoder did not answer (or had no free replica) within its timeout_s."""
 
     status = 504
     code = "encoder_timeout"
 
 
-class NotReady(NobackfillError):
+class EncoderProcessExited(EncoderError):
+    """An encoder's child process died during a call (its exit code says how); a new one has been started."""
+
+    status = 500
+    code = "encoder_failed"
+
+
+class Unavailable(NobackfillError):
+    """Not now: the service (or a part it needs) cannot answer at the moment; a retry later may succeed."""
+
+    status = 503
+    code = "unavailable"
+
+
+class NotReady(Unavailable):
     """The service is still loading encoders or the gallery."""
 
     status = 503
     code = "not_ready"
 
 
-class GalleryUnavailable(NobackfillError):
+class GalleryUnavailable(Unavailable):
     """A remote gallery (a Milvus collection) is unreachable or did not answer within index.milvus_timeout_s."""
 
     status = 503
     code = "gallery_unavailable"
 
 
-class Overloaded(NobackfillError):
+class Overloaded(Unavailable):
     """The request queue is full; the client should retry later."""
 
     status = 503

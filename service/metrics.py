@@ -9,12 +9,14 @@ Names carry the `nobackfill_` prefix and their unit; every label has a small, fi
     nobackfill_request_duration_seconds{route}            histogram  whole request, middleware to response
     nobackfill_stage_duration_seconds{stage}              histogram  cache_lookup|old_encode|new_encode|
                                                                      queue_wait|transform|search
-    nobackfill_requests_in_flight                         gauge
+    nobackfill_requests_in_flight                         gauge      queries being served (a request of N counts N)
     nobackfill_encoder_batch_size{encoder}                histogram  encoder = old|new (the batcher's name)
     nobackfill_encoder_batch_duration_seconds{encoder}    histogram  one encoder.encode call on its worker
     nobackfill_encoder_queue_depth{encoder}               gauge      items waiting for a batch
     nobackfill_encoder_failures_total{encoder, reason}    counter    raised|bad_rows|timeout, per failed batch
                                                                      (timeout: also per entry left waiting)
+    nobackfill_encoder_process_restarts_total{encoder}    counter    an encoder's child process died or was killed
+                                                                     and was replaced (isolation: process)
     nobackfill_batcher_restarts_total{encoder}            counter    the collector task died and was restarted
     nobackfill_cache_events_total{event}                  counter    hit|miss|corrupt|error|write_error|skipped
     nobackfill_cache_breaker_open                         gauge      1 while Redis is skipped (cooling down)
@@ -26,6 +28,11 @@ Names carry the `nobackfill_` prefix and their unit; every label has a small, fi
     nobackfill_traffic_pairs_total{event}                 counter    sampled|stored|dropped|failed (old, new) query
                                                                      pairs of the traffic sampler (service/traffic/)
     nobackfill_gallery_failures_total{call}               counter    search|probe calls to a Milvus gallery that failed
+    nobackfill_hits_total{event}                          counter    counted|dropped|failed returned ids of sampled
+                                                                     result lists (backfill --order hot reads them)
+    nobackfill_hybrid_hits_total{source}                  counter    old|segment: where hybrid results came from
+    nobackfill_backfill_coverage_ratio                    gauge      share of the gallery in the new-model segment
+    nobackfill_segment_shards{state}                      gauge      loaded|refused shards of the segment
     nobackfill_build_info / _profile_info / _gallery_info info
 
 Cache events: `hit` and `miss` count keys (a lookup that failed or was skipped returns misses, so
@@ -53,6 +60,8 @@ from prometheus_client import (
     generate_latest,
     multiprocess,
 )
+
+from service.vocabulary import Role
 
 MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"
 # Read once: prometheus-client picks file-backed values at import when this is set.
@@ -108,7 +117,7 @@ STAGE_DURATION = Histogram(
 )
 IN_FLIGHT = Gauge(
     "nobackfill_requests_in_flight",
-    "Queries being served right now.",
+    "Queries (not requests) being served right now: a request of N queries counts N, as api.max_in_flight does.",
     multiprocess_mode="livesum",
     registry=REGISTRY,
 )
@@ -133,6 +142,7 @@ QUEUE_DEPTH = Gauge(
     multiprocess_mode="livesum",
     registry=REGISTRY,
 )
+ENCODER_FAILURE_REASONS = ("raised", "bad_rows", "timeout")
 ENCODER_FAILURES = Counter(
     "nobackfill_encoder_failures_total",
     "Encoder batches that failed: the model raised, returned unusable rows, or timed out.",
@@ -199,6 +209,32 @@ GALLERY_FAILURES = Counter(
     ["call"],  # search (answered 503 gallery_unavailable) or probe (/readyz)
     registry=REGISTRY,
 )
+HIT_EVENTS = ("counted", "dropped", "failed")
+HITS = Counter(
+    "nobackfill_hits_total",
+    "Returned gallery ids of the sampled result lists: counted (stored), dropped (queue full), failed (store error).",
+    ["event"],
+    registry=REGISTRY,
+)
+HYBRID_HITS = Counter(
+    "nobackfill_hybrid_hits_total",
+    "Results returned by hybrid search, by where they came from: old (the frozen gallery) or segment.",
+    ["source"],
+    registry=REGISTRY,
+)
+BACKFILL_COVERAGE = Gauge(
+    "nobackfill_backfill_coverage_ratio",
+    "Share of the gallery's items in the new-model segment (0 without a segment).",
+    multiprocess_mode="max",
+    registry=REGISTRY,
+)
+SEGMENT_SHARDS = Gauge(
+    "nobackfill_segment_shards",
+    "Shards of the new-model segment: loaded (searched) or refused (damaged).",
+    ["state"],
+    multiprocess_mode="max",
+    registry=REGISTRY,
+)
 BUILD_INFO = Info("nobackfill_build", "Service version and build.", registry=INFO_REGISTRY)
 PROFILE_INFO = Info("nobackfill_profile", "The compat profile being served.", registry=INFO_REGISTRY)
 GALLERY_INFO = Info("nobackfill_gallery", "The frozen gallery being searched.", registry=INFO_REGISTRY)
@@ -212,6 +248,18 @@ for _event in TRAFFIC_EVENTS:
     TRAFFIC_PAIRS.labels(event=_event)
 for _call in ("search", "probe"):
     GALLERY_FAILURES.labels(call=_call)
+for _event in HIT_EVENTS:
+    HITS.labels(event=_event)
+for _source in ("old", "segment"):
+    HYBRID_HITS.labels(source=_source)
+for _state in ("loaded", "refused"):
+    SEGMENT_SHARDS.labels(state=_state)
+# The encoder alerts (deploy/prometheus/alerts.yml) take increase() of these: a series that first
+# appears at 1 shows no increase, so the first failure or restart would pass unseen.
+for _encoder in Role:
+    ENCODER_PROCESS_RESTARTS.labels(encoder=_encoder)
+    for _reason in ENCODER_FAILURE_REASONS:
+        ENCODER_FAILURES.labels(encoder=_encoder, reason=_reason)
 
 
 def cache_event(event: str, amount: int = 1) -> None:

@@ -2,28 +2,50 @@
 
 The YAML file is named by `NOBACKFILL_CONFIG_FILE`; env vars win over it, explicit kwargs win over both.
 Nothing else in the service reads the environment.
+
+What can never work is refused when Settings() is built, in one SettingsError line that names the
+variables, the value and what is expected (the CLI prints it and exits 2, before anything starts):
+a key no section has (env var or YAML), a NOBACKFILL_X__Y whose X is no section, a value of the wrong
+type, and settings that contradict each other (`_contradictions`).
 """
 
 from __future__ import annotations
 
+import difflib
 import os
+from collections.abc import Iterable
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
-from pydantic import BaseModel, Field, SecretStr
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, model_validator
+from pydantic_core import PydanticCustomError
 from pydantic_settings import (
     BaseSettings,
     PydanticBaseSettingsSource,
     SettingsConfigDict,
     YamlConfigSettingsSource,
 )
+from pydantic_settings import SettingsError as PydanticSettingsError
 
+from service.errors import SettingsError
 from service.vocabulary import Mode
 
 ARTIFACTS = Path("artifacts")
+ENV_PREFIX = "NOBACKFILL_"
+NESTED = "__"
+CONFIG_FILE_ENV = "NOBACKFILL_CONFIG_FILE"
+# A value quoted in a refusal is cut to this many characters (the line stays one readable line).
+_QUOTED_CHARS = 80
 
 
-class EncoderSettings(BaseModel):
+class Section(BaseModel):
+    """One section of the settings tree: a key it does not have is a typo, refused rather than ignored."""
+
+    model_config = ConfigDict(extra="forbid")
+
+
+class EncoderSettings(Section):
     """One encoder: which backend, where it runs, how it batches."""
 
     backend: str = "synthetic-old"
@@ -63,12 +85,15 @@ class EncoderSettings(BaseModel):
     # A batch with no answer after this long fails (504 encoder_timeout) and its replica is set
     # aside until the call returns; /readyz is 503 while every replica is stuck like that.
     timeout_s: float = Field(30.0, gt=0)
+    # `isolation: process`: a child that has not loaded and warmed its model after this long is
+    # killed and the start (or the restart) fails, rather than wait on a hung load forever.
+    load_timeout_s: float = Field(300.0, gt=0)
     # Simulated per-batch cost (base + per item), to give synthetic encoders a real model's latency.
     simulated_cost_ms: float = Field(0.0, ge=0)
     simulated_cost_per_item_ms: float = Field(0.0, ge=0)
 
 
-class CacheSettings(BaseModel):
+class CacheSettings(Section):
     """Old-embedding cache: Redis when a URL is set, an in-process LRU otherwise."""
 
     redis_url: str | None = None
@@ -82,7 +107,7 @@ class CacheSettings(BaseModel):
     max_connections: int = Field(64, ge=1)  # per process (per node for a cluster): the pool never grows past it
 
 
-class IndexSettings(BaseModel):
+class IndexSettings(Section):
     """The frozen old-model gallery."""
 
     gallery_dir: Path = ARTIFACTS / "gallery"
@@ -101,9 +126,12 @@ class IndexSettings(BaseModel):
     milvus_token: SecretStr | None = None  # "user:password" or an API key; unset: no auth
     # Every Milvus call (search, readiness probe) fails after this long: 503 gallery_unavailable, never a hang.
     milvus_timeout_s: float = Field(2.0, gt=0)
+    # Threads of the pipeline's own search pool (the heads and the gallery search), apart from the pool
+    # that decodes images and runs probes.  Unset: one per usable CPU; for Milvus, which waits, CPUs + 4.
+    search_threads: int | None = Field(None, ge=1)
 
 
-class CompatSettings(BaseModel):
+class CompatSettings(Section):
     """The compatibility profile and the default head."""
 
     profile_dir: Path = ARTIFACTS / "profile"
@@ -113,7 +141,7 @@ class CompatSettings(BaseModel):
     concurrent_encoders: bool = True
 
 
-class ApiSettings(BaseModel):
+class ApiSettings(Section):
     """HTTP server and request limits."""
 
     host: str = "127.0.0.1"
@@ -148,7 +176,7 @@ class ApiSettings(BaseModel):
     shutdown_grace_s: int = Field(20, ge=1)
 
 
-class TrafficSettings(BaseModel):
+class TrafficSettings(Section):
     """Sampling (old, new) query-embedding pairs from live traffic for refitting R (docs/traffic-learning.md)."""
 
     # Fraction of blending-mode queries whose two embeddings are stored (float16, never the input
@@ -171,10 +199,13 @@ class TrafficSettings(BaseModel):
 class Settings(BaseSettings):
     """Everything configurable, in one tree."""
 
+    # extra="forbid": an unknown top-level key (kwargs, YAML) is refused.  Env vars are only ever read
+    # for the fields (NOBACKFILL_API_KEY, NOBACKFILL_TEST_REDIS_URL, ... are no settings and stay
+    # ignored); a NOBACKFILL_X__Y with no section X is refused by `_refuse_unknown_sections`.
     model_config = SettingsConfigDict(
-        env_prefix="NOBACKFILL_",
-        env_nested_delimiter="__",
-        extra="ignore",
+        env_prefix=ENV_PREFIX,
+        env_nested_delimiter=NESTED,
+        extra="forbid",
     )
 
     old: EncoderSettings = EncoderSettings(backend="synthetic-old")
@@ -184,6 +215,49 @@ class Settings(BaseSettings):
     compat: CompatSettings = CompatSettings()
     api: ApiSettings = ApiSettings()
     traffic: TrafficSettings = TrafficSettings()
+
+    def __init__(self, **values: Any) -> None:
+        """Kwargs over env over the YAML file; whatever can never work raises one SettingsError line."""
+        try:
+            super().__init__(**values)
+        except ValidationError as exc:
+            raise SettingsError(f"invalid settings: {'; '.join(_problems(exc))}") from exc
+        except yaml.YAMLError as exc:  # its message spans lines: where, then what
+            where = " ".join(line.strip() for line in str(exc).splitlines())
+            raise SettingsError(
+                f"{CONFIG_FILE_ENV}={os.environ.get(CONFIG_FILE_ENV)} is not valid YAML: {where}"
+            ) from exc
+        except PydanticSettingsError as exc:  # NOBACKFILL_INDEX='not json' and the like
+            what = " ".join(str(exc).split())
+            raise SettingsError(
+                f"invalid settings: {what} (a section set as one variable must be a JSON object)"
+            ) from exc
+
+    @model_validator(mode="before")
+    @classmethod
+    def _refuse_unknown_sections(cls, data: Any) -> Any:
+        """A NOBACKFILL_X__Y env var whose X is no section is a typo: it would be ignored, so it is refused."""
+        for name in os.environ:
+            if not name.upper().startswith(ENV_PREFIX):
+                continue
+            section, nested, key = name.upper().removeprefix(ENV_PREFIX).partition(NESTED)
+            if not nested or section.lower() in cls.model_fields:  # NOBACKFILL_API_KEY and the like: no setting
+                continue
+            close = _closest(section, cls.model_fields)
+            hint = f"; did you mean {env_name(close, key)}?" if close else ""
+            problem = (
+                f"{name} names no settings section {section.lower()!r}{hint} (they are {', '.join(cls.model_fields)})"
+            )
+            raise PydanticCustomError("unknown_section", "{problem}", {"problem": problem})
+        return data
+
+    @model_validator(mode="after")
+    def _refuse_contradictions(self) -> Settings:
+        """Settings that are each valid but can never work together: refused now, not at the first request."""
+        problems = _contradictions(self)
+        if problems:
+            raise PydanticCustomError("contradiction", "{problem}", {"problem": "; ".join(problems)})
+        return self
 
     @classmethod
     def settings_customise_sources(
@@ -196,7 +270,98 @@ class Settings(BaseSettings):
     ) -> tuple[PydanticBaseSettingsSource, ...]:
         """Kwargs, then env, then the YAML file named by NOBACKFILL_CONFIG_FILE."""
         sources: list[PydanticBaseSettingsSource] = [init_settings, env_settings]
-        config_file = os.environ.get("NOBACKFILL_CONFIG_FILE")
+        config_file = os.environ.get(CONFIG_FILE_ENV)
         if config_file:
+            if not Path(config_file).is_file():  # pydantic-settings would silently read nothing
+                raise SettingsError(f"{CONFIG_FILE_ENV}={config_file}: no such file (expected a YAML settings file)")
             sources.append(YamlConfigSettingsSource(settings_cls, yaml_file=config_file))
         return tuple(sources)
+
+
+def env_name(*loc: str | int) -> str:
+    """The env var of a setting: ("index", "nprobe") -> NOBACKFILL_INDEX__NPROBE."""
+    return ENV_PREFIX + NESTED.join(str(part).upper() for part in loc)
+
+
+def _contradictions(settings: Settings) -> list[str]:
+    """Each combination of settings that can never work, as one clause naming the variables to change."""
+    problems = []
+    for role in ("old", "new"):
+        encoder: EncoderSettings = getattr(settings, role)
+        missing = [env_name(role, name) for name in ("dim", "model_id") if getattr(encoder, name) is None]
+        if encoder.backend == "external" and missing:
+            problems.append(
+                f"{env_name(role, 'backend')}=external needs {' and '.join(missing)} "
+                "(the width of the embeddings the client sends, and the name of their model)"
+            )
+    index = settings.index
+    wanted = {
+        "milvus_uri": "http://host:19530, or a milvus-lite ./x.db",
+        "milvus_collection": "the collection to search",
+    }
+    missing = [f"{env_name('index', name)} ({what})" for name, what in wanted.items() if not getattr(index, name)]
+    if index.backend == "milvus" and missing:
+        problems.append(f"{env_name('index', 'backend')}=milvus needs {' and '.join(missing)}")
+    if settings.traffic.store == "redis" and not (settings.traffic.redis_url or settings.cache.redis_url):
+        problems.append(
+            f"{env_name('traffic', 'store')}=redis needs a Redis URL: set {env_name('traffic', 'redis_url')} "
+            f"or {env_name('cache', 'redis_url')} (or {env_name('traffic', 'store')}=local)"
+        )
+    api = settings.api
+    if api.max_queries > api.max_in_flight:
+        problems.append(
+            f"{env_name('api', 'max_queries')}={api.max_queries} is over {env_name('api', 'max_in_flight')}="
+            f"{api.max_in_flight}: a request of more queries than may be in flight would be refused (503) on "
+            f"every retry (expected {env_name('api', 'max_queries')} <= {env_name('api', 'max_in_flight')})"
+        )
+    return problems
+
+
+def _problems(exc: ValidationError) -> list[str]:
+    """One clause per bad setting of a ValidationError (the first error of each), never a line break."""
+    clauses: dict[tuple[str | int, ...], str] = {}
+    for error in exc.errors():
+        loc = tuple(error["loc"])
+        if loc in clauses:  # the other branches of one union: the first says enough
+            continue
+        if not loc:  # a model validator's own clause (unknown section, contradictions)
+            clauses[loc] = error["msg"]
+        elif error["type"] == "extra_forbidden":  # its value is not shown: it may be a mistyped secret
+            close = _closest(str(loc[-1]), _fields_at(loc[:-1]))
+            hint = f"; did you mean {env_name(*loc[:-1], close)}?" if close else ""
+            what = "setting" if len(loc) > 1 else "settings section"
+            clauses[loc] = f"{_named(loc)} is no {what}{hint}"
+        else:
+            msg = str(error["msg"])
+            clauses[loc] = f"{_named(loc)}={_quoted(loc, error.get('input'))}: {msg[:1].lower()}{msg[1:]}"
+    return [" ".join(clause.split()) for clause in clauses.values()]
+
+
+def _named(loc: tuple[str | int, ...]) -> str:
+    """A setting by its env var and its YAML key: NOBACKFILL_INDEX__NPROBE (index.nprobe)."""
+    return f"{env_name(*loc)} ({'.'.join(str(part) for part in loc)})"
+
+
+def _quoted(loc: tuple[str | int, ...], value: Any) -> str:
+    """The value a refusal names, cut short; a secret (a key, a token, a URL that may hold a password) is not shown."""
+    name = str(loc[-1])
+    if name.endswith(("_key", "_token", "_url")):
+        return "<hidden>"
+    text = repr(value)
+    return text if len(text) <= _QUOTED_CHARS else text[: _QUOTED_CHARS - 3] + "..."
+
+
+def _fields_at(loc: tuple[str | int, ...]) -> list[str]:
+    """The field names of the section at `loc` (the sections themselves at ()); [] where there is no model."""
+    model: Any = Settings
+    for part in loc:
+        is_model = isinstance(model, type) and issubclass(model, BaseModel)
+        field = model.model_fields.get(str(part)) if is_model else None
+        model = field.annotation if field is not None else None
+    return list(model.model_fields) if isinstance(model, type) and issubclass(model, BaseModel) else []
+
+
+def _closest(word: str, choices: Iterable[str]) -> str | None:
+    """The choice `word` most likely meant to spell (a typo's fix), or None when none is close."""
+    close = difflib.get_close_matches(word.lower(), list(choices), n=1, cutoff=0.6)
+    return close[0] if close else None

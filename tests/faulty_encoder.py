@@ -10,6 +10,11 @@ picks the fault for that input; the marker is stripped before the synthetic mode
     !hang / !hang-new ...           the batch sleeps HANG_S seconds first (a stuck model)
 A marker without a role applies to both encoders.  `install()` registers the two backends in this
 process; `python tests/faulty_encoder.py serve ...` runs `nobackfill` with them registered (chaos runs).
+
+Backend `faulty-hang-load` is `faulty-new` after FAULTY_LOAD_S seconds (default an hour: a load that
+hangs) spent building it.  It is an entry-point plug-in, so that an encoder child process
+(`isolation: process`), which knows no backend registered from code, finds it: `plugin_path(root)` is
+the PYTHONPATH that declares it.
 """
 
 from __future__ import annotations
@@ -18,11 +23,12 @@ import os
 import re
 import sys
 import time
+from pathlib import Path
 
 import numpy as np
 
 from service.encoders.base import Embeddings, Encoder, Modality, modalities_of
-from service.encoders.registry import create_encoder, register_backend
+from service.encoders.registry import ENTRY_POINT_GROUP, create_encoder, register_backend
 from service.settings import EncoderSettings
 
 HANG_S = float(os.environ.get("FAULTY_HANG_S", "2.0"))
@@ -69,6 +75,25 @@ def _factory(role: str):  # type: ignore[no-untyped-def]
         return FaultyEncoder(create_encoder(inner_settings, role), role)  # type: ignore[arg-type]
 
     return build
+
+
+def hang_while_loading(settings: EncoderSettings, device: str) -> Encoder:
+    """Backend `faulty-hang-load`: FAULTY_LOAD_S seconds (read now, default 3600) before `faulty-new` is built."""
+    time.sleep(float(os.environ.get("FAULTY_LOAD_S", "3600")))
+    build = _factory("new")
+    encoder: Encoder = build(settings, device)
+    return encoder
+
+
+def plugin_path(root: Path) -> str:
+    """A PYTHONPATH whose processes find backend `faulty-hang-load` through the entry-point group."""
+    info = root / "nobackfill_faulty-0.dist-info"
+    info.mkdir(parents=True, exist_ok=True)
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: nobackfill-faulty\nVersion: 0\n")
+    (info / "entry_points.txt").write_text(
+        f"[{ENTRY_POINT_GROUP}]\nfaulty-hang-load = faulty_encoder:hang_while_loading\n"
+    )
+    return os.pathsep.join([str(root), str(Path(__file__).resolve().parent)])
 
 
 def install() -> None:

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from upgrade_standin import make_world, write_split
 
-from service.compat import selection
+from service.compat import crossfit, selection
 from service.compat.arcsearch import summarise_blends
 from service.compat.io import Split, load_split
 from service.compat.metrics import KS, recall_at_k, relevance
@@ -131,7 +131,7 @@ def test_several_modalities_share_one_r_and_draw_folds_per_id_over_all(tmp_path:
     world = make_world(8, 12, 6)
     text = load_split(write_split(tmp_path / "text", 300, world, seed=1))
     image = load_split(write_split(tmp_path / "image", 200, world, seed=2))  # ids 0..199: shared with text
-    joint = selection._assign_joint([text, image], 4, np.random.default_rng(0))
+    joint = crossfit.assign_joint([text, image], 4, np.random.default_rng(0))
     (tq, _), (iq, it) = joint
     assert np.array_equal(tq[:200], iq) and np.array_equal(iq, it)  # one id, one fold, whatever the split
     fitted = selection.fit_modalities({"text": text, "image": image}, folds=4)

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import io
+import threading
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
@@ -48,6 +50,21 @@ def count_calls(service: Running, role: str) -> list[int]:
 
     encoder.encode = counting  # type: ignore[method-assign]
     return seen
+
+
+def hold_calls(service: Running, role: str) -> threading.Event:
+    """Make the old or new encoder's calls wait until the returned event is set."""
+    batcher = service.pipeline.old if role == "old" else service.pipeline.new
+    encoder = batcher.encoder
+    release = threading.Event()
+    original: Callable[..., Any] = encoder.encode
+
+    def held(batch: list[str], *args: Any, **kwargs: Any) -> Any:
+        release.wait(timeout=30)
+        return original(batch, *args, **kwargs)
+
+    encoder.encode = held  # type: ignore[method-assign]
+    return release
 
 
 @pytest.mark.parametrize("mode", ["old", "aligned", "slerp", "nlerp", "adaptive"])
@@ -243,11 +260,23 @@ async def test_reload_keeps_the_old_profile_on_failure(tmp_path: Any, world: Wor
 
 
 async def test_overload_gets_503_with_retry_after(world: World) -> None:
-    async for running in start_app(make_settings(world, api={"max_in_flight": 2})):
-        response = await running.search(queries=[{"text": "a"}, {"text": "b"}, {"text": "c"}])
-        assert response.status_code == 503
-        assert response.headers["retry-after"].isdigit()
-        assert (await running.search(queries=[{"text": "a"}])).status_code == 200
+    # Two queries held in the old encoder: two more would be 4 in flight, over the limit of 3.
+    async for running in start_app(make_settings(world, api={"max_in_flight": 3, "max_queries": 2})):
+        release = hold_calls(running, "old")
+        try:
+            first = asyncio.create_task(running.search(queries=[{"text": "a"}, {"text": "b"}]))
+            for _ in range(3000):
+                if running.pipeline.in_flight == 2:
+                    break
+                await asyncio.sleep(0.01)
+            assert running.pipeline.in_flight == 2
+            response = await running.search(queries=[{"text": "c"}, {"text": "d"}])
+            assert response.status_code == 503 and response.json()["error"]["code"] == "overloaded"
+            assert response.headers["retry-after"].isdigit()
+        finally:
+            release.set()
+        assert (await first).status_code == 200
+        assert (await running.search(queries=[{"text": "c"}, {"text": "d"}])).status_code == 200
 
 
 @pytest.mark.redis

@@ -25,6 +25,18 @@ from test_api import CAPTION, make_settings
 from service.api import inputs
 from service.api.app import create_app
 from service.api.auth import key_matches
+from service.errors import (
+    EncoderError,
+    EncoderFailed,
+    EncoderProcessExited,
+    EncoderTimeout,
+    GalleryUnavailable,
+    InputError,
+    NotReady,
+    Overloaded,
+    SettingsError,
+    Unavailable,
+)
 
 API_KEY, ADMIN_KEY = "search-key", "admin-key"
 SEARCH = {"Authorization": f"Bearer {API_KEY}"}
@@ -104,6 +116,43 @@ async def test_a_foreign_exception_is_a_500_without_internals_and_is_logged(
     assert "secret" not in response.text and "faiss" not in response.text
     logged = [r for r in caplog.records if error["request_id"] in r.getMessage()]
     assert logged and logged[0].exc_info is not None and logged[0].exc_info[1] is failure
+
+
+def test_errors_come_in_families() -> None:
+    for unavailable in (NotReady("x"), Overloaded("x"), GalleryUnavailable("x")):
+        assert isinstance(unavailable, Unavailable) and unavailable.status == 503
+    for encoder in (EncoderFailed("x"), EncoderTimeout("x"), EncoderProcessExited("x")):
+        assert isinstance(encoder, EncoderError) and not isinstance(encoder, Unavailable | InputError)
+    assert isinstance(SettingsError("x"), InputError) and not isinstance(SettingsError("x"), Unavailable)
+    assert EncoderProcessExited("x").code == EncoderFailed("x").code == "encoder_failed"
+
+
+@pytest.mark.parametrize(
+    ("refusal", "code", "level"),
+    [
+        (
+            GalleryUnavailable("the gallery (Milvus collection 'c') did not answer within 2 s"),
+            "gallery_unavailable",
+            logging.WARNING,
+        ),
+        (NotReady("still loading"), "not_ready", logging.DEBUG),
+        (Overloaded("256 queries in flight"), "overloaded", logging.DEBUG),
+    ],
+)
+async def test_a_503_refusal_is_one_log_line_without_a_traceback(
+    locked: Running, refusal: Unavailable, code: str, level: int, caplog: pytest.LogCaptureFixture
+) -> None:
+    async def refusing_search(*_: Any, **__: Any) -> Any:
+        raise refusal from OSError(111, "Connection refused")  # a cause, as a Milvus outage has one
+
+    locked.pipeline.search = refusing_search
+    with caplog.at_level(logging.DEBUG, logger="nobackfill"):
+        response = await locked.client.post("/v1/search", json={"queries": [{"text": "x"}]}, headers=SEARCH)
+    error = assert_envelope(response, 503, code)
+    assert error["message"] == refusal.message
+    logged = [r for r in caplog.records if error["request_id"] in r.getMessage()]
+    assert len(logged) == 1 and logged[0].exc_info is None and logged[0].levelno == level
+    assert f"refused: {code}: {refusal.message}" in logged[0].getMessage() and "\n" not in logged[0].getMessage()
 
 
 async def test_access_line_carries_the_request_id(world: World, caplog: pytest.LogCaptureFixture) -> None:

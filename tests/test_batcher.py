@@ -63,6 +63,11 @@ class FakeEncoder:
         self.encode(["warmup"])
 
 
+def queue_depth(batcher: MicroBatcher) -> float:
+    """Items waiting in the batcher, as /metrics shows them (nobackfill_encoder_queue_depth)."""
+    return metrics.REGISTRY.get_sample_value("nobackfill_encoder_queue_depth", {"encoder": batcher.name}) or 0.0
+
+
 async def wait_entered(encoder: FakeEncoder) -> None:
     """Wait (without blocking the loop) until the encoder is inside a batch."""
     await asyncio.to_thread(encoder.entered.wait, 10)
@@ -94,7 +99,7 @@ async def test_submit_enqueues_before_the_caller_yields() -> None:
     try:
         one = batcher.submit(["a", "b"], "text")
         split = batcher.submit([f"x{i}" for i in range(11)], "image")
-        assert batcher.queue_depth == 13
+        assert queue_depth(batcher) == 13
         encoder.gate.set()
         out_one, out_split = await one, await split
     finally:
@@ -111,7 +116,7 @@ async def test_concurrent_calls_coalesce_into_one_batch() -> None:
         await wait_entered(encoder)  # the worker is busy with "first"
         rest = [asyncio.create_task(batcher.encode([f"q{i}"], "text")) for i in range(10)]
         await asyncio.sleep(0.01)
-        assert batcher.queue_depth == 10
+        assert queue_depth(batcher) == 10
         encoder.gate.set()
         results = await asyncio.gather(first, *rest)
     finally:
@@ -119,7 +124,7 @@ async def test_concurrent_calls_coalesce_into_one_batch() -> None:
     assert [len(batch) for _, batch in encoder.calls] == [1, 10]
     for i, result in enumerate(results[1:]):
         np.testing.assert_array_equal(result[0], expected(f"q{i}", "text"))
-    assert batcher.queue_depth == 0
+    assert queue_depth(batcher) == 0
 
 
 async def test_max_wait_gathers_calls_that_arrive_while_waiting() -> None:
@@ -315,7 +320,7 @@ async def test_stop_drains_pending_calls() -> None:
     await stopping
     results = await asyncio.gather(first, *pending)
     assert all(r.shape == (1, DIM) for r in results)
-    assert not batcher.running
+    assert batcher.problem() == "stopped"
 
 
 async def test_stop_without_drain_fails_pending_calls() -> None:
@@ -331,7 +336,7 @@ async def test_stop_without_drain_fails_pending_calls() -> None:
     await stopping
     results = await asyncio.gather(first, *pending, return_exceptions=True)
     assert all(isinstance(r, NotReady) for r in results)
-    assert batcher.queue_depth == 0
+    assert queue_depth(batcher) == 0
 
 
 async def test_encode_before_start_is_not_ready() -> None:
@@ -373,7 +378,7 @@ async def test_replicas_run_batches_side_by_side() -> None:
     c = asyncio.ensure_future(batcher.encode(["c1"]))
     d = asyncio.ensure_future(batcher.encode(["d1"]))
     await asyncio.sleep(0.05)
-    assert batcher.queue_depth == 2  # both replicas busy: c and d wait, and will share a batch
+    assert queue_depth(batcher) == 2  # both replicas busy: c and d wait, and will share a batch
     first.gate.set()
     second.gate.set()
     rows = await asyncio.gather(a, b, c, d)
@@ -399,4 +404,4 @@ async def test_stop_without_drain_fails_running_and_pending_calls_on_every_repli
     await stopping
     outcomes = await asyncio.gather(*calls, return_exceptions=True)
     assert all(isinstance(o, NotReady) for o in outcomes), outcomes
-    assert not batcher.running
+    assert batcher.problem() == "stopped"

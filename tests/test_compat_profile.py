@@ -10,7 +10,7 @@ import pytest
 from safetensors.numpy import save_file
 from upgrade_standin import make_world, write_split
 
-from service.compat import selection
+from service.compat import crossfit, selection
 from service.compat.heads import transform
 from service.compat.interpolation import nlerp, slerp
 from service.compat.io import Split, load_split
@@ -266,7 +266,7 @@ def test_cross_fit_with_ids_and_distractors(tmp_path: Path) -> None:
     result = selection.fit(split, folds=4)
     assert result.report["eval_queries"] == 200
     assert all(0 <= r["recall@1"] <= 1 for r in result.report["support_recall"]["slerp"])
-    q_fold, t_fold = selection._assign_folds(split, 4, np.random.default_rng(1))
+    q_fold, t_fold = crossfit.assign_joint([split], 4, np.random.default_rng(1))[0]
     assert set(q_fold) == {0, 1, 2, 3}
     for item in range(100):
         assert q_fold[2 * item] == q_fold[2 * item + 1] == t_fold[item]

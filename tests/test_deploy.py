@@ -91,9 +91,10 @@ def assert_real_settings(env: dict[str, str], monkeypatch: pytest.MonkeyPatch) -
             continue
         section, _, key = name.removeprefix("NOBACKFILL_").lower().partition("__")
         assert section in Settings.model_fields, f"{name}: no settings section {section!r}"
-        assert key in type(getattr(Settings(), section)).model_fields, f"{name}: no setting {key!r}"
+        # Read off the section's class: a Settings() built here would see a half-set environment.
+        assert key in Settings.model_fields[section].annotation.model_fields, f"{name}: no setting {key!r}"
         monkeypatch.setenv(name, value)
-    Settings()  # the values parse
+    Settings()  # the values parse, and together they can work (one SettingsError line otherwise)
 
 
 def need(tool: str | None, name: str, how: str) -> str:
@@ -676,15 +677,26 @@ def test_promtool_checks_config_rules_and_rule_unit_tests() -> None:
     tested = {case["alertname"] for test in load_yaml(PROMETHEUS_DIR / "alerts_test.yml")["tests"]
               for case in test["alert_rule_test"]}  # fmt: skip
     assert len(tested) >= 4
+    assert {"NobackfillEncoderFailing", "NobackfillEncoderProcessRestarts"} <= tested
 
 
-def test_promtool_unit_tests_can_fail(tmp_path: Path) -> None:
-    # The same unit tests against a rule with a threshold five times higher: the firing case must fail.
+@pytest.mark.parametrize(
+    ("threshold", "raised", "alert"),
+    [
+        ("> 0.01", "> 0.05", "NobackfillHighErrorRatio"),
+        ("\n          > 0.05\n", "\n          > 0.5\n", "NobackfillEncoderFailing"),
+        ("[15m])) >= 2", "[15m])) >= 3", "NobackfillEncoderProcessRestarts"),
+    ],
+)
+def test_promtool_unit_tests_can_fail(tmp_path: Path, threshold: str, raised: str, alert: str) -> None:
+    # The same unit tests against a rule with a higher threshold: the firing case must fail.
     shutil.copytree(PROMETHEUS_DIR, tmp_path / "p")
     rules = tmp_path / "p/alerts.yml"
-    rules.write_text(rules.read_text().replace("> 0.01", "> 0.05"))
+    text = rules.read_text()
+    assert text.count(threshold) == 1, threshold
+    rules.write_text(text.replace(threshold, raised))
     done = run_promtool("test", "rules", "alerts_test.yml", cwd=tmp_path / "p")
-    assert done.returncode != 0 and "NobackfillHighErrorRatio" in done.stdout + done.stderr
+    assert done.returncode != 0 and alert in done.stdout + done.stderr
 
 
 def rule_expressions() -> dict[str, str]:
@@ -954,6 +966,19 @@ def test_every_metric_the_deployment_reads_is_exported(live: Live) -> None:
     assert problems("rate(nobackfill_residual_angle_radians_total[5m])", live)
     assert problems('rate(nobackfill_requests_total{path="/v1/search"}[5m])', live)
     assert problems('rate(nobackfill_requests_total{route="/search"}[5m])', live)
+
+
+def test_the_encoder_alerts_counters_exist_at_zero_from_the_first_scrape(live: Live) -> None:
+    # The encoder alerts take increase() of these counters, which sees no first event on a series born at 1.
+    samples = {
+        (sample.name, tuple(sorted(sample.labels.items()))): sample.value
+        for family in text_string_to_metric_families(live.exposition)
+        for sample in family.samples
+    }
+    for encoder in ("old", "new"):
+        assert samples[("nobackfill_encoder_process_restarts_total", (("encoder", encoder),))] == 0
+        for reason in ("raised", "bad_rows", "timeout"):
+            assert samples[("nobackfill_encoder_failures_total", (("encoder", encoder), ("reason", reason)))] == 0
 
 
 def prometheus_get(base: str, path: str, **params: str) -> Any:

@@ -18,11 +18,13 @@ import numpy as np
 import psutil
 import pytest
 from conftest import Running, World, start_app
+from faulty_encoder import plugin_path
 
 from service import metrics
-from service.encoders.process import EncoderProcessExited, ProcessEncoder, isolation_of
+from service.encoders.batcher import MicroBatcher
+from service.encoders.process import ProcessEncoder, isolation_of
 from service.encoders.registry import create_encoder
-from service.errors import ArtifactError, InputError
+from service.errors import ArtifactError, EncoderFailed, EncoderProcessExited, EncoderTimeout, InputError
 from service.pipeline import Pipeline
 from service.settings import CacheSettings, CompatSettings, EncoderSettings, IndexSettings, Settings
 
@@ -111,6 +113,72 @@ def test_a_child_that_cannot_build_its_encoder_refuses_with_the_childs_message(t
     with pytest.raises(InputError, match=f"model folder {missing} does not exist"):
         ProcessEncoder(EncoderSettings(backend="sentence-transformers", path=str(missing)), "old")
     assert encoder_children() == before
+
+
+@pytest.fixture
+def hang_load_plugin(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Encoder children find backend `faulty-hang-load` (tests/faulty_encoder.py), whose load takes FAULTY_LOAD_S."""
+    monkeypatch.setenv("PYTHONPATH", plugin_path(tmp_path / "plugin"))
+    # Far longer than any deadline below: were a hung load waited for, the test would see it load instead.
+    monkeypatch.setenv("FAULTY_LOAD_S", "60")
+
+
+@pytest.mark.usefixtures("hang_load_plugin")
+def test_a_child_that_hangs_while_loading_is_killed_at_the_load_deadline() -> None:
+    before = encoder_children()
+    hung = EncoderSettings(backend="faulty-hang-load", device="cpu", load_timeout_s=1.0)
+    with pytest.raises(EncoderFailed, match=r"within 1 s \(NOBACKFILL_NEW__LOAD_TIMEOUT_S\); it was killed"):
+        ProcessEncoder(hung, "new")
+    assert encoder_children() == before  # killed and reaped: not even a zombie is left
+
+
+@pytest.mark.usefixtures("hang_load_plugin")
+async def test_a_start_that_hangs_while_loading_fails_in_one_line_and_leaves_no_child(world: World) -> None:
+    settings = settings_for(world, "thread")
+    settings.new = EncoderSettings(backend="faulty-hang-load", device="cpu", isolation="process", load_timeout_s=1.0)
+    before = encoder_children()
+    with pytest.raises(EncoderFailed) as refused:
+        await Pipeline.build(settings)
+    assert refused.value.message == (
+        "new encoder (NOBACKFILL_NEW__BACKEND=faulty-hang-load): the encoder process did not load the model "
+        "within 1 s (NOBACKFILL_NEW__LOAD_TIMEOUT_S); it was killed"
+    )
+    assert encoder_children() == before
+
+
+@pytest.mark.usefixtures("hang_load_plugin")
+async def test_an_interrupt_while_the_child_is_replaced_keeps_the_timed_out_batch_off_the_new_child(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("FAULTY_LOAD_S", "0")
+    monkeypatch.setenv("FAULTY_HANG_S", "3600")  # a batch marked !hang never returns in the child
+    encoder = ProcessEncoder(EncoderSettings(backend="faulty-hang-load", device="cpu"), "new")
+    batcher = MicroBatcher([encoder], max_batch_size=8, max_wait_ms=0, name="new", timeout_s=0.5)
+    await batcher.start()
+    try:
+        expected = await batcher.encode(TEXTS)
+        before, dead_pid = restarts("new"), encoder.pid
+        assert dead_pid is not None
+        monkeypatch.setenv("FAULTY_LOAD_S", "2")  # the replacement loads for longer than the batcher waits
+        os.kill(dead_pid, signal.SIGKILL)
+        while os.waitid(os.P_PID, dead_pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is None:
+            await asyncio.sleep(0.01)
+        # The call finds its child dead and waits for a new one; the batcher gives up and interrupts it
+        # while no child is there to kill.  Sent to the new child, the batch would hang it for good.
+        with pytest.raises(EncoderTimeout):
+            await batcher.encode([f"!hang {TEXTS[0]}"])
+        assert batcher.problem() is not None  # the replica is stuck in that call until the new child is ready
+        for _ in range(300):  # bounded: the load takes 2 s and a synthetic model's start a few more
+            if batcher.problem() is None:
+                break
+            await asyncio.sleep(0.1)
+        assert batcher.problem() is None, "the replica stayed stuck: the timed-out batch ran on the new child"
+        np.testing.assert_array_equal(await batcher.encode(TEXTS), expected)
+        assert encoder.pid not in (None, dead_pid) and restarts("new") == before + 1
+    finally:
+        encoder.interrupt()  # were the batch running on the new child, this ends it so the test can stop
+        await batcher.stop()
+        encoder.close()
 
 
 def test_what_the_model_raises_in_the_child_is_raised_here() -> None:

@@ -3,14 +3,19 @@
 from __future__ import annotations
 
 import json
+import re
+import shutil
 from pathlib import Path
+from typing import Any
 
 import pytest
 from conftest import World, cli
 
+from service.encoders.identity import MODELS_JSON, read_models_json
 from service.errors import ArtifactError
 from service.pipeline import Pipeline
 from service.settings import CompatSettings, IndexSettings, Settings
+from service.traffic.export import load_query_pairs
 
 
 def settings_for(world: World, profile_dir: Path) -> Settings:
@@ -66,3 +71,51 @@ def test_synthetic_support_records_the_synthetic_identities(world: World) -> Non
     meta = json.loads((world.profile_dir / "profile.json").read_text())
     assert (meta["old_model_id"], meta["new_model_id"]) == ("synthetic-old", "synthetic-new")
     assert meta["models"]["old"]["backend"] == "synthetic-old"
+
+
+IDENTITY = {"backend": "synthetic-old", "model_id": "synthetic-old", "fingerprint": None, "dim": 512}
+
+
+@pytest.mark.parametrize(
+    ("content", "says"),
+    [
+        ({"new": IDENTITY}, "no 'old' key (the old model's identity: backend, model_id, fingerprint, dim)"),
+        ({"old": IDENTITY}, "no 'new' key (the new model's identity: backend, model_id, fingerprint, dim)"),
+        ({"old": [IDENTITY], "new": IDENTITY}, "'old' is an array, not an object (the old model's identity)"),
+        ({"old": IDENTITY, "new": None}, "'new' is null, not an object (the new model's identity)"),
+        ({"old": IDENTITY, "new": "synthetic-new"}, "'new' is a string, not an object (the new model's identity)"),
+    ],
+)
+def test_a_models_json_without_an_identity_block_names_the_key_and_the_file(
+    tmp_path: Path, content: dict[str, Any], says: str
+) -> None:
+    (tmp_path / MODELS_JSON).write_text(json.dumps(content), encoding="utf-8")
+    with pytest.raises(ArtifactError) as refused:
+        read_models_json(tmp_path)
+    assert refused.value.message == f"{tmp_path / MODELS_JSON}: {says}"
+
+
+def test_an_identity_block_without_a_key_names_the_key(tmp_path: Path) -> None:
+    block = {key: value for key, value in IDENTITY.items() if key != "dim"}
+    (tmp_path / MODELS_JSON).write_text(json.dumps({"old": IDENTITY, "new": block}), encoding="utf-8")
+    with pytest.raises(ArtifactError) as refused:
+        read_models_json(tmp_path)
+    assert refused.value.message == f"{tmp_path / MODELS_JSON} (new): the model identity has no 'dim'"
+
+
+def test_fit_and_the_traffic_reader_refuse_a_models_json_without_old_in_one_line(world: World, tmp_path: Path) -> None:
+    support = tmp_path / "support"
+    shutil.copytree(world.support_dir, support)
+    models = json.loads((support / MODELS_JSON).read_text(encoding="utf-8"))
+    del models["old"]
+    (support / MODELS_JSON).write_text(json.dumps(models), encoding="utf-8")
+    says = f"{support / MODELS_JSON}: no 'old' key"
+    done = cli("fit", support, "--out", tmp_path / "profile", "--folds", 2)
+    assert done.returncode == 2 and done.stderr.startswith(f"error: {says}")
+    assert done.stderr.count("\n") == 1 and "NoneType" not in done.stderr
+    pairs = tmp_path / "pairs"  # an exported traffic folder: the same models.json beside its two files
+    pairs.mkdir()
+    for name in (MODELS_JSON, "old_query.npy", "new_query.npy"):
+        shutil.copy(support / name, pairs / name)
+    with pytest.raises(ArtifactError, match=f"^{re.escape(str(pairs / MODELS_JSON))}: no 'old' key"):
+        load_query_pairs(pairs)

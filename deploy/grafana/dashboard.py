@@ -217,10 +217,15 @@ ROWS: list[tuple[str, list[dict[str, Any]]]] = [
                         "{{encoder}} {{reason}}",
                     ),
                     (f"sum by (encoder) (rate(nobackfill_batcher_restarts_total[{RATE}]))", "{{encoder}} restarts"),
+                    (
+                        f"sum by (encoder) (rate(nobackfill_encoder_process_restarts_total[{RATE}]))",
+                        "{{encoder}} process restarts",
+                    ),
                 ],
                 "ops",
                 width=6,
-                description="Failed batches by reason (raised, bad_rows, timeout), and batcher restarts.",
+                description="Failed batches by reason (raised, bad_rows, timeout), batcher restarts, and encoder "
+                "child processes replaced (isolation: process).",
             ),
         ],
     ),

@@ -126,6 +126,25 @@ class OneLineStartupRefusal:
         await self.app(scope, receive, send_refusal_line)
 
 
+async def _start(app: FastAPI, settings: Settings, loop_lag: LoopLag, running: contextlib.AsyncExitStack) -> None:
+    """Start the lag probe, the pipeline and the metrics server, each undone by `running` when it unwinds."""
+    running.callback(metrics.worker_exited, os.getpid())  # the very last step of a shutdown
+    loop_lag.start()
+    running.push_async_callback(loop_lag.stop)
+    pipeline = await Pipeline.build(settings)
+
+    async def close_pipeline() -> None:
+        app.state.pipeline = None  # /readyz says loading, not ready, while the parts are stopped
+        await pipeline.aclose()
+
+    running.push_async_callback(close_pipeline)
+    app.state.pipeline = pipeline
+    if settings.api.metrics_port is not None:
+        metrics_server = MetricsServer(settings.api.host, settings.api.metrics_port)
+        await metrics_server.start()
+        running.push_async_callback(metrics_server.stop)
+
+
 def create_app(settings: Settings | None = None) -> FastAPI:
     """Build the app; the heavy loading happens in the lifespan, not at import or construction."""
     settings = settings or Settings()
@@ -135,27 +154,16 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         app.state.tasks = set()
         metrics.BUILD_INFO.info({"version": __version__})
-        loop_lag.start()
-        metrics_server = None
-        try:
-            app.state.pipeline = await Pipeline.build(settings)
-            if settings.api.metrics_port is not None:
-                metrics_server = MetricsServer(settings.api.host, settings.api.metrics_port)
-                await metrics_server.start()
-        except NobackfillError as exc:
-            app.state.startup_refusal = exc.message
-            raise
-        _install_sighup(app)
-        try:
+        # One stack for everything started here: a refused start unwinds what came before the refusal,
+        # and shutdown is the same stack unwinding (the metrics server first, the pipeline, the lag probe).
+        async with contextlib.AsyncExitStack() as running:
+            try:
+                await _start(app, settings, loop_lag, running)
+            except NobackfillError as exc:
+                app.state.startup_refusal = exc.message
+                raise
+            _install_sighup(app)
             yield
-        finally:
-            await loop_lag.stop()
-            if metrics_server is not None:
-                await metrics_server.stop()
-            pipeline: Pipeline = app.state.pipeline
-            app.state.pipeline = None
-            await pipeline.aclose()
-            metrics.worker_exited(os.getpid())
 
     app = FastAPI(
         title="nobackfill",

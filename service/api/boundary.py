@@ -11,8 +11,9 @@
 Every answer that is not a success has the body {"error": {"code", "message", "request_id"}}: our
 own errors with their status and code, FastAPI's 404 / 405 / 422 translated into the tree, anything
 foreign (torch, faiss, redis, OSError, a bug) as a 500 whose message reveals nothing; the cause is
-written to the server log under the same request id.  Plain ASGI rather than BaseHTTPMiddleware
-(which adds a task and a memory stream to every request).
+written to the server log under the same request id, with its traceback.  A 503 of the Unavailable
+family (not ready, overloaded, the gallery unreachable) is a refusal, not a bug: one line, no traceback.
+Plain ASGI rather than BaseHTTPMiddleware (which adds a task and a memory stream to every request).
 """
 
 from __future__ import annotations
@@ -40,6 +41,7 @@ from service.errors import (
     NotReady,
     Overloaded,
     Unauthorized,
+    Unavailable,
     origin,
     translate,
 )
@@ -51,11 +53,6 @@ REQUEST_ID_HEADER = "x-request-id"
 # An incoming id is echoed only when it cannot break a log line or a header: no spaces, no control
 # characters, bounded length.  Anything else is replaced by a fresh one.
 _SANE_REQUEST_ID = re.compile(r"[A-Za-z0-9._:+/=-]{1,128}")
-
-
-def request_id_of(scope: Scope) -> str:
-    """The request id that RequestBoundary gave this request ("-" outside it)."""
-    return str(scope.get("state", {}).get("request_id", "-"))
 
 
 def _incoming_request_id(scope: Scope) -> str | None:
@@ -142,20 +139,7 @@ class RequestBoundary:
             await self.app(scope, receive, send_with_id)
         except Exception as exc:
             error = translate(exc)
-            if isinstance(error, Overloaded | NotReady):
-                # Expected under load, and counted in the metrics: a traceback per refusal would cost
-                # the loop time exactly when it has none (a shed request must stay cheap).
-                log.debug("request %s refused: %s", request_id, error.message)
-            elif error.status >= 500:  # the cause goes to the log, never into the answer
-                log.error(
-                    "request %s %s %s failed: %s (%s)",
-                    request_id,
-                    scope.get("method"),
-                    scope.get("path"),
-                    error.code,
-                    "service" if error is exc else origin(exc),
-                    exc_info=exc,
-                )
+            _log_failure(scope, request_id, error, exc)
             if status:  # the answer has begun: nothing more can be said; the server drops the connection
                 raise
             await error_response(error, request_id)(scope, receive, send_with_id)
@@ -171,6 +155,23 @@ class RequestBoundary:
                     (time.perf_counter() - start) * 1000,
                     request_id,
                 )
+
+
+def _log_failure(scope: Scope, request_id: str, error: NobackfillError, exc: Exception) -> None:
+    """Log a failed request by its family: a 503 refusal in one line, any other 5xx with its traceback.
+
+    An Unavailable is a state of the service, not a bug: its traceback says nothing (a Milvus outage's
+    cause is logged once per failed call where it happened, index/milvus.py) and one per request would
+    cost the loop time exactly when it has none.  Shed and not-ready refusals are expected under load
+    and counted in the metrics, hence at debug; an outage of a part the service needs at warning.
+    """
+    method, path = scope.get("method"), scope.get("path")
+    if isinstance(error, Unavailable):
+        level = logging.DEBUG if isinstance(error, Overloaded | NotReady) else logging.WARNING
+        log.log(level, "request %s %s %s refused: %s: %s", request_id, method, path, error.code, error.message)
+    elif error.status >= 500:  # the cause goes to the log, never into the answer
+        cause = "service" if error is exc else origin(exc)
+        log.error("request %s %s %s failed: %s (%s)", request_id, method, path, error.code, cause, exc_info=exc)
 
 
 class BodyLimit:

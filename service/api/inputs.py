@@ -12,7 +12,7 @@ from service.api.schemas import QueryIn
 from service.encoders.base import Embeddings
 from service.errors import InputError, TooManyQueries
 from service.images import verify_image
-from service.pipeline import Query
+from service.query import Query
 from service.vocabulary import Modality
 
 

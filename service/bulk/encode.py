@@ -89,8 +89,11 @@ def check_modality(encoder: Encoder, backend: str, modality: Modality) -> None:
         raise InputError(f"backend {backend} ({encoder.model_id}) encodes {served}, not {modality}")
 
 
-def check_rows(rows: Any, count: int, dim: int, what: str) -> Embeddings:
-    """The encoder's output for `count` inputs as float32 rows; NobackfillError naming `what` if unusable."""
+def check_rows(rows: Any, count: int, dim: int, what: str, allow_zero: bool = False) -> Embeddings:
+    """The encoder's output for `count` inputs as float32 rows; NobackfillError naming `what` if unusable.
+
+    allow_zero: all-zero rows (no known token, for a static model) are returned for the caller to skip.
+    """
     if not isinstance(rows, np.ndarray) or rows.shape != (count, dim):
         shape = getattr(rows, "shape", type(rows).__name__)
         raise NobackfillError(f"{what}: the encoder returned {shape}, expected ({count}, {dim})")
@@ -99,12 +102,14 @@ def check_rows(rows: Any, count: int, dim: int, what: str) -> Embeddings:
     if not finite.all():
         raise NobackfillError(f"{what}: the encoder returned NaN or inf in {int((~finite).sum())} row(s)")
     zero = ~np.any(out != 0, axis=1)
-    if zero.any():
+    if zero.any() and not allow_zero:
         raise NobackfillError(f"{what}: the encoder returned {int(zero.sum())} all-zero row(s)")
     return out
 
 
-def encode_batch(encoder: Encoder, values: list[str], modality: Modality, what: str) -> Embeddings:
+def encode_batch(
+    encoder: Encoder, values: list[str], modality: Modality, what: str, allow_zero: bool = False
+) -> Embeddings:
     """One encoder call on text values or image paths; foreign errors become one line naming `what`."""
     batch = [image_b64(Path(v)) for v in values] if modality == "image" else values
     try:
@@ -114,7 +119,7 @@ def encode_batch(encoder: Encoder, values: list[str], modality: Modality, what: 
     except Exception as exc:  # torch / PIL / plug-in errors: one boundary turns them into our tree
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
         raise NobackfillError(f"{what}: the encoder failed ({type(exc).__name__}: {first})") from exc
-    return check_rows(rows, len(values), encoder.dim, what)
+    return check_rows(rows, len(values), encoder.dim, what, allow_zero)
 
 
 def batches(spec: InputSpec, scan: Scan, batch_size: int) -> Iterator[list[Item]]:
@@ -235,3 +240,17 @@ def sidecar_identity(npy: Path, rows: int, dim: int) -> ModelIdentity | None:
             f"{dim}; it belongs to another file (remove it, or re-run nobackfill encode)"
         )
     return identity
+
+
+def write_items(spec: InputSpec, scan: Scan, out: Path, *, by_id: bool, force: bool) -> dict[str, Any]:
+    """The item store of the usable inputs: keyed like the gallery's ids (--ids-out's when `by_id`, else the row)."""
+    from service.items.store import write_item_store
+
+    def rows() -> Iterator[tuple[int, str]]:
+        row = 0
+        for batch in batches(spec, scan, 4096):
+            ids = _ids(batch, spec).tolist() if by_id else range(row, row + len(batch))
+            yield from zip(ids, (item.value for item in batch), strict=True)
+            row += len(batch)
+
+    return write_item_store(out, rows(), spec.modality, str(spec.path.resolve()), force=force)

@@ -33,6 +33,11 @@ def encode(
         "--ids-out",
         help="Also write int64 ids per row: --id-field's, else the 0-based input line (not into a shard folder).",
     ),
+    items_out: Path | None = typer.Option(
+        None,
+        "--items-out",
+        help="Also write an item store (id -> input) for backfill, keyed as the gallery is (--ids-out, else the row).",
+    ),
     batch_size: int = typer.Option(64, "--batch-size", min=1, help="Inputs per encoder call."),
     device: str = typer.Option("auto", "--device", help="auto, cpu, cuda:0, ..."),
     fp16: bool = typer.Option(True, "--fp16/--no-fp16", help="Half precision on CUDA, as the service's setting."),
@@ -43,13 +48,16 @@ def encode(
     force: bool = typer.Option(False, "--force", help="Replace an existing OUT.npy / OUT.json."),
 ) -> None:
     """Encode a file of inputs into OUT.npy (float32 unit rows) and OUT.json (model identity, count, skips)."""
-    from service.bulk.encode import check_outputs, encode_file, load_encoder
+    from service.bulk.encode import check_outputs, encode_file, load_encoder, write_items
     from service.bulk.inputs import input_spec, scan
     from service.errors import InputError
+    from service.items.store import check_output as check_items_output
 
     if id_field is not None and ids_out is None:
         raise InputError("--id-field names the ids to write: give --ids-out IDS.npy too")
     check_outputs(out, ids_out, force)
+    if items_out is not None:
+        check_items_output(items_out, force)
     spec = input_spec(input_path, modality, field, id_field)
     checked = scan(spec, skip_bad=skip_bad)
     if checked.skipped:
@@ -63,6 +71,9 @@ def encode(
         f"wrote {out}: {meta['count']:,} x {meta['dim']} float32 ({identity.backend} {identity.model_id}), "
         f"{meta['skipped']} skipped, {meta['seconds']} s; description in {out.with_suffix('.json')}"
     )
+    if items_out is not None:
+        stored = write_items(spec, checked, items_out, by_id=ids_out is not None, force=force)
+        typer.echo(f"wrote item store {items_out}: {stored['count']:,} {stored['modality']} items")
 
 
 @support_app.command("build")

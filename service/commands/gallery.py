@@ -29,6 +29,10 @@ def build(
     ),
     from_npy: Path | None = typer.Option(None, "--from-npy", help="Your old-model embeddings (.npy or dir of shards)."),
     ids_npy: Path | None = typer.Option(None, "--ids", help="int64 ids per row of --from-npy (default: row number)."),
+    from_segment: Path | None = typer.Option(
+        None, "--from-segment", help="A finished new-model segment: the gallery of the cut-over (and next upgrade)."
+    ),
+    allow_partial: bool = typer.Option(False, "--allow-partial", help="--from-segment: build from a partial one."),
     model_id: str | None = typer.Option(
         None, "--model-id", help="Old model id for --from-npy (default: from OUT.json beside the .npy, else unknown)."
     ),
@@ -43,6 +47,9 @@ def build(
     train_size: int | None = typer.Option(None, "--train-size", help="Training sample size."),
     chunk_size: int = typer.Option(65536, "--chunk-size", min=1, help="Vectors added per chunk (bounds memory)."),
     force: bool = typer.Option(False, "--force", help="Replace an existing gallery."),
+    items: Path | None = typer.Option(
+        None, "--items", help="The item store of these rows (`encode --items-out`): its identity is recorded."
+    ),
     backend: str = typer.Option("faiss", "--backend", help="faiss (a local folder) or milvus (a collection)."),
     uri: str | None = typer.Option(None, "--uri", help="milvus: http://host:19530, or a milvus-lite ./x.db."),
     collection: str | None = typer.Option(None, "--collection", help="milvus: collection to create or resume."),
@@ -67,8 +74,8 @@ def build(
         raise InputError(f"--backend must be faiss or milvus, got {backend!r}")
     if out is None:
         raise InputError("give --out GALLERY_DIR (the folder to create)")
-    if (size is None) == (from_npy is None):
-        raise InputError("give exactly one of --size (synthetic world) or --from-npy FILE_OR_DIR")
+    if sum(x is not None for x in (size, from_npy, from_segment)) != 1:
+        raise InputError("give exactly one of --size (synthetic world), --from-npy FILE_OR_DIR or --from-segment DIR")
     if features not in ("raw", "psp", "lsp"):
         raise InputError(f"--features must be raw, psp or lsp, got {features!r}")
     if features != "raw" and from_npy is None:
@@ -82,7 +89,12 @@ def build(
     elif size is not None and size <= 0:
         raise InputError(f"--size must be positive, got {size}")
     try:
-        source = _source(size, from_npy, ids_npy, model_id, rows=features_file, synthetic_model=synthetic_model)
+        if from_segment is not None:
+            from service.segment.source import SegmentSource
+
+            source: Any = SegmentSource(from_segment, allow_partial)
+        else:
+            source = _source(size, from_npy, ids_npy, model_id, rows=features_file, synthetic_model=synthetic_model)
         params = resolve(
             source.ntotal,
             source.dim,
@@ -93,7 +105,10 @@ def build(
             train_size=train_size,
             chunk_size=chunk_size,
         )
-        meta = build_gallery(source, out, params, force=force, log=lambda line: typer.echo(line, err=True))
+        extra = {"items": _items_identity(items, source.ntotal)} if items is not None else None
+        meta = build_gallery(
+            source, out, params, force=force, log=lambda line: typer.echo(line, err=True), extra_meta=extra
+        )
     finally:
         if features_file is not None:  # the features are a build input only; the index holds them now
             features_file.unlink(missing_ok=True)
@@ -102,6 +117,20 @@ def build(
         f"built {out}: {meta['ntotal']:,} vectors, d={meta['d']}, {meta['factory']}, {size_mib:,.1f} MiB "
         f"in {meta['build']['total_s']:.0f} s, sha256 {str(meta['sha256'])[:16]}..."
     )
+
+
+def _items_identity(items: Path, ntotal: int) -> dict[str, Any]:
+    """The identity of the item store behind the rows; InputError when it holds another number of items."""
+    from service.errors import InputError
+    from service.items.store import ItemStore
+
+    store = ItemStore.open(items)
+    try:
+        if store.count != ntotal:
+            raise InputError(f"item store {items} holds {store.count:,} items, but the gallery gets {ntotal:,} rows")
+        return store.identity.as_dict()
+    finally:
+        store.close()
 
 
 def _milvus_client(uri: str | None, collection: str | None, token: str | None) -> Any:

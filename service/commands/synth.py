@@ -103,3 +103,19 @@ def test(
     targets = np.arange(size, dtype=np.int64)
     queries = np.sort(np.random.default_rng(seed).choice(size, n, replace=False)).astype(np.int64)
     _write(out, queries, targets, TEST_CAPTION, force, modality.value)
+
+
+@app.command("items")
+def items(
+    size: int = typer.Option(..., "--size", min=1, help="Gallery items 0..N-1, as `gallery build --size N` holds."),
+    out: Path = typer.Option(..., "--out", help="Item store folder to write."),
+    force: bool = typer.Option(False, "--force", help="Replace an existing item store."),
+) -> None:
+    """The item store of a synthetic gallery: id i -> `item-000000000i image` (what backfill re-encodes)."""
+    from service.encoders.synthetic import IMAGE_VIEW, format_item
+    from service.items.store import write_item_store
+
+    rows = ((i, format_item(i, IMAGE_VIEW)) for i in range(size))
+    # Text: the synthetic encoders read the view from the string itself (docs/synthetic-world.md).
+    meta = write_item_store(out, rows, Modality.text, f"synthetic world, items 0..{size - 1}", force=force)
+    typer.echo(f"wrote item store {out}: {meta['count']:,} synthetic items (image view)")

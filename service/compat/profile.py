@@ -68,6 +68,7 @@ from service.vocabulary import ADAPTER_HEADS, ALPHA_MODES, PROCRUSTES_HEADS, Hea
 
 if TYPE_CHECKING:
     from service.compat.adapter import TrainedAdapter
+    from service.compat.calibration import ScoreMap
 
 FORMAT_VERSION = 3
 READABLE_VERSIONS = (1, 2, 3)
@@ -108,6 +109,8 @@ class CompatProfile:
     adapter: dict[str, Any] | None = None  # adapter heads: TrainedAdapter.meta()
     classes: dict[str, Any] | None = None  # psp / lsp: old_classes, new_classes, top_k, class_map
     models: dict[str, Any] | None = None  # {"old": ModelIdentity.as_dict(), "new": ...} from models.json
+    # modality -> {"scale", "shift"}: new-space scores onto the old scale, for hybrid search (compat/calibration.py)
+    calibration: dict[str, Any] | None = None
 
     @property
     def dim(self) -> int:
@@ -163,6 +166,13 @@ class CompatProfile:
             raise ArtifactError(f"profile (head {self.head}) has no class counts")
         return self.classes
 
+    def score_map(self, modality: str) -> ScoreMap | None:
+        """The calibration of new-space scores for `modality` (hybrid search), or None when none was fitted."""
+        from service.compat.calibration import ScoreMap
+
+        line = (self.calibration or {}).get(modality)
+        return None if line is None else ScoreMap.from_dict(line)
+
     @property
     def profile_id(self) -> str:
         """Short id derived from the sha256 of the metadata (which includes the tensors' sha256)."""
@@ -197,6 +207,7 @@ class CompatProfile:
             "classes": self.classes,
             # Only when known: a profile without identities keeps the profile_id it always had.
             **({"models": self.models} if self.models is not None else {}),
+            **({"calibration": self.calibration} if self.calibration is not None else {}),
         }
 
 
@@ -215,6 +226,7 @@ def _validate(profile: CompatProfile, meta_where: Path | str, tensors_where: Pat
         if t.dtype != np.float32 or not np.isfinite(t).all():
             raise ArtifactError(f"{tensors_where}: tensor {name} must be finite float32")
     _validate_params(profile, meta_where)
+    _validate_calibration(profile, meta_where)
     if profile.head in PROCRUSTES_HEADS:
         _validate_rotation(profile, tensors_where)
     elif profile.head in ADAPTER_HEADS:
@@ -255,6 +267,17 @@ def _validate_params(profile: CompatProfile, where: Path | str) -> None:
     for modality in profile.alphas:
         if own is not None and own not in profile.params.get(modality, {}):
             raise ArtifactError(f"{where}: no {own} parameters for modality {modality!r}, which has an alpha")
+
+
+def _validate_calibration(profile: CompatProfile, where: Path | str) -> None:
+    """Each modality's score map: two finite numbers, a positive scale."""
+    from service.compat.calibration import ScoreMap
+
+    for modality, line in (profile.calibration or {}).items():
+        try:
+            ScoreMap.from_dict(line)
+        except (KeyError, TypeError, ValueError) as exc:
+            raise ArtifactError(f"{where}: calibration for modality {modality!r}: {exc}") from exc
 
 
 def _validate_rotation(profile: CompatProfile, where: Path | str) -> None:
@@ -471,6 +494,7 @@ def _from_meta(
             adapter=_optional_dict(meta.get("adapter")),
             classes=_optional_dict(meta.get("classes")),
             models=_optional_dict(meta.get("models")),  # absent before the model identities were recorded
+            calibration=_optional_dict(meta.get("calibration")),  # absent before hybrid search
         )
     except (KeyError, TypeError, ValueError, AttributeError) as exc:
         raise ArtifactError(f"{meta_path}: malformed field ({type(exc).__name__}: {exc})") from exc

@@ -8,7 +8,9 @@ gallery: by default (`eval_gallery="support"`) the old targets of every fold, at
 (the other folds' targets are distractors only; a larger gallery ranks like the production one, and on
 the real corpus a fold-sized gallery pushed alpha up), or with "fold" fold f's targets alone.  This
 removes the bias of the same-set rule, where R was fitted on the very pairs that score alpha, which
-makes v look better than it is and pushes alpha toward 1.
+makes v look better than it is and pushes alpha toward 1.  The folds, each fold's training rows and
+its sampled held-out queries and gallery are drawn once, as a CrossFitPlan (crossfit.py), which R's
+fit and the learnt map's fit below both walk.
 Same-set (`same_set=True`, 002_... protocol): R on all support rows, alpha scored on all support
 queries against all support targets.
 Either way the final R is refitted on all support rows.  At most `max_eval_queries` queries per fold
@@ -53,6 +55,7 @@ import numpy as np
 import numpy.typing as npt
 
 from service.compat.arcsearch import PathSummary, summarise_blends, summarise_path
+from service.compat.crossfit import MAX_EVAL_GALLERY, CrossFitPlan, FoldRows
 from service.compat.io import Split
 from service.compat.metrics import KS, relevance
 from service.compat.procrustes import (
@@ -72,9 +75,7 @@ I64 = npt.NDArray[np.int64]
 ALPHA_GRID: tuple[float, ...] = tuple(round(0.1 * i, 1) for i in range(11))
 SLOPE_GRID: tuple[float, ...] = (-8.0, -4.0, -2.0, -1.0, 0.0, 1.0, 2.0, 4.0, 8.0)
 MAX_EVAL_QUERIES = 5000
-# Held-out gallery cap of eval_gallery="support": 5,000 queries x 50,000 targets per fold keeps a fit
-# at 10^5+ support pairs to about a minute on 2 cores, and a gallery that size already ranks like a large one.
-MAX_EVAL_GALLERY = 50_000
+_ONLY = "support"  # the one split's name in the cross-fit plan of fit_mapped_slerp
 
 
 class RowMap(Protocol):
@@ -157,35 +158,6 @@ def support_pairs(split: Split, fit_on: FitOn) -> tuple[F32, F32, list[str]]:
     return new, old, [b.name for b in blocks]
 
 
-def _assign_folds(split: Split, folds: int, rng: np.random.Generator) -> tuple[I64, I64]:
-    """Fold of every query row and every target row, drawn per id so relevant pairs share a fold."""
-    return _assign_joint([split], folds, rng)[0]
-
-
-def _assign_joint(splits: Sequence[Split], folds: int, rng: np.random.Generator) -> list[tuple[I64, I64]]:
-    """Folds of the query and target rows of several splits, drawn per id over all of them at once.
-
-    Query ids are dealt round-robin over a random permutation first, so every fold gets queries;
-    ids that only targets carry (distractors) are dealt the same way afterwards.  An id shared by
-    two splits (the same item's text and image pairs) lands in one fold, so no fold's R has seen
-    another modality's view of a held-out item.
-    """
-    q_ids = np.unique(np.concatenate([s.query_ids for s in splits]))
-    t_only = np.setdiff1d(np.unique(np.concatenate([s.target_ids for s in splits])), q_ids)
-    ids = np.concatenate([q_ids, t_only])
-    fold_of = np.empty(len(ids), dtype=np.int64)
-    fold_of[: len(q_ids)][rng.permutation(len(q_ids))] = np.arange(len(q_ids)) % folds
-    fold_of[len(q_ids) :][rng.permutation(len(t_only))] = np.arange(len(t_only)) % folds
-    order = np.argsort(ids)
-    sorted_ids = ids[order]
-    out = []
-    for s in splits:
-        q = fold_of[order[np.searchsorted(sorted_ids, s.query_ids)]]
-        t = fold_of[order[np.searchsorted(sorted_ids, s.target_ids)]]
-        out.append((q, t))
-    return out
-
-
 def _total(mats: Sequence[F64]) -> F64:
     """Element-wise sum of equally shaped cross-covariances."""
     out: F64 = np.sum(np.stack(mats), axis=0)
@@ -195,6 +167,13 @@ def _total(mats: Sequence[F64]) -> F64:
 def _block_cov(block: _Block, rows: npt.NDArray[np.bool_]) -> F64:
     """Cross-covariance of the selected rows of one block."""
     return cross_covariance(block.new[rows], block.old[rows])
+
+
+def _fold_covariances(plan: CrossFitPlan, blocks: Mapping[str, Sequence[_Block]]) -> list[F64]:
+    """Per fold of the plan, the cross-covariance of its own rows of every block (what its fit leaves out)."""
+    return [
+        _total([_block_cov(b, fold.rows[m].in_fold(b.name)) for m in blocks for b in blocks[m]]) for fold in plan.folds
+    ]
 
 
 def _cosines(old: F32, new: F32, r: F32) -> F64:
@@ -336,29 +315,6 @@ def _check_fit_args(split: Split, fit_on: str, folds: int, same_set: bool) -> No
         raise InputError(f"{split.path / 'old_query.npy'}: fewer distinct query ids than --folds {folds}")
 
 
-def _sample_rows(rows: I64, cap: int, rng: np.random.Generator) -> I64:
-    """At most `cap` of `rows`, a seeded sample kept in order (held-out scoring cost is bounded)."""
-    if len(rows) <= cap:
-        return rows
-    return np.sort(rng.choice(rows, cap, replace=False))
-
-
-def _gallery_rows(t_fold: I64, fold: int, eval_gallery: EvalGallery, rng: np.random.Generator) -> I64:
-    """Held-out gallery of a fold: its own targets, plus (eval_gallery "support") the other folds' up to the cap.
-
-    The other folds' targets only add distractors: the held-out queries' relevant targets are all in
-    their own fold, which R_f has never seen.  A larger gallery ranks more like the production one.
-    """
-    own = np.flatnonzero(t_fold == fold)
-    if eval_gallery == "fold":
-        return own
-    others = np.flatnonzero(t_fold != fold)
-    room = max(0, MAX_EVAL_GALLERY - len(own))
-    if len(others) > room:
-        others = rng.choice(others, room, replace=False)
-    return np.sort(np.concatenate([own, others]))
-
-
 def _report_basics(
     split: Split,
     blocks: Sequence[_Block],
@@ -475,7 +431,9 @@ def fit_modalities(
     names = list(splits)
     for s in splits.values():
         _check_fit_args(s, fit_on, folds, same_set)
-    rng = np.random.default_rng(seed)
+    plan = CrossFitPlan.draw(
+        splits, folds=folds, same_set=same_set, seed=seed, max_eval_queries=max_eval_queries, eval_gallery=eval_gallery
+    )
     blocks = {m: _fit_blocks(s, fit_on) for m, s in splits.items()}
     held: dict[str, list[_Held]] = {m: [] for m in names}
     held_without: dict[str, list[_Held]] = {m: [] for m in names}  # the same folds, R without query_pairs
@@ -485,34 +443,27 @@ def fit_modalities(
         m_all = _total([cross_covariance(b.new, b.old) for m in names for b in blocks[m]])
         r_thin = thin_rotation(m_all + extra)
         r_without = thin_rotation(m_all) if query_pairs else None
+        (only,) = plan.folds
         for m, s in splits.items():
-            q_rows = _sample_rows(np.arange(len(s.old_query)), max_eval_queries, rng)
-            t_rows = np.arange(len(s.old_target))
-            held[m].append(_score_fold(s, r_thin, q_rows, t_rows))
+            part = only.rows[m]
+            held[m].append(_score_fold(s, r_thin, part.scored, part.gallery))
             if r_without is not None:
-                held_without[m].append(_score_fold(s, r_without, q_rows, t_rows))
+                held_without[m].append(_score_fold(s, r_without, part.scored, part.gallery))
     else:
-        assigned = dict(zip(names, _assign_joint([splits[m] for m in names], folds, rng), strict=True))
-        fold_of = {m: {"query": q, "target": t} for m, (q, t) in assigned.items()}
-        per_fold_m = [
-            _total([_block_cov(b, fold_of[m][b.name] == f) for m in names for b in blocks[m]]) for f in range(folds)
-        ]
+        per_fold_m = _fold_covariances(plan, blocks)
         m_total = _total(per_fold_m)
         r_thin = thin_rotation(m_total + extra)
         cos_parts: dict[str, list[F64]] = {m: [] for m in names}
-        for f in range(folds):
+        for fold, m_fold in zip(plan.folds, per_fold_m, strict=True):
             # R for fold f never sees fold f's rows: subtract its cross-covariance from the total.
-            r_f = thin_rotation(m_total - per_fold_m[f] + extra)
-            r_f_without = thin_rotation(m_total - per_fold_m[f]) if query_pairs else None  # one SVD per fold
+            r_f = thin_rotation(m_total - m_fold + extra)
+            r_f_without = thin_rotation(m_total - m_fold) if query_pairs else None  # one SVD per fold
             for m, s in splits.items():
-                q_fold, t_fold = assigned[m]
-                q_all = np.flatnonzero(q_fold == f)
-                cos_parts[m].append(_cosines(s.old_query[q_all], s.new_query[q_all], r_f))
-                q_rows = _sample_rows(q_all, max_eval_queries, rng)
-                t_rows = _gallery_rows(t_fold, f, eval_gallery, rng)
-                held[m].append(_score_fold(s, r_f, q_rows, t_rows))
+                part = fold.rows[m]
+                cos_parts[m].append(_cosines(s.old_query[part.queries], s.new_query[part.queries], r_f))
+                held[m].append(_score_fold(s, r_f, part.scored, part.gallery))
                 if r_f_without is not None:
-                    held_without[m].append(_score_fold(s, r_f_without, q_rows, t_rows))
+                    held_without[m].append(_score_fold(s, r_f_without, part.scored, part.gallery))
         oof_cos = {m: np.concatenate(parts) for m, parts in cos_parts.items()}
     # Only the [d_new, d_old] block of R is ever read; the completion makes the stored R square.
     r_final = complete_rotation(r_thin)
@@ -696,7 +647,14 @@ def fit_mapped_slerp(
     """
     _check_fit_args(split, fit_on, folds, same_set)
     check_criterion(criterion)
-    rng = np.random.default_rng(seed)
+    plan = CrossFitPlan.draw(
+        {_ONLY: split},
+        folds=folds,
+        same_set=same_set,
+        seed=seed,
+        max_eval_queries=max_eval_queries,
+        eval_gallery=eval_gallery,
+    )
     blocks = _fit_blocks(split, fit_on)
     held: list[_Held] = []
     by_epoch: list[list[_Held]] = []  # [fold][epoch]
@@ -705,30 +663,25 @@ def fit_mapped_slerp(
     oof_cos = np.empty(0)
     stopping: dict[str, Any] | None = None
     if not same_set:
-        q_fold, t_fold = _assign_folds(split, folds, rng)
-        fold_of = {"query": q_fold, "target": t_fold}
-        per_fold_m = [_total([_block_cov(b, fold_of[b.name] == f) for b in blocks]) for f in range(folds)]
+        per_fold_m = _fold_covariances(plan, {_ONLY: blocks})
         m_total = _total(per_fold_m)
         cos_parts = []
-        for f in range(folds):
-            q_rows = _sample_rows(np.flatnonzero(q_fold == f), max_eval_queries, rng)
-            t_rows = _gallery_rows(t_fold, f, eval_gallery, rng)
+        for fold, m_fold in zip(plan.folds, per_fold_m, strict=True):
+            part = fold.rows[_ONLY]
             epochs_f: list[_Held] = []
 
-            def hook(
-                _: int, live: RowMap, q_rows: I64 = q_rows, t_rows: I64 = t_rows, out: list[_Held] = epochs_f
-            ) -> None:
-                out.append(_score_mapped(split, live, q_rows, t_rows))
+            def hook(_: int, live: RowMap, part: FoldRows = part, out: list[_Held] = epochs_f) -> None:
+                out.append(_score_mapped(split, live, part.scored, part.gallery))
 
             started = time.perf_counter()
             # The fold-f map never sees fold f's rows, neither its queries nor its targets.
-            pairs = _stack(blocks, [fold_of[b.name] != f for b in blocks])
+            pairs = _stack(blocks, [part.train(b.name) for b in blocks])
             mapper_f = fit_map(*pairs, on_epoch=hook) if early_stop else fit_map(*pairs)
             fold_seconds.append(round(time.perf_counter() - started, 3))
-            cos_parts.append(_mapped_cos(split, mapper_f, np.flatnonzero(q_fold == f))[2])
-            held.append(_score_mapped(split, mapper_f, q_rows, t_rows))
+            cos_parts.append(_mapped_cos(split, mapper_f, part.queries)[2])
+            held.append(_score_mapped(split, mapper_f, part.scored, part.gallery))
             by_epoch.append(epochs_f)
-            procrustes.append(_score_fold(split, thin_rotation(m_total - per_fold_m[f]), q_rows, t_rows))
+            procrustes.append(_score_fold(split, thin_rotation(m_total - m_fold), part.scored, part.gallery))
         oof_cos = np.concatenate(cos_parts)
         if early_stop:
             stopping = _early_stop(by_epoch, criterion)
@@ -738,8 +691,8 @@ def fit_mapped_slerp(
     else:
         mapper = fit_map(*_stack(blocks))
     if same_set:
-        q_rows = _sample_rows(np.arange(len(split.old_query)), max_eval_queries, rng)
-        held.append(_score_mapped(split, mapper, q_rows, np.arange(len(split.old_target))))
+        (only,) = plan.folds
+        held.append(_score_mapped(split, mapper, only.rows[_ONLY].scored, only.rows[_ONLY].gallery))
     final_cos = _mapped_cos(split, mapper, np.arange(len(split.old_query)))[2]
 
     rows = [_curve_row({"alpha": a}, _fold_scores(held, _slerp_weights(a))) for a in ALPHA_GRID]

@@ -52,7 +52,7 @@ import numpy as np
 
 from service import metrics
 from service.encoders.base import Embeddings, Encoder
-from service.errors import EncoderFailed, EncoderTimeout, NobackfillError, NotReady
+from service.errors import EncoderFailed, EncoderProcessExited, EncoderTimeout, NobackfillError, NotReady
 from service.vocabulary import Modality
 
 log = logging.getLogger(__name__)
@@ -108,16 +108,6 @@ class MicroBatcher:
         self._collector: asyncio.Task[None] | None = None
         self._accepting = False
         self._draining = False
-
-    @property
-    def queue_depth(self) -> int:
-        """Items waiting for a batch (not counting the batch on the worker now)."""
-        return self._depth
-
-    @property
-    def running(self) -> bool:
-        """True between start() and stop()."""
-        return self._accepting
 
     def problem(self) -> str | None:
         """Why this batcher cannot serve right now (for /readyz), or None when it can."""
@@ -369,7 +359,9 @@ class MicroBatcher:
             metrics.ENCODER_FAILURES.labels(encoder=self.name, reason="raised").inc()
             if len(batch) > 1:
                 return False
-            if isinstance(exc, NobackfillError):  # ours on purpose (e.g. `external` refusing content): as is
+            # Ours on purpose (e.g. `external` refusing content): as is.  A dead child process is no answer
+            # meant for the caller: a plain encoder_failed, as for any other crash.
+            if isinstance(exc, NobackfillError) and not isinstance(exc, EncoderProcessExited):
                 self._fail(batch, exc)
                 return True
             failed = EncoderFailed(f"encoder {self.name!r} failed on {len(items)} input(s)")

@@ -21,6 +21,7 @@ from typing import Any
 from service.errors import ArtifactError, InputError
 
 MODELS_JSON = "models.json"
+IDENTITY_KEYS = ("backend", "model_id", "fingerprint", "dim")
 WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".onnx", ".msgpack", ".h5")
 _BLOCK = 8 << 20
 
@@ -63,7 +64,14 @@ class ModelIdentity:
 
     @classmethod
     def from_dict(cls, data: Any, where: str) -> ModelIdentity:
-        """Parse a JSON object written by `as_dict`; ArtifactError naming `where` when it is malformed."""
+        """Parse a JSON object written by `as_dict`; ArtifactError naming `where` and what is wrong otherwise."""
+        if data is None:
+            raise ArtifactError(f"{where}: no model identity ({', '.join(IDENTITY_KEYS)})")
+        if not isinstance(data, dict):
+            raise ArtifactError(f"{where}: the model identity is {json_type(data)}, not an object")
+        missing = [key for key in ("backend", "model_id", "dim") if key not in data]  # fingerprint: None if absent
+        if missing:
+            raise ArtifactError(f"{where}: the model identity has no {', '.join(map(repr, missing))}")
         try:
             fingerprint = data.get("fingerprint")
             return cls(
@@ -72,7 +80,7 @@ class ModelIdentity:
                 fingerprint=None if fingerprint is None else str(fingerprint),
                 dim=int(data["dim"]),
             )
-        except (AttributeError, KeyError, TypeError, ValueError) as exc:
+        except (TypeError, ValueError) as exc:  # a dim that is not a number
             raise ArtifactError(f"{where}: malformed model identity ({type(exc).__name__}: {exc})") from exc
 
     def same_model(self, other: ModelIdentity) -> bool:
@@ -80,6 +88,16 @@ class ModelIdentity:
         if (self.model_id, self.dim) != (other.model_id, other.dim):
             return False
         return self.fingerprint is None or other.fingerprint is None or self.fingerprint == other.fingerprint
+
+
+def json_type(value: Any) -> str:
+    """What a parsed JSON value is, as JSON names it ("an array", "null", ...), for error messages."""
+    if value is None:
+        return "null"
+    for kind, name in ((bool, "a boolean"), (int | float, "a number"), (str, "a string"), (list, "an array")):
+        if isinstance(value, kind):
+            return name
+    return "an object"
 
 
 def read_json(path: Path) -> dict[str, Any]:
@@ -101,7 +119,14 @@ def read_models_json(folder: Path) -> tuple[ModelIdentity, ModelIdentity] | None
     if not path.exists():
         return None
     data = read_json(path)
-    return (
-        ModelIdentity.from_dict(data.get("old"), f"{path} (old)"),
-        ModelIdentity.from_dict(data.get("new"), f"{path} (new)"),
-    )
+    sides = []
+    for side in ("old", "new"):
+        # Said here, not by from_dict: which key of the file is missing or is not an object.
+        if side not in data:
+            raise ArtifactError(f"{path}: no {side!r} key (the {side} model's identity: {', '.join(IDENTITY_KEYS)})")
+        if not isinstance(data[side], dict):
+            raise ArtifactError(
+                f"{path}: {side!r} is {json_type(data[side])}, not an object (the {side} model's identity)"
+            )
+        sides.append(ModelIdentity.from_dict(data[side], f"{path} ({side})"))
+    return sides[0], sides[1]

@@ -17,6 +17,8 @@ state, nor multiprocessing's spawn, which re-imports the parent's main script); 
 over a socket pair through multiprocessing's Connection (pickled messages).
 
     the child cannot build the encoder   InputError with the child's own one-line message (startup refusal)
+    the child loads past load_timeout_s  it is killed and reaped; EncoderFailed naming the deadline (a hung
+                                         load refuses the start instead of blocking it forever)
     the model raises in the child        the same exception, re-raised here (the batcher's rules apply)
     the child dies (OOM kill, a crash)   EncoderProcessExited for the batch in flight, after a new child
                                          is started, so the batcher's call-by-call retry finds it ready;
@@ -24,6 +26,11 @@ over a socket pair through multiprocessing's Connection (pickled messages).
     a call outlives the batcher's timeout  the batcher calls interrupt(): the child is killed, so the
                                          replica is back (a new child) once it has loaded, not whenever
                                          the stuck call would have returned (a thread cannot be killed)
+    ... while its child is being replaced  the interrupt is kept: the call ends as soon as the new child is
+                                         ready, without running its batch there (a batch that hangs the
+                                         model would otherwise hang the new child too, with no interrupt
+                                         left to come); the new child is left to load, since killing it
+                                         would never let a model that loads slower than timeout_s back
     the service exits                    the child reads EOF on its pipe and exits with it
 """
 
@@ -36,6 +43,7 @@ import socket
 import subprocess
 import sys
 import threading
+import time
 from concurrent.futures import ThreadPoolExecutor
 from multiprocessing.connection import Connection
 from typing import Any, Literal
@@ -44,7 +52,7 @@ import numpy as np
 
 from service import metrics
 from service.encoders.base import Embeddings, Encoder, describe
-from service.errors import InputError
+from service.errors import EncoderFailed, EncoderProcessExited, InputError, NobackfillError
 from service.settings import EncoderSettings
 from service.vocabulary import Modality, Role
 
@@ -66,10 +74,6 @@ def isolation_of(settings: EncoderSettings) -> Literal["thread", "process"]:
     if settings.isolation != "auto":
         return settings.isolation
     return "process" if settings.backend in PROCESS_BY_DEFAULT else "thread"
-
-
-class EncoderProcessExited(RuntimeError):
-    """The child process died during a call (its exit code says how); a new one has been started."""
 
 
 def _portable(exc: BaseException) -> BaseException:
@@ -122,6 +126,9 @@ class ProcessEncoder:
         self._process: subprocess.Popen[bytes] | None = None
         self._described: dict[str, Any] = {}  # the child encoder's describe(), as it reported it
         self._closed = False
+        # Set by interrupt(), cleared when a call starts: an interrupt that finds no live child (it is
+        # being replaced) is honoured by the call once the replacement is ready.
+        self._interrupted = threading.Event()
         self._spawn()
         # What the service reads of an encoder, from that report (a restarted child is the same model).
         self.dim: int = self._described["dim"]
@@ -132,7 +139,7 @@ class ProcessEncoder:
 
     @property
     def pid(self) -> int | None:
-        """The child's process id (None once stopped)."""
+        """The child's process id (None once stopped), for whoever signals it: the tests; the service never does."""
         return None if self._process is None else self._process.pid
 
     def details(self) -> dict[str, Any]:
@@ -151,11 +158,17 @@ class ProcessEncoder:
         """Nothing to do: every child warms its encoder (each modality) before it reports ready."""
 
     def interrupt(self) -> None:
-        """Kill the child in the middle of a call that has run too long; the call then fails and a new child starts."""
+        """Kill the child in the middle of a call that has run too long; the call then fails and a new child starts.
+
+        While the child is being replaced (no live one), the call fails once the new one is ready instead.
+        """
+        self._interrupted.set()
         process = self._process  # read without the lock: the stuck call holds it
         if process is not None and process.poll() is None:
             log.error("%s encoder process %d: a call outlived its timeout; killing it", self.role, process.pid)
             process.kill()
+        else:
+            log.error("%s encoder process: a call outlived its timeout while a new child loads", self.role)
 
     def close(self) -> None:
         """Ask the child to exit; terminate it when it does not within STOP_GRACE_S."""
@@ -167,12 +180,15 @@ class ProcessEncoder:
         with self._lock:
             if self._closed:
                 raise EncoderProcessExited(f"{self.role} encoder process was stopped")
+            self._interrupted.clear()  # an earlier call's interrupt is spent (it killed that call's child)
             if self._conn is None:  # the last restart failed: try again now
                 self._restart()
             elif self._process is not None and self._process.poll() is not None:
                 # It died between calls (or was interrupted just as its call returned): no call of
                 # its was lost, so this one waits for a new child instead of failing.
                 self._replace_dead("between calls")
+            if self._interrupted.is_set():  # the batcher gave up on this call while the new child loaded
+                raise EncoderProcessExited(f"{self.role} encoder call was interrupted while its process was replaced")
             assert self._conn is not None
             try:
                 self._conn.send(message)
@@ -187,7 +203,8 @@ class ProcessEncoder:
     # -- the child's lifecycle -------------------------------------------------------------------
 
     def _spawn(self) -> None:
-        """Start a child and wait until it reports ready; InputError with its message when it cannot."""
+        """Start a child and wait until it reports ready; InputError with its message when it cannot,
+        EncoderFailed when it has not within load_timeout_s (the child is then killed)."""
         parent_sock, child_sock = socket.socketpair()
         process = subprocess.Popen(
             [sys.executable, "-m", "service.encoders.process", str(child_sock.fileno())], pass_fds=[child_sock.fileno()]
@@ -195,14 +212,13 @@ class ProcessEncoder:
         child_sock.close()  # only the child holds this end now: its death reads as EOF here
         conn = Connection(parent_sock.detach())
         try:
-            conn.send((self.settings, self.role))
-            while not conn.poll(POLL_S):
-                if process.poll() is not None:
-                    break
-            status, value = conn.recv()
-        except (EOFError, OSError):
+            status, value = self._await_ready(conn, process)
+        except BaseException:  # too slow, dead, or this thread interrupted: no child is left loading
             conn.close()
-            raise InputError(f"the encoder process exited with code {process.wait()} while loading the model") from None
+            if process.poll() is None:
+                process.kill()
+            process.wait()
+            raise
         if status == "error":
             conn.close()
             process.wait()
@@ -210,6 +226,25 @@ class ProcessEncoder:
                 raise value
             raise InputError(f"the encoder process could not build the encoder: {type(value).__name__}: {value}")
         self._conn, self._process, self._described = conn, process, value
+
+    def _await_ready(self, conn: Connection, process: subprocess.Popen[bytes]) -> tuple[str, Any]:
+        """Send the child its settings and wait for its report, at most load_timeout_s."""
+        limit = self.settings.load_timeout_s
+        deadline = time.monotonic() + limit
+        try:
+            conn.send((self.settings, self.role))
+            while not conn.poll(max(0.0, min(POLL_S, deadline - time.monotonic()))):
+                if process.poll() is not None:
+                    break
+                if time.monotonic() >= deadline:
+                    raise EncoderFailed(
+                        f"the encoder process did not load the model within {limit:g} s "
+                        f"(NOBACKFILL_{self.role.upper()}__LOAD_TIMEOUT_S); it was killed"
+                    )
+            report: tuple[str, Any] = conn.recv()
+        except (EOFError, OSError):
+            raise InputError(f"the encoder process exited with code {process.wait()} while loading the model") from None
+        return report
 
     def _replace_dead(self, when: str) -> int | None:
         """Reap a child that exited, count it, start a new one; the dead child's exit code."""
@@ -223,7 +258,7 @@ class ProcessEncoder:
         """Start a new child after one died; a failure here is this call's failure (a 500), never a 400."""
         try:
             self._spawn()
-        except InputError as exc:
+        except NobackfillError as exc:
             raise EncoderProcessExited(f"{self.role} encoder process could not be restarted: {exc.message}") from exc
 
     def _reap(self) -> int | None:

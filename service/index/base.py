@@ -14,6 +14,8 @@ nprobe means nothing to the index (a flat or graph index in Milvus), and any npr
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
+from functools import cached_property
 from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
@@ -22,9 +24,69 @@ import numpy.typing as npt
 from service.errors import InputError
 
 Queries = npt.NDArray[np.float32]
+Ids = npt.NDArray[np.int64]
+Hits = tuple[npt.NDArray[np.float32], Ids]
+# Over-fetching for a backend without id filters grows the list this many times before giving up on a row.
+_OVERFETCH_ROUNDS = 6
 
 if TYPE_CHECKING:
     from service.settings import IndexSettings
+
+
+@dataclass(frozen=True, eq=False)
+class Exclusion:
+    """Gallery ids a search must skip (the items moved into the new-model segment), sorted."""
+
+    ids: Ids = field(repr=False)
+
+    @cached_property
+    def faiss_selector(self) -> Any:
+        """A faiss IDSelectorNot over these ids (built once; the inner selector is kept alive beside it)."""
+        import faiss
+
+        inner = faiss.IDSelectorBatch(len(self.ids), faiss.swig_ptr(np.ascontiguousarray(self.ids)))
+        return _Selector(faiss.IDSelectorNot(inner), inner)
+
+    def drop(self, ids: Ids) -> npt.NDArray[np.bool_]:
+        """Which of `ids` are excluded."""
+        if not len(self.ids):
+            return np.zeros(ids.shape, dtype=bool)
+        pos = np.minimum(np.searchsorted(self.ids, ids), len(self.ids) - 1)
+        return np.asarray(self.ids[pos] == ids)
+
+
+@dataclass(frozen=True)
+class _Selector:
+    """faiss' IDSelectorNot does not own its inner selector: both live here."""
+
+    outer: Any
+    inner: Any
+
+
+def excluding_by_overfetch(search: Any, queries: Queries, k: int, nprobe: int, exclusion: Exclusion) -> Hits:
+    """search(queries, k', nprobe) with the excluded ids filtered out, fetching more until k remain (or none are left).
+
+    For backends without a native id filter (Milvus, a GPU index): exact as long as the list can grow.
+    """
+    scores = np.full((len(queries), k), -np.inf, dtype=np.float32)
+    ids = np.full((len(queries), k), -1, dtype=np.int64)
+    todo = np.arange(len(queries))
+    fetch = 2 * k
+    for _ in range(_OVERFETCH_ROUNDS):
+        if not len(todo):
+            break
+        got_s, got_i = search(queries[todo], fetch, nprobe)
+        keep = (got_i >= 0) & ~exclusion.drop(got_i)
+        short = []
+        for row, q in enumerate(todo.tolist()):
+            picked = np.flatnonzero(keep[row])[:k]
+            ids[q, : len(picked)] = got_i[row, picked]
+            scores[q, : len(picked)] = got_s[row, picked]
+            if len(picked) < k and got_i[row, -1] >= 0:  # the list was full: more may lie beyond it
+                short.append(q)
+        todo = np.array(short, dtype=np.int64)
+        fetch *= 4
+    return scores, ids
 
 
 class GalleryBackend(Protocol):
@@ -42,10 +104,8 @@ class GalleryBackend(Protocol):
         """The largest nprobe a search takes (the IVF nlist), or None when the index has no nprobe."""
         ...
 
-    def search(
-        self, queries: npt.ArrayLike, k: int, nprobe: int
-    ) -> tuple[npt.NDArray[np.float32], npt.NDArray[np.int64]]:
-        """Top-k inner products of queries [b, d]: (scores [b, k] float32, ids [b, k] int64; -1 pads a short list)."""
+    def search(self, queries: npt.ArrayLike, k: int, nprobe: int, exclude: Exclusion | None = None) -> Hits:
+        """Top-k inner products of queries [b, d], skipping `exclude`'s ids: (scores [b, k], ids [b, k]; -1 pads)."""
         ...
 
     def describe(self) -> dict[str, Any]:

@@ -133,8 +133,12 @@ def build_gallery(
     force: bool = False,
     progress: bool = True,
     log: Log = print,
+    extra_meta: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """Build the gallery of `source` into folder `out` and return its gallery.json contents."""
+    """Build the gallery of `source` into folder `out` and return its gallery.json contents.
+
+    extra_meta: more gallery.json keys (the item store's identity, say).
+    """
     check_output(out, force)
     started = time.monotonic()
     tmp = sibling_dir(out)
@@ -159,6 +163,7 @@ def build_gallery(
         with index_path.open("rb") as f:
             os.fsync(f.fileno())
         meta = _meta(source, params, index_path, agreement, train_s, time.monotonic() - started)
+        meta.update(extra_meta or {})
         write_meta(tmp, meta)
         _publish(tmp, out, force)
     finally:

@@ -26,7 +26,7 @@ import numpy.typing as npt
 from service.errors import ArtifactError, InputError
 from service.index import graph_quantizer
 from service.index.artifact import INDEX_NAME, edges_sha256, read_checked_meta
-from service.index.base import checked_queries
+from service.index.base import Exclusion, checked_queries, excluding_by_overfetch
 from service.manifest import sha256_of
 
 Verify = Literal["sha256", "size"]
@@ -151,23 +151,35 @@ class Gallery:
         return cls(folder, meta, index, nlist, resources, graph, graph_ef)
 
     def search(
-        self, queries: npt.ArrayLike, k: int, nprobe: int
+        self, queries: npt.ArrayLike, k: int, nprobe: int, exclude: Exclusion | None = None
     ) -> tuple[npt.NDArray[np.float32], npt.NDArray[np.int64]]:
-        """Top-k inner products of queries [b, d]: (scores [b, k] float32, ids [b, k] int64; -1 pads a short list)."""
+        """Top-k inner products of queries [b, d], skipping `exclude`'s ids: (scores [b, k], ids [b, k]; -1 pads)."""
         q = checked_queries(queries, self.dim, k, nprobe, self.nlist)
         if q.shape[0] == 0:
             return np.zeros((0, k), dtype=np.float32), np.zeros((0, k), dtype=np.int64)
+        if exclude is not None and len(exclude.ids):
+            if self.on_gpu:  # GPU indexes take no id selector
+                return excluding_by_overfetch(self.search, q, k, nprobe, exclude)
+            return self._search_cpu(q, k, nprobe, exclude.faiss_selector.outer)
         if self.on_gpu:
             with self._gpu_lock:
                 faiss.GpuParameterSpace().set_index_parameter(self._index, "nprobe", nprobe)
                 scores, ids = self._index.search(q, k)
-        else:
-            params = faiss.SearchParametersIVF()
-            params.nprobe = nprobe
-            if self._graph is not None:
-                graph_params = graph_quantizer.search_params(nprobe, self.graph_ef)
-                params.quantizer_params = graph_params  # `graph_params` stays referenced until search returns
-            scores, ids = self._index.search(q, k, params=params)
+            return np.asarray(scores, dtype=np.float32), np.asarray(ids, dtype=np.int64)
+        return self._search_cpu(q, k, nprobe, None)
+
+    def _search_cpu(
+        self, q: npt.NDArray[np.float32], k: int, nprobe: int, selector: Any
+    ) -> tuple[npt.NDArray[np.float32], npt.NDArray[np.int64]]:
+        """One CPU search with nprobe (and the id selector, when given) carried by the call's own parameters."""
+        params = faiss.SearchParametersIVF()
+        params.nprobe = nprobe
+        if selector is not None:
+            params.sel = selector
+        if self._graph is not None:
+            graph_params = graph_quantizer.search_params(nprobe, self.graph_ef)
+            params.quantizer_params = graph_params  # `graph_params` stays referenced until search returns
+        scores, ids = self._index.search(q, k, params=params)
         return np.asarray(scores, dtype=np.float32), np.asarray(ids, dtype=np.int64)
 
     @property

@@ -33,7 +33,7 @@ import numpy.typing as npt
 
 from service import metrics
 from service.errors import ArtifactError, GalleryUnavailable
-from service.index.base import checked_queries, setting_line
+from service.index.base import Exclusion, checked_queries, excluding_by_overfetch, setting_line
 
 if TYPE_CHECKING:
     from service.settings import IndexSettings
@@ -239,10 +239,13 @@ class MilvusGallery:
         return {"metric_type": self.metric, "params": params}
 
     def search(
-        self, queries: npt.ArrayLike, k: int, nprobe: int
+        self, queries: npt.ArrayLike, k: int, nprobe: int, exclude: Exclusion | None = None
     ) -> tuple[npt.NDArray[np.float32], npt.NDArray[np.int64]]:
-        """Top-k of queries [b, d] by the collection's IP / COSINE: (scores [b, k], ids [b, k]; -1 pads)."""
+        """Top-k of queries [b, d] by the collection's IP / COSINE, skipping `exclude` (over-fetched): -1 pads."""
         q = checked_queries(queries, self.dim, k, nprobe, self.max_nprobe)
+        if exclude is not None and len(exclude.ids):
+            # An `id not in [...]` filter of up to millions of ids is no query to send: fetch more, drop locally.
+            return excluding_by_overfetch(self.search, q, k, nprobe, exclude)
         scores = np.full((q.shape[0], k), _PAD_SCORE, dtype=np.float32)
         ids = np.full((q.shape[0], k), -1, dtype=np.int64)
         if q.shape[0] == 0:

@@ -133,8 +133,3 @@ def read_jsonl(path: Path) -> list[dict[str, Any]]:
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise InputError(f"{path}: malformed ({exc})") from exc
     return rows
-
-
-def gallery_texts(folder: Path) -> dict[int, str]:
-    """Gallery id -> text, from a corpus folder's gallery.jsonl (to show what a search returned)."""
-    return {int(row["id"]): str(row["text"]) for row in read_jsonl(folder / GALLERY_JSONL)}

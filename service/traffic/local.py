@@ -72,6 +72,13 @@ class LocalPairStore:
         self.ttl_s = ttl_s
         self._seq = 0
 
+    def check_writable(self) -> None:
+        """Create the folder and write and delete a probe file in it; OSError when shards cannot be written there."""
+        self.folder.mkdir(parents=True, exist_ok=True)
+        probe = self.folder / f".probe-{os.getpid()}-{time.time_ns()}"
+        probe.write_bytes(b"")
+        _unlink(probe)
+
     def append(self, batches: Sequence[PairBatch]) -> int:
         """Write one shard per model pair in `batches`, then enforce the TTL and the bound."""
         self.folder.mkdir(parents=True, exist_ok=True)

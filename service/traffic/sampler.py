@@ -189,7 +189,10 @@ def create_store(settings: Settings) -> PairStore:
     kind = cfg.store if cfg.store != "auto" else ("redis" if url else "local")
     if kind == "redis":
         if not url:
-            raise InputError("traffic.store is redis but no Redis URL is set (traffic.redis_url or cache.redis_url)")
+            raise InputError(
+                "traffic.store is redis but no Redis URL is set "
+                "(NOBACKFILL_TRAFFIC__REDIS_URL or NOBACKFILL_CACHE__REDIS_URL)"
+            )
         from service.traffic.redis_store import RedisPairStore
 
         return RedisPairStore(url, key=cfg.stream_key, max_pairs=cfg.max_pairs, ttl_s=cfg.ttl_s)
@@ -198,11 +201,31 @@ def create_store(settings: Settings) -> PairStore:
     return LocalPairStore(Path(cfg.local_dir), max_pairs=cfg.max_pairs, ttl_s=cfg.ttl_s)
 
 
+def _writable_store(settings: Settings) -> PairStore:
+    """The configured store, refused in one line when it is local shards in a folder that cannot be written."""
+    from service.errors import ArtifactError
+    from service.traffic.local import LocalPairStore
+
+    store = create_store(settings)
+    if isinstance(store, LocalPairStore):
+        try:
+            store.check_writable()
+        except OSError as exc:
+            raise ArtifactError(
+                f"traffic.local_dir {store.folder} cannot hold the sampled pairs ({exc.strerror or exc}): "
+                "set NOBACKFILL_TRAFFIC__LOCAL_DIR to a writable folder, store them in Redis "
+                "(NOBACKFILL_TRAFFIC__STORE=redis), or sample nothing (NOBACKFILL_TRAFFIC__SAMPLE_RATE=0)"
+            ) from exc
+    return store
+
+
 def create_sampler(settings: Settings, old: ModelIdentity, new: ModelIdentity) -> TrafficSampler | None:
-    """A started sampler, or None when the sample rate is 0 (the default: nothing is stored)."""
+    """A started sampler, or None when the sample rate is 0 (the default: nothing is stored).
+
+    A store that cannot work is refused here, at startup, in one line; once serving, its errors are counted and dropped.
+    """
     cfg = settings.traffic
     if cfg.sample_rate <= 0.0:
         return None
-    return TrafficSampler(
-        create_store(settings), cfg.sample_rate, old, new, queue_size=cfg.queue_size, flush_s=cfg.flush_s
-    )
+    store = _writable_store(settings)
+    return TrafficSampler(store, cfg.sample_rate, old, new, queue_size=cfg.queue_size, flush_s=cfg.flush_s)

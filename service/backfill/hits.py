@@ -1,0 +1,297 @@
+"""Which gallery items users actually get: sampled counts of returned ids, bounded, decaying, fail-open.
+
+    offer(ids) (request path)                      counting thread
+    ─────────────────────────                      ───────────────
+    rate draw per result list ──► bounded queue ──► add to pending ──every flush_s──► store.add(pending)
+           full: dropped, counted                                    every half_life_s ► store.age(0.5)
+
+Counts halve every half-life, so they say what is hot now, and the store keeps at most `capacity`
+ids (the lowest counts go first): memory and Redis stay bounded whatever the traffic.  Two stores:
+a Redis sorted set (ZINCRBY; ZREMRANGEBYRANK caps it; ZUNIONSTORE WEIGHTS 0.5 halves it), shared by
+every worker and replica; or, without Redis, one small file per process in a folder (rewritten whole
+on each flush, atomically), summed by readers.  A failing store costs the counting thread its
+timeout; the counts of that flush are dropped and counted, and no request ever waits.
+`backfill run --order hot` reads the counts (`read_hits`), hottest first; `backfill status` reads
+the share of the counted hits that land on moved items.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import queue
+import socket
+import threading
+import time
+from collections import Counter
+from pathlib import Path
+from typing import Any, Protocol
+
+import numpy as np
+import numpy.typing as npt
+
+from service import metrics
+from service.errors import InputError
+
+log = logging.getLogger("nobackfill")
+LOG_EVERY_S = 60.0
+I64 = npt.NDArray[np.int64]
+F64 = npt.NDArray[np.float64]
+
+
+class HitStore(Protocol):
+    """Where decayed hit counts live."""
+
+    kind: str
+
+    def add(self, counts: dict[int, float]) -> None:
+        """Add these counts to the stored ones (then cap the store at its capacity)."""
+        ...
+
+    def age(self, factor: float) -> None:
+        """Multiply every count by `factor` (dropping those that fall below one half)."""
+        ...
+
+    def read(self) -> tuple[I64, F64]:
+        """Every stored (id, count), hottest first."""
+        ...
+
+    def close(self) -> None:
+        """Release connections."""
+        ...
+
+
+def _cap(table: dict[int, float], capacity: int) -> dict[int, float]:
+    """The `capacity` highest counts of `table` (ties: the smaller id)."""
+    if len(table) <= capacity:
+        return table
+    ranked = sorted(table.items(), key=lambda kv: (-kv[1], kv[0]))[:capacity]
+    return dict(ranked)
+
+
+class LocalHitStore:
+    """This process's counts in FOLDER/hits-HOST-PID.npz (ids and counts), rewritten atomically on each flush."""
+
+    kind = "local"
+
+    def __init__(self, folder: Path, capacity: int) -> None:
+        self.folder = folder
+        self.capacity = capacity
+        host = "".join(c for c in socket.gethostname() if c.isalnum())[:16] or "host"
+        self.path = folder / f"hits-{host}-{os.getpid()}.npz"
+        self._table: dict[int, float] = {}
+        try:
+            folder.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise InputError(f"cannot create the hit-count folder {folder}: {exc.strerror or exc}") from exc
+
+    def add(self, counts: dict[int, float]) -> None:
+        """Merge, cap, rewrite the file."""
+        table = self._table
+        for item, count in counts.items():
+            table[item] = table.get(item, 0.0) + count
+        self._table = _cap(table, self.capacity)
+        self._write()
+
+    def age(self, factor: float) -> None:
+        """Scale every count; drop the ones below one half."""
+        self._table = {i: c * factor for i, c in self._table.items() if c * factor >= 0.5}
+        self._write()
+
+    def _write(self) -> None:
+        """ids and counts in one .npz, through a temp file and a rename (readers see a whole file)."""
+        ids = np.fromiter(self._table.keys(), dtype=np.int64, count=len(self._table))
+        counts = np.fromiter(self._table.values(), dtype=np.float64, count=len(self._table))
+        tmp = self.path.with_name(f".{self.path.name}.tmp")
+        with tmp.open("wb") as f:
+            np.savez(f, ids=ids, counts=counts)
+        tmp.replace(self.path)
+
+    def read(self) -> tuple[I64, F64]:
+        """The counts of every process's file in the folder, summed."""
+        return read_local_hits(self.folder)
+
+    def close(self) -> None:
+        """Nothing to release: the file is complete after every flush."""
+
+
+def read_local_hits(folder: Path) -> tuple[I64, F64]:
+    """Sum of every hits-*.npz in `folder`, hottest first (an unreadable file is skipped)."""
+    total: dict[int, float] = {}
+    for path in sorted(folder.glob("hits-*.npz")):
+        try:
+            with np.load(path, allow_pickle=False) as table:
+                ids, counts = table["ids"], table["counts"]
+        except (OSError, ValueError, KeyError):
+            continue
+        if ids.shape != counts.shape or ids.dtype != np.int64:
+            continue
+        for item, count in zip(ids.tolist(), counts.tolist(), strict=True):
+            total[item] = total.get(item, 0.0) + count
+    return _ranked(total)
+
+
+def _ranked(table: dict[int, float]) -> tuple[I64, F64]:
+    """(ids, counts) hottest first, ties by id."""
+    ranked = sorted(table.items(), key=lambda kv: (-kv[1], kv[0]))
+    return np.array([i for i, _ in ranked], dtype=np.int64), np.array([c for _, c in ranked], dtype=np.float64)
+
+
+class RedisHitStore:
+    """One sorted set: member = gallery id, score = decayed count."""
+
+    kind = "redis"
+
+    def __init__(self, url: str, key: str, capacity: int, timeout_s: float = 1.0) -> None:
+        from service.traffic.redis_store import _client
+
+        self.key = key
+        self.capacity = capacity
+        self._client = _client(url, timeout_s)
+
+    def add(self, counts: dict[int, float]) -> None:
+        """ZINCRBY each id, then keep the `capacity` highest: one round trip."""
+        if not counts:
+            return
+        pipe = self._client.pipeline(transaction=False)
+        for item, count in counts.items():
+            pipe.zincrby(self.key, count, str(item))
+        pipe.zremrangebyrank(self.key, 0, -(self.capacity + 1))
+        pipe.execute()
+
+    def age(self, factor: float) -> None:
+        """Scale every score in place, drop what fell below one half."""
+        pipe = self._client.pipeline(transaction=False)
+        pipe.zunionstore(self.key, {self.key: factor})
+        pipe.zremrangebyscore(self.key, "-inf", "(0.5")
+        pipe.execute()
+
+    def read(self) -> tuple[I64, F64]:
+        """Every (id, count), hottest first."""
+        rows = self._client.zrevrange(self.key, 0, -1, withscores=True)
+        table = {int(member): float(score) for member, score in rows}
+        return _ranked(table)
+
+    def close(self) -> None:
+        """Close the connection pool."""
+        self._client.close()
+
+
+class HitCounter:
+    """Counts a sampled share of the returned ids into a store, off the request path; fail-open."""
+
+    def __init__(
+        self,
+        store: HitStore,
+        rate: float,
+        *,
+        queue_size: int = 1024,
+        flush_s: float = 5.0,
+        half_life_s: float = 86_400.0,
+        seed: int | None = None,
+    ) -> None:
+        if not 0.0 < rate <= 1.0:
+            raise ValueError("rate must be in (0, 1]")
+        self.store = store
+        self.rate = rate
+        self.flush_s = flush_s
+        self.half_life_s = half_life_s
+        self._rng = np.random.default_rng(seed)
+        self._queue: queue.Queue[I64 | None] = queue.Queue(maxsize=queue_size)
+        self._last_log = 0.0
+        self._stopped = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="nobackfill-hits", daemon=True)
+        self._thread.start()
+
+    def offer(self, ids: I64) -> None:
+        """Queue the returned ids of a sampled share of the result lists (rows of `ids`; -1 pads)."""
+        if not len(ids):
+            return
+        picked = ids[self._rng.random(len(ids)) < self.rate] if self.rate < 1.0 else ids
+        flat = picked[picked >= 0]
+        if not len(flat):
+            return
+        try:
+            self._queue.put_nowait(flat.astype(np.int64, copy=True))
+        except queue.Full:
+            metrics.HITS.labels(event="dropped").inc(len(flat))
+
+    def _run(self) -> None:
+        """Gather queued ids; flush every flush_s, halve every half-life, flush once more on close."""
+        pending: Counter[int] = Counter()
+        next_flush = time.monotonic() + self.flush_s
+        next_age = time.monotonic() + self.half_life_s
+        while True:
+            try:
+                item = self._queue.get(timeout=max(0.0, next_flush - time.monotonic()))
+            except queue.Empty:
+                item = np.zeros(0, dtype=np.int64)
+            if item is None:
+                self._flush(pending)
+                return
+            pending.update(item.tolist())
+            now = time.monotonic()
+            if now >= next_flush:
+                self._flush(pending)
+                pending = Counter()
+                next_flush = now + self.flush_s
+            if now >= next_age:
+                self._guard("age", lambda: self.store.age(0.5))
+                next_age = now + self.half_life_s
+
+    def _flush(self, pending: Counter[int]) -> None:
+        """Hand the gathered counts to the store; a failure drops them (counted)."""
+        if not pending:
+            return
+        total = sum(pending.values())
+        if self._guard("add", lambda: self.store.add({i: float(c) for i, c in pending.items()})):
+            metrics.HITS.labels(event="counted").inc(total)
+        else:
+            metrics.HITS.labels(event="failed").inc(total)
+
+    def _guard(self, what: str, work: Any) -> bool:
+        """Run a store call; log a failure at most every LOG_EVERY_S and return False."""
+        try:
+            work()
+        except Exception as exc:
+            now = time.monotonic()
+            if now - self._last_log >= LOG_EVERY_S:
+                self._last_log = now
+                log.warning("hit counting: %s failed (%s: %s); counts dropped", what, type(exc).__name__, exc)
+            return False
+        return True
+
+    def close(self) -> None:
+        """Flush what is pending and stop the thread (bounded by the store's timeout)."""
+        if self._stopped.is_set():
+            return
+        self._stopped.set()
+        self._queue.put(None)
+        self._thread.join(timeout=10.0)
+        self.store.close()
+
+
+DEFAULT_KEY = "nobackfill:hits"
+DEFAULT_FOLDER = Path("artifacts/hits")
+
+
+def read_hits(where: str | None, key: str = DEFAULT_KEY, missing_ok: bool = False) -> tuple[I64, F64]:
+    """Hit counts, hottest first, from a redis:// URL or a folder (None: the default folder).
+
+    A folder that does not exist is no counts (or an InputError unless `missing_ok`); Redis that does
+    not answer is an InputError naming the URL.
+    """
+    if where is not None and where.startswith(("redis://", "rediss://", "unix://")):
+        store = RedisHitStore(where, key, capacity=1)
+        try:
+            return store.read()
+        except Exception as exc:
+            raise InputError(f"hit counts at {where}: {type(exc).__name__}: {exc}") from exc
+        finally:
+            store.close()
+    folder = Path(where) if where is not None else DEFAULT_FOLDER
+    if not folder.is_dir():
+        if missing_ok:
+            return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.float64)
+        raise InputError(f"hit counts: {folder} is not a folder (point --hits at the service's hits folder or Redis)")
+    return read_local_hits(folder)

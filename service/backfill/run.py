@@ -1,0 +1,219 @@
+"""`backfill run`: re-encode gallery items with the new model into shards of the segment, resumably.
+
+    plan (order)          given: the source's order; random: a seeded permutation; hot: the hit counts'
+                          order (hottest first), then the rest in the seeded random order
+    skip what moved       the ids already in the segment's shards (any writer's) are never encoded again
+    goal                  --fraction F: until the segment holds ceil(F x gallery items); --limit N: N more
+    encode                batch_size items per encoder call; all-zero rows (no known token) stay in the
+                          old gallery and are counted
+    publish               every shard_size rows one shard (layout.write_shard: hidden, fsynced, renamed)
+    throttle              --rate: never more than that many items per second, averaged over the run
+
+A run killed at any moment loses at most the rows not yet published; a re-run with the same plan
+skips everything published and continues, so the segment ends with the same ids and rows as one
+uninterrupted run (for an encoder whose rows do not depend on the batch they are in).  Ctrl-C
+publishes the rows already encoded, then stops.
+"""
+
+from __future__ import annotations
+
+import math
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from service.backfill.sources import ItemSource
+from service.bulk.encode import encode_batch
+from service.encoders.base import Encoder
+from service.encoders.identity import ModelIdentity
+from service.errors import InputError
+from service.segment.layout import (
+    GalleryRef,
+    create_segment,
+    moved_ids,
+    remove_abandoned,
+    write_shard,
+)
+from service.vocabulary import Word
+
+I64 = npt.NDArray[np.int64]
+F32 = npt.NDArray[np.float32]
+DEFAULT_SHARD_SIZE = 4096
+
+
+class Order(Word):
+    """Which items move first."""
+
+    given = "given"
+    random = "random"
+    hot = "hot"
+
+
+@dataclass(frozen=True)
+class RunOptions:
+    """How one `backfill run` goes."""
+
+    order: Order = Order.given
+    fraction: float | None = None
+    limit: int | None = None
+    rate: float | None = None
+    batch_size: int = 64
+    shard_size: int = DEFAULT_SHARD_SIZE
+    seed: int = 0
+    progress: bool = True
+
+
+@dataclass
+class RunReport:
+    """What a run did."""
+
+    planned: int = 0
+    moved: int = 0
+    zero_rows: int = 0
+    shards: list[str] = field(default_factory=list)
+    seconds: float = 0.0
+    moved_before: int = 0
+    interrupted: bool = False
+
+    @property
+    def rate(self) -> float:
+        """Items encoded per second over the run."""
+        return (self.moved + self.zero_rows) / self.seconds if self.seconds > 0 else 0.0
+
+
+def plan(ids: I64, order: Order, seed: int, hot: I64 | None = None) -> I64:
+    """Every id once, in the order the run moves them."""
+    if order == Order.given:
+        return ids
+    shuffled = ids[np.random.default_rng(seed).permutation(len(ids))]
+    if order == Order.random:
+        return shuffled
+    if hot is None:
+        raise InputError("--order hot needs the service's hit counts (none were found)")
+    first = hot[np.isin(hot, ids)]
+    _, where = np.unique(first, return_index=True)
+    first = first[np.sort(where)]  # each hot id once, hottest first
+    return np.concatenate([first, shuffled[~np.isin(shuffled, first)]])
+
+
+def goal(total: int, moved: int, fraction: float | None, limit: int | None) -> int:
+    """How many more items this run moves: up to `fraction` of the gallery, at most `limit`."""
+    more = total - moved
+    if fraction is not None:
+        if not 0.0 <= fraction <= 1.0:
+            raise InputError(f"--fraction must be in [0, 1], got {fraction}")
+        more = max(0, math.ceil(fraction * total) - moved)
+    if limit is not None:
+        more = min(more, limit)
+    return more
+
+
+def run_backfill(
+    segment_dir: Path,
+    source: ItemSource,
+    encoder: Encoder,
+    model: ModelIdentity,
+    gallery: GalleryRef,
+    options: RunOptions,
+    hot: I64 | None = None,
+    writer: str = "backfill",
+    on_shard: Callable[[str], None] | None = None,
+) -> RunReport:
+    """Move items per `options` into the segment; returns what was done (see the module docstring)."""
+    from tqdm import tqdm  # type: ignore[import-untyped]
+
+    ids = source.ids()
+    if len(ids) != gallery.ntotal:
+        raise InputError(
+            f"{source.where} holds {len(ids):,} items, but the gallery holds {gallery.ntotal:,}; "
+            "backfill needs exactly the gallery's items"
+        )
+    create_segment(segment_dir, model, gallery)
+    remove_abandoned(segment_dir)
+    report = RunReport()
+    moved = moved_ids(segment_dir)
+    report.moved_before = len(moved)
+    order = plan(ids, options.order, options.seed, hot)
+    todo = order[~np.isin(order, moved)][: goal(gallery.ntotal, len(moved), options.fraction, options.limit)]
+    report.planned = len(todo)
+    started = time.perf_counter()
+    buffer_ids: list[I64] = []
+    buffer_rows: list[F32] = []
+    buffered = 0
+
+    def publish() -> None:
+        nonlocal buffered
+        if not buffered:
+            return
+        name = write_shard(segment_dir, np.concatenate(buffer_ids), np.concatenate(buffer_rows), model, writer)
+        report.shards.append(name)
+        report.moved += buffered
+        buffer_ids.clear()
+        buffer_rows.clear()
+        buffered = 0
+        if on_shard is not None:
+            on_shard(name)
+
+    bar = tqdm(total=len(todo), unit="item", desc="backfill", disable=not options.progress, file=sys.stderr)
+    try:
+        for start in range(0, len(todo), options.batch_size):
+            batch = todo[start : start + options.batch_size]
+            rows, usable = _encode(encoder, source, batch)
+            report.zero_rows += int((~usable).sum())
+            if usable.any():
+                buffer_ids.append(batch[usable])
+                buffer_rows.append(rows[usable])
+                buffered += int(usable.sum())
+            if buffered >= options.shard_size:
+                publish()
+            bar.update(len(batch))
+            _throttle(started, start + len(batch), options.rate)
+        publish()
+    except KeyboardInterrupt:
+        publish()  # what is encoded is kept: the next run continues after it
+        report.interrupted = True
+    finally:
+        bar.close()
+        report.seconds = time.perf_counter() - started
+    return report
+
+
+def _encode(encoder: Encoder, source: ItemSource, batch: I64) -> tuple[F32, npt.NDArray[np.bool_]]:
+    """New-model rows for the ids of `batch`, and which of them are usable (not all-zero)."""
+    values = source.values(batch)
+    missing = [int(i) for i, v in zip(batch, values, strict=True) if v is None]
+    if missing:
+        raise InputError(f"{source.where}: no item for gallery id {missing[0]} ({len(missing)} missing in a batch)")
+    where = f"{source.where} (gallery ids {int(batch[0])}..{int(batch[-1])})"
+    rows = encode_batch(encoder, [v for v in values if v is not None], source.modality, where, allow_zero=True)
+    return rows, np.any(rows != 0, axis=1)
+
+
+def _throttle(started: float, done: int, rate: float | None) -> None:
+    """Sleep until `done` items fit under `rate` items per second since `started`."""
+    if rate is None:
+        return
+    wait = started + done / rate - time.perf_counter()
+    if wait > 0:
+        time.sleep(wait)
+
+
+def describe_report(report: RunReport, total: int) -> dict[str, Any]:
+    """JSON-ready summary of a run."""
+    return {
+        "planned": report.planned,
+        "moved": report.moved,
+        "zero_rows": report.zero_rows,
+        "shards": len(report.shards),
+        "seconds": round(report.seconds, 2),
+        "items_per_s": round(report.rate, 1),
+        "moved_before": report.moved_before,
+        "gallery_items": total,
+        "interrupted": report.interrupted,
+    }

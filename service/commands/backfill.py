@@ -1,0 +1,241 @@
+"""`nobackfill backfill run|status`: move gallery items into the new-model segment at the operator's pace.
+
+Thin over service/backfill/: cheap checks first (segment, gallery, items, profile), then the model
+loads, then the run (run.py).  Every refusal is one `error:` line and exit 2.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import typer
+
+from service.vocabulary import Modality
+
+app = typer.Typer(no_args_is_help=True)
+
+
+@app.command("run")
+def run(
+    segment: Path = typer.Option(..., "--segment", help="Segment folder (created on the first run)."),
+    input_path: Path = typer.Option(
+        ..., "--input", help="The gallery's items: an item store, or a file / image folder as `encode` reads it."
+    ),
+    field: str | None = typer.Option(None, "--field", help="JSONL: the key holding each input."),
+    id_field: str | None = typer.Option(None, "--id-field", help="JSONL: the key holding each gallery id."),
+    modality: Modality = typer.Option(Modality.text, "--modality", help="text, or image (inputs are image files)."),
+    ids: Path | None = typer.Option(None, "--ids", help="int64 gallery id per input (default: the input's position)."),
+    gallery: Path | None = typer.Option(
+        None, "--gallery", help="The frozen gallery folder (needed when the segment is created; checked after)."
+    ),
+    backend: str = typer.Option(..., "--backend", help="New model's backend: sentence-transformers, clip, ..."),
+    path: Path | None = typer.Option(None, "--path", help="New model folder (none for the synthetic backends)."),
+    model_id: str | None = typer.Option(None, "--model-id", help="Model id to record (default: the folder's name)."),
+    profile: Path | None = typer.Option(
+        None, "--profile", help="Compat profile: the new model must be the profile's new model."
+    ),
+    order: str = typer.Option("given", "--order", help="given (input order), random (seeded) or hot (hits first)."),
+    fraction: float | None = typer.Option(
+        None, "--fraction", min=0.0, max=1.0, help="Stop once the segment holds this share of the gallery."
+    ),
+    limit: int | None = typer.Option(None, "--limit", min=0, help="Move at most this many items in this run."),
+    rate: float | None = typer.Option(None, "--rate", min=0.001, help="At most this many items per second."),
+    batch_size: int = typer.Option(64, "--batch-size", min=1, help="Items per encoder call."),
+    shard_size: int = typer.Option(4096, "--shard-size", min=1, help="Rows per published shard."),
+    seed: int = typer.Option(0, "--seed", help="Seed of --order random (and of the rest after the hot ids)."),
+    hits: str | None = typer.Option(
+        None, "--hits", help="--order hot: the service's hit counts (a folder, or a redis:// URL) [its settings]."
+    ),
+    device: str = typer.Option("auto", "--device", help="auto, cpu, cuda:0, ..."),
+    threads: int | None = typer.Option(None, "--threads", min=1, help="Torch CPU threads (default: all usable cores)."),
+    as_json: bool = typer.Option(False, "--json", help="Print the run's summary as JSON."),
+) -> None:
+    """Re-encode gallery items with the new model into the segment; resumable, throttled, in the chosen order."""
+    from service.backfill.run import Order, RunOptions, describe_report, run_backfill
+    from service.backfill.sources import open_items
+    from service.bulk.encode import load_encoder
+    from service.errors import InputError
+    from service.vocabulary import Role
+
+    if not Order.has(order):
+        raise InputError(f"--order must be one of {', '.join(Order)}, got {order!r}")
+    source = open_items(input_path, modality, field, id_field, ids)
+    gallery_ref = _gallery_ref(segment, gallery, source)
+    hot = _hot_ids(hits) if order == Order.hot else None
+    encoder, identity = load_encoder(backend, path, role=Role.new, device=device, model_id=model_id, threads=threads)
+    if profile is not None:
+        _check_profile(profile, identity)
+    options = RunOptions(
+        order=Order(order),
+        fraction=fraction,
+        limit=limit,
+        rate=rate,
+        batch_size=batch_size,
+        shard_size=shard_size,
+        seed=seed,
+        progress=not as_json,
+    )
+    if fraction is not None and limit is not None:
+        raise InputError("give --fraction or --limit, not both")
+    report = run_backfill(segment, source, encoder, identity, gallery_ref, options, hot=hot)
+    summary = describe_report(report, gallery_ref.ntotal)
+    if as_json:
+        typer.echo(json.dumps(summary))
+        return
+    now = report.moved_before + report.moved
+    typer.echo(
+        f"moved {report.moved:,} items into {segment} in {len(report.shards)} shard(s), {summary['seconds']} s "
+        f"({summary['items_per_s']} items/s); the segment holds {now:,} of {gallery_ref.ntotal:,} "
+        f"({now / gallery_ref.ntotal:.1%})"
+        + (f"; {report.zero_rows} all-zero rows stay old" if report.zero_rows else "")
+    )
+    if report.interrupted:
+        typer.echo("interrupted: what was encoded is kept; run the same command again to continue", err=True)
+        raise typer.Exit(130)
+
+
+def _gallery_ref(segment: Path, gallery: Path | None, source: Any) -> Any:
+    """The frozen gallery the segment sits beside: from --gallery (checked against the items), else segment.json."""
+    from service.errors import InputError
+    from service.index.artifact import read_checked_meta
+    from service.segment.layout import SEGMENT_JSON, GalleryRef, read_segment_meta
+
+    if gallery is None:
+        if not (segment / SEGMENT_JSON).is_file():
+            raise InputError(f"{segment}: no segment yet; pass --gallery GALLERY_DIR to create it beside that gallery")
+        return read_segment_meta(segment).gallery
+    meta = read_checked_meta(gallery)
+    recorded = meta.get("items")
+    if recorded is not None and source.identity is not None and source.identity.as_dict() != recorded:
+        raise InputError(
+            f"{source.where} is item store {source.identity.sha256[:12]}... ({source.identity.count:,} items), but "
+            f"gallery {gallery} was built from {str(recorded.get('sha256'))[:12]}... ({recorded.get('count')} items)"
+        )
+    return GalleryRef(str(meta["sha256"]), int(meta["ntotal"]))
+
+
+def _hot_ids(hits: str | None) -> Any:
+    """The hit counts' ids, hottest first, from --hits or the service's settings; InputError when there are none."""
+    from service.backfill.hits import read_hits
+    from service.errors import InputError
+
+    ids, _ = read_hits(hits)
+    if not len(ids):
+        raise InputError("--order hot: no hit counts yet (the service counts them while it serves)")
+    return ids
+
+
+def _check_profile(profile_dir: Path, identity: Any) -> None:
+    """Refuse a new model other than the profile's, in one line."""
+    from service.compat.profile import load_profile
+    from service.encoders.identity import ModelIdentity
+    from service.errors import InputError
+
+    profile = load_profile(profile_dir)
+    recorded = (profile.models or {}).get("new")
+    theirs = (
+        ModelIdentity.from_dict(recorded, f"{profile_dir} (new model)")
+        if recorded
+        else ModelIdentity(identity.backend, profile.new_model_id, None, profile.new_dim)
+    )
+    if not theirs.same_model(identity):
+        raise InputError(
+            f"the new model is {identity.backend} {identity.model_id} (dim {identity.dim}, fingerprint "
+            f"{(identity.fingerprint or 'none')[:12]}), but profile {profile.profile_id} was fitted for "
+            f"{theirs.model_id} (dim {theirs.dim}, fingerprint {(theirs.fingerprint or 'none')[:12]}); "
+            "backfill with the profile's new model"
+        )
+
+
+@app.command("status")
+def status(
+    segment: Path = typer.Argument(..., help="Segment folder."),
+    hits: str | None = typer.Option(None, "--hits", help="The service's hit counts (a folder or redis:// URL)."),
+    as_json: bool = typer.Option(False, "--json", help="Print the status as JSON."),
+) -> None:
+    """Share of items moved, share of recent hits on moved items, and the shards with their models."""
+    from service.backfill.hits import read_hits
+    from service.backfill.status import segment_status
+
+    counts = read_hits(hits, missing_ok=True)
+    report = segment_status(segment, counts if len(counts[0]) else None)
+    if as_json:
+        typer.echo(json.dumps(report))
+        return
+    model = report["model"]
+    typer.echo(f"segment {segment}: {model['backend']} {model['model_id']} (dim {model['dim']})")
+    typer.echo(
+        f"  moved {report['moved']:,} of {report['gallery']['ntotal']:,} items ({report['coverage']:.1%}) "
+        f"in {len(report['shards'])} shard(s)"
+        + (f", {report['damaged_shards']} damaged" if report["damaged_shards"] else "")
+    )
+    share = report.get("hits", {}).get("share_on_moved")
+    typer.echo(
+        "  recent hits on moved items: "
+        + (f"{share:.1%} of the counted hits" if share is not None else "none counted (the service counts them)")
+    )
+    for shard in report["shards"]:
+        if "damaged" in shard:
+            typer.echo(f"  {shard['name']}: DAMAGED ({shard['damaged']})")
+        else:
+            typer.echo(
+                f"  {shard['name']}: {shard['count']:,} rows, {shard['model']}, "
+                f"by {shard['writer']}, {shard['created_at']}"
+            )
+
+
+@app.command("curve")
+def curve(
+    profile_dir: Path = typer.Argument(..., help="Compat profile folder (its calibration merges the two lists)."),
+    test_dir: Path = typer.Argument(..., help="Test folder with old AND new targets (new_target.npy)."),
+    fractions: str = typer.Option("0,0.1,0.25,0.5,0.75,1", "--fractions", help="Moved shares to score."),
+    merge: str = typer.Option("calibrated", "--merge", help="calibrated, raw or rrf (compare them)."),
+    order: str = typer.Option("random", "--order", help="random, or hot (Zipf traffic's hit counts first)."),
+    zipf: float | None = typer.Option(
+        None, "--zipf", min=0.0, help="Weigh queries by Zipf(s) popularity, as traffic would (e.g. 1.1)."
+    ),
+    traffic: int = typer.Option(10_000, "--traffic", min=1, help="--order hot: sampled queries whose hits count."),
+    query_modality: str | None = typer.Option(None, help="Modality whose weights to use (default: the only one)."),
+    seed: int = typer.Option(0, "--seed", help="Seed of the move order, the Zipf ranks and the bootstrap."),
+    plot: Path | None = typer.Option(None, "--plot", help="Write R@1 and R@10 against the moved share as a PNG."),
+    as_json: bool = typer.Option(False, "--json", help="Print the rows as JSON."),
+) -> None:
+    """Quality as items move: hybrid R@1 / R@10 with bootstrap intervals at each moved share (offline, exact)."""
+    from service.backfill.migration_curve import score_curve
+
+    result = score_curve(
+        profile_dir,
+        test_dir,
+        [float(f) for f in fractions.split(",") if f.strip()],
+        merge=merge,
+        order=order,
+        zipf=zipf,
+        traffic=traffic,
+        modality=query_modality,
+        seed=seed,
+    )
+    if plot is not None:
+        from service.backfill.migration_curve import plot_curves
+
+        plot.write_bytes(plot_curves({f"{order}, {merge}": result["rows"]}, result["title"]))
+    if as_json:
+        typer.echo(json.dumps(result))
+        return
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title=result["title"], caption=result["caption"])
+    for column in ("moved", "R@1", "95 % interval", "R@10", "95 % interval", "share of the gain (R@1)"):
+        table.add_column(column, justify="right")
+    for row, share in zip(result["rows"], result["gain_share"], strict=True):
+        table.add_row(
+            f"{row['fraction']:.0%}",
+            f"{row['recall@1']:.4f}",
+            "[{:.4f}, {:.4f}]".format(*row["ci@1"]),
+            f"{row['recall@10']:.4f}",
+            "[{:.4f}, {:.4f}]".format(*row["ci@10"]),
+            f"{share:.2f}",
+        )
+    Console(soft_wrap=True).print(table)

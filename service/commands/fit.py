@@ -1,0 +1,347 @@
+"""`nobackfill fit` and `nobackfill eval`: the offline side of the compat layer, flags in and tables out.
+
+The fitting itself is service/compat/fitting.py (fit_profile with one FitOptions); this module parses
+the flags, saves the profile and prints the report.  Heavy imports (numpy, torch, matplotlib,
+service.compat) happen inside the commands so `nobackfill --help` stays fast.  Every failure is a
+service.errors exception, which service.cli turns into one line and exit 2; a failing `fit` writes
+nothing (the profile folder appears in one rename at the very end).
+
+`fit --head` picks the family:
+- slerp / nlerp / adaptive / aligned: Procrustes R plus every blend weight, cross-fitted.
+- adapter: the MKP adapter trained on the support pairs (--fit-on picks query / target / both rows).
+- adapter+slerp: the adapter, plus SLERP's weight between the old query and the adapter's output,
+  cross-fitted: one adapter per fold on the other folds, then one on everything (folds + 1 trainings).
+- psp / lsp: SUPPORT_DIR holds LOGITS (old_query.npy: old-model logits of the queries [n, C_k],
+  new_query.npy: new-model logits [n, C_t], old_target.npy: old-model logits of gallery items).  The
+  fit is data-free apart from the class counts: P_tk depends on C_k, C_t and the class map only.  The
+  logits are used for the class counts and to score the head on the support set for the report.
+
+The model ids (and identities: backend, weights fingerprint, dim) come from SUPPORT_DIR/models.json,
+which `nobackfill support build` (and `synth support`) writes; --old-model-id / --new-model-id override
+them.  With neither, `fit` refuses to guess.  All-zero rows drop their pairs with a warning, counted in
+the fit report (`zero_rows_dropped`) and the eval caption; --strict refuses them.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import typer
+
+from service.commands import render
+from service.compat.fit_options import QUERY_PAIRS_WEIGHT
+from service.errors import ArtifactError
+from service.vocabulary import Criterion, EvalGallery, FitOn, Head, HeadFamily, Modality
+
+if TYPE_CHECKING:
+    from service.compat.fit_options import FitOutcome
+
+PLOT_NAME = "fit_recall.png"
+
+
+def _refuse_existing(out: Path, force: bool) -> None:
+    """An existing non-empty --out is only replaced with --force."""
+    if out.exists() and not out.is_dir():
+        raise ArtifactError(f"{out}: exists and is not a directory")
+    if out.is_dir() and any(out.iterdir()) and not force:
+        raise ArtifactError(f"{out}: exists and is not empty (use --force to replace it)")
+
+
+def _adapter_overrides(**given: Any) -> dict[str, Any]:
+    """The adapter options the user set (None = keep AdapterConfig's default)."""
+    return {k: v for k, v in given.items() if v is not None}
+
+
+def _support_dirs(support_dir: Path | None, specs: list[str], modality: str) -> dict[str, Path]:
+    """Query modality -> support folder, from SUPPORT_DIR (for --query-modality) and every --support MODALITY=DIR."""
+    from service.errors import InputError
+
+    dirs: dict[str, Path] = {}
+    if support_dir is not None:
+        dirs[modality] = support_dir
+    for spec in specs:
+        name, sep, folder = spec.partition("=")
+        if not sep or not folder:
+            raise InputError(f"--support expects MODALITY=DIR, got {spec!r}")
+        if name not in Modality.__members__:
+            raise InputError(f"--support {spec}: modality must be one of {', '.join(Modality.__members__)}")
+        if name in dirs:
+            raise InputError(f"--support {spec}: {name} queries already come from {dirs[name]}")
+        dirs[name] = Path(folder)
+    if not dirs:
+        raise InputError("no support set: pass SUPPORT_DIR or --support MODALITY=DIR")
+    return dirs
+
+
+def fit(
+    support_dir: Path | None = typer.Argument(
+        None, help="Folder with old_query.npy, new_query.npy, old_target.npy, ... (queries of --query-modality)."
+    ),
+    out: Path = typer.Option(..., "--out", help="Profile folder to write."),
+    head: Head | None = typer.Option(
+        None,
+        help="Default head the profile serves [slerp; nlerp / adaptive when it beats slerp on the cross-fitted "
+        "curve by more than slerp's standard error].",
+    ),
+    fit_on: FitOn = typer.Option(FitOn.both, help="Paired rows R (or the adapter) is fitted on."),
+    folds: int = typer.Option(5, help="Cross-fitting folds for choosing alpha."),
+    query_modality: Modality = typer.Option(Modality.text, help="Query modality the weight is chosen for."),
+    support: list[str] | None = typer.Option(
+        None,
+        "--support",
+        help="MODALITY=DIR, once per query modality (text, image): one R over every folder's pairs, "
+        "the blend weights chosen per modality.  Instead of (or beside) SUPPORT_DIR.",
+    ),
+    same_set: bool = typer.Option(False, help="Paper's rule: fit the map and choose alpha on the same support set."),
+    old_model_id: str | None = typer.Option(
+        None, help="Old model id to record (default: SUPPORT_DIR/models.json's; required without it)."
+    ),
+    new_model_id: str | None = typer.Option(
+        None, help="New model id to record (default: SUPPORT_DIR/models.json's; required without it)."
+    ),
+    eval_queries: int = typer.Option(5000, min=1, help="Held-out queries scored per fold (a seeded sample)."),
+    seed: int = typer.Option(0, help="Seed of the fold assignment, the query sample and the adapter."),
+    criterion: Criterion = typer.Option(
+        Criterion.mrr_1se, help="How alpha is chosen on the cross-fitted curve (docs/alpha-selection.md)."
+    ),
+    eval_gallery: EvalGallery = typer.Option(
+        EvalGallery.support,
+        help="Held-out gallery a fold's queries are scored against: the old targets of every fold (at most "
+        "50,000; the default) or of the held-out fold only.",
+    ),
+    force: bool = typer.Option(False, help="Replace a non-empty --out."),
+    strict: bool = typer.Option(False, help="Refuse all-zero rows instead of dropping their pairs."),
+    epochs: int | None = typer.Option(
+        None, min=1, help="Adapter: most training epochs; the folds pick when to stop [10, more below 300 steps]."
+    ),
+    hidden: int | None = typer.Option(None, min=1, help="Adapter: hidden width [AdapterConfig: the input dim]."),
+    batch_size: int | None = typer.Option(None, min=3, help="Adapter: batch size [AdapterConfig: 256]."),
+    lr: float | None = typer.Option(None, min=0.0, help="Adapter: AdamW learning rate [AdapterConfig: 1e-3]."),
+    weight_decay: float | None = typer.Option(None, min=0.0, help="Adapter: weight decay [AdapterConfig: 1e-4]."),
+    dropout: float | None = typer.Option(None, min=0.0, help="Adapter: dropout [AdapterConfig: 0.1]."),
+    lam: float | None = typer.Option(None, min=0.0, help="Adapter: preservation loss weight [AdapterConfig: 1]."),
+    device: str | None = typer.Option(None, help="Adapter: auto / cpu / cuda:N [AdapterConfig: auto]."),
+    precision: str | None = typer.Option(None, help="Adapter: auto / bf16 / fp32 [AdapterConfig: auto]."),
+    threads: int | None = typer.Option(None, min=1, help="Torch CPU threads while training [torch's default]."),
+    old_classes: int | None = typer.Option(
+        None, min=2, help="psp / lsp: the old model's classes C_k [the width of old_query.npy]."
+    ),
+    top_k: int | None = typer.Option(None, min=1, help="psp / lsp: keep the k largest entries per row [all]."),
+    class_map: str | None = typer.Option(
+        None, help="psp / lsp: new-model output index of each old class, comma-separated [identity]."
+    ),
+    add_query_pairs: list[Path] | None = typer.Option(
+        None,
+        "--add-query-pairs",
+        help="Folder of unlabelled (old, new) query pairs (`nobackfill traffic export`), repeatable: they join R's "
+        "fit in every fold; alpha is still scored on the labelled support only.",
+    ),
+    query_pairs_weight: float = typer.Option(
+        QUERY_PAIRS_WEIGHT,
+        min=0.0,
+        help="Weight of one query pair against one labelled support row in R's fit (docs/traffic-learning.md).",
+    ),
+) -> None:
+    """Fit a compat profile on a support set: Procrustes + blends, the MKP adapter (+ SLERP), or PSP / LSP."""
+    import sys
+
+    from service.compat.fit_options import FitOptions, check_options
+
+    options = FitOptions(
+        head=head,
+        fit_on=fit_on,
+        folds=folds,
+        same_set=same_set,
+        eval_queries=eval_queries,
+        seed=seed,
+        criterion=criterion,
+        eval_gallery=eval_gallery,
+        strict=strict,
+        adapter=_adapter_overrides(
+            epochs=epochs,
+            hidden=hidden,
+            batch_size=batch_size,
+            lr=lr,
+            weight_decay=weight_decay,
+            dropout=dropout,
+            lam=lam,
+            device=device,
+            precision=precision,
+        ),
+        threads=threads,
+        old_classes=old_classes,
+        top_k=top_k,
+        class_map=class_map,
+        query_pairs=tuple(add_query_pairs or ()),
+        query_pairs_weight=query_pairs_weight,
+        old_model_id=old_model_id,
+        new_model_id=new_model_id,
+        progress=sys.stderr.isatty(),
+    )
+    # Cheap checks first: bad arguments or files are refused before torch is even imported.
+    check_options(options)
+    _refuse_existing(out, force)
+    supports = _support_dirs(support_dir, support or [], query_modality.value)
+
+    from service.compat.fitting import fit_profile
+    from service.compat.profile import save_profile
+
+    outcome = fit_profile(supports, options, warn=_warn)
+    extra = {PLOT_NAME: render.plot_png(outcome.panels)} if outcome.panels else {}
+    saved = save_profile(outcome.profile, out, overwrite=force, extra_files=extra)
+    wrote = f"wrote profile {saved.profile_id} to {out}" + (f" (plot: {out / PLOT_NAME})" if extra else "")
+    if saved.family is HeadFamily.classes:
+        _print_classes(outcome, wrote)
+    elif saved.family is HeadFamily.adapter:
+        _print_adapter(outcome, wrote)
+    elif len(outcome.supports) > 1:
+        _print_modalities(outcome, wrote)
+    else:
+        _print_procrustes(outcome, wrote)
+
+
+def _warn(line: str) -> None:
+    """One warning line on stderr."""
+    typer.echo(f"warning: {line}", err=True)
+
+
+def _print_procrustes(outcome: FitOutcome, wrote: str) -> None:
+    """One support folder, a Procrustes head: the support curves, the chosen weights and the head."""
+    profile = outcome.profile
+    ((modality, report),) = outcome.reports.items()
+    params = profile.params[modality]
+    console = render.console()
+    console.print(render.recall_table(report, f"support recall ({report['selection']}, * = chosen)"))
+    ad = params["adaptive"]
+    console.print(
+        f"chosen alpha ({modality}, {report['criterion_text']}): slerp {params['slerp']['alpha']:.1f}, "
+        f"nlerp {params['nlerp']['alpha']:.1f}, "
+        f"adaptive a={ad['a']:.1f} b={ad['b']:g} c_ref={ad['c_ref']:.4f}; "
+        f"head {profile.head} -> alpha {profile.alphas[modality]:.2f}"
+    )
+    if "query_pairs" in report:
+        console.print(render.query_pairs_line(report))
+        console.print(report["query_pairs"]["verdict"])
+    if outcome.head_why is not None:
+        console.print(f"head {profile.head}: {outcome.head_why}")
+    console.print(wrote)
+
+
+def _print_modalities(outcome: FitOutcome, wrote: str) -> None:
+    """Several support folders: each modality's curves and weights, then the one R and the head."""
+    profile = outcome.profile
+    first_rep = next(iter(outcome.reports.values()))
+    console = render.console()
+    for m, rep in outcome.reports.items():
+        console.print(render.recall_table(rep, f"{m} queries: support recall ({first_rep['selection']})"))
+        p = profile.params[m]
+        console.print(
+            f"chosen alpha ({m}): slerp {p['slerp']['alpha']:.1f}, nlerp {p['nlerp']['alpha']:.1f}, "
+            f"adaptive a={p['adaptive']['a']:.1f} b={p['adaptive']['b']:g} c_ref={p['adaptive']['c_ref']:.4f}"
+        )
+        if "query_pairs" in rep:
+            console.print(f"{m} queries: " + render.query_pairs_line(rep))
+    console.print(
+        f"one R over {profile.fit_report['fit_rows']} pairs of {', '.join(outcome.reports)} queries "
+        f"({first_rep['criterion_text']}); "
+        f"head {profile.head} -> alphas " + ", ".join(f"{m} {a:.2f}" for m, a in profile.alphas.items())
+    )
+    if outcome.head_why is not None:
+        console.print(f"head {profile.head}: {outcome.head_why}")
+    console.print(wrote)
+
+
+def _print_adapter(outcome: FitOutcome, wrote: str) -> None:
+    """An adapter head: the SLERP curve when one was chosen, the training run and the comparison with Procrustes."""
+    profile = outcome.profile
+    ((modality, report),) = outcome.reports.items()
+    meta = profile.adapter or {}
+    trained = meta.get("report", {})
+    console = render.console()
+    if "support_recall" in report:
+        console.print(render.recall_table(report, f"support recall ({report['selection']}, * = chosen)"))
+        console.print(f"chosen alpha ({modality}): {profile.head} {profile.alphas[modality]:.1f}")
+    last = trained.get("history", [{}])[-1]
+    console.print(
+        f"adapter {profile.new_dim} -> {meta.get('hidden')} -> {profile.old_dim}: {trained.get('pairs')} pairs, "
+        f"{trained.get('steps')} steps, {trained.get('seconds')} s on {trained.get('device')}, "
+        f"final loss {last.get('total', float('nan')):.4f}"
+    )
+    for line in render.adapter_verdict(report):
+        console.print(line)
+    console.print(wrote)
+
+
+def _print_classes(outcome: FitOutcome, wrote: str) -> None:
+    """psp / lsp: the head scored on the support logits, and the class counts P_tk was built from."""
+    from rich.console import Console
+
+    profile = outcome.profile
+    classes = profile.classes or {}
+    ((_, support_dir),) = outcome.supports.items()
+    console = Console(soft_wrap=True)
+    console.print(
+        render.eval_table(
+            profile.fit_report["support_eval"], f"{profile.head} on the support logits ({support_dir})", None
+        )
+    )
+    console.print(
+        f"{profile.head}: {classes['old_classes']} old classes -> {classes['new_classes']} new classes, top_k "
+        f"{classes['top_k'] or 'all'}, class map {classes['class_map'] or 'identity'}; old prototypes turn by "
+        f"{profile.fit_report['prototype_rotation_deg']:.2f} degrees, undone by P_tk"
+    )
+    console.print(wrote)
+
+
+_CAPTIONS = {
+    HeadFamily.procrustes: "compatible: R@1 strictly above old->old; pfr/nfr vs old->old at R@1; "
+    "oracle = best alpha on this test set, an upper bound, not deployable",
+    HeadFamily.adapter: "compatible: R@1 strictly above old->old; pfr/nfr vs old->old at R@1",
+    HeadFamily.classes: "gallery = the old model's {head} features of old_target; compatible / pfr / nfr vs old->old, "
+    "except new-logits: vs old-logits (raw normalised logits on both sides, the baseline {head} replaces)",
+}
+
+
+def evaluate(
+    profile_dir: Path = typer.Argument(..., help="Compat profile folder."),
+    test_dir: Path = typer.Argument(..., help="Test folder, same layout as the support folder (logits for psp / lsp)."),
+    query_modality: str | None = typer.Option(
+        None, help="Modality whose weights to use (default: the profile's only fitted modality)."
+    ),
+    as_json: bool = typer.Option(False, "--json", help="Print only a JSON list of rows."),
+    strict: bool = typer.Option(False, help="Refuse all-zero rows instead of dropping their pairs."),
+) -> None:
+    """Compare every head the profile has with old->old (and new->new) on a test split, with flips."""
+    from service.compat.io import load_split
+    from service.compat.profile import load_profile
+    from service.errors import InputError
+
+    profile = load_profile(profile_dir)
+    modality = query_modality
+    if modality is None:
+        # psp / lsp weigh nothing per modality: any name will do.
+        fitted = sorted(profile.params) or sorted(profile.alphas) or ["text"]
+        if len(fitted) != 1:
+            raise InputError(f"profile fits modalities {', '.join(fitted) or 'none'}; pick one with --query-modality")
+        modality = fitted[0]
+    split = load_split(test_dir, old_dim=profile.old_dim, new_dim=profile.new_dim, strict=strict)
+    line = split.zero_rows_line()
+    if line is not None:
+        _warn(f"{line} (--strict refuses them)")
+
+    from service.compat.evaluation import COLUMNS
+    from service.compat.evaluation import evaluate as run_eval
+
+    rows = run_eval(profile, split, modality)
+    if as_json:
+        typer.echo(json.dumps([{c: r[c] for c in COLUMNS} for r in rows]))
+        return
+    from rich.console import Console
+
+    caption = _CAPTIONS[profile.family].format(head=profile.head)
+    if split.zero_rows:
+        caption += f"; {split.zero_rows_line()}"
+    title = f"profile {profile.profile_id} ({profile.head}) on {test_dir} ({modality} queries)"
+    Console().print(render.eval_table(rows, title, caption))

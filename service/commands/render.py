@@ -1,0 +1,158 @@
+"""Rendering of fit reports for `fit`, `eval` and `profile show`: rich tables, the fit plot and one-line summaries.
+
+Heavy imports (rich, matplotlib) happen inside the functions so `nobackfill --help` stays fast.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+def fmt(x: Any) -> str:
+    """Table cell text: 4 decimals for floats, '-' for missing."""
+    if x is None:
+        return "-"
+    if isinstance(x, bool):
+        return "yes" if x else "no"
+    if isinstance(x, float):
+        return f"{x:.4f}"
+    return str(x)
+
+
+# The score a selection criterion reads off a curve row, and its standard error (see selection.py).
+_SCORE_OF = {"r1": "recall@1", "mean": "mean@1-10", "mrr": "mrr@10"}
+_SE_OF = {"recall@1": "se@1", "mean@1-10": "se_mean@1-10", "mrr@10": "se_mrr@10"}
+
+
+def console() -> Any:
+    """A rich console for the fit report: the terminal's width, or 200 columns when piped (tables stay unwrapped)."""
+    import sys
+
+    from rich.console import Console
+
+    return Console(soft_wrap=True, width=None if sys.stdout.isatty() else 200)
+
+
+def _criterion_score(report: dict[str, Any]) -> str:
+    """The curve key the report's criterion ranks by (R@1 for reports made before criteria existed)."""
+    return _SCORE_OF.get(str(report.get("criterion", "r1")).removesuffix("-1se"), "recall@1")
+
+
+def _pm(row: dict[str, Any], key: str) -> str:
+    """'0.5612 ±0.0040' when the row has a standard error for key, else the value alone."""
+    se = row.get(_SE_OF.get(key, ""))
+    return f"{row[key]:.4f}" if se is None else f"{row[key]:.4f} ±{se:.4f}"
+
+
+def recall_table(report: dict[str, Any], title: str) -> Any:
+    """Rich table of support Recall@1/5/10 (± standard error) per alpha for every curve, and the criterion's score."""
+    from rich.table import Table
+
+    curves = report["support_recall"]
+    score = _criterion_score(report)
+    extra = score != "recall@1" and all(score in rows[0] for rows in curves.values())
+    table = Table(title=title, caption=report.get("criterion_text"))
+    table.add_column("alpha", justify="right")
+    for mode in curves:
+        for k in (1, 5, 10):
+            table.add_column(f"{mode} R@{k}", justify="right")
+        if extra:
+            table.add_column(f"{mode} {score}", justify="right")
+    chosen = {mode: report["chosen"][mode]["alpha"] for mode in curves}
+    for i, alpha in enumerate(report["alpha_grid"]):
+        cells = [f"{alpha:.1f}"]
+        for mode in curves:
+            row = curves[mode][i]
+            mark = "*" if chosen[mode] == alpha else ""
+            cells += [_pm(row, "recall@1") + mark, f"{row['recall@5']:.4f}", f"{row['recall@10']:.4f}"]
+            if extra:
+                cells.append(_pm(row, score))
+        table.add_row(*cells)
+    return table
+
+
+def plot_png(panels: list[tuple[dict[str, Any], str]]) -> bytes:
+    """Per (report, title): support R@1 (and the criterion's score) vs alpha with standard-error bars, as PNG."""
+    import io
+
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    ncols = max(1 + (_criterion_score(rep) != "recall@1") for rep, _ in panels)
+    fig, axes = plt.subplots(len(panels), ncols, figsize=(6 * ncols, 4 * len(panels)), dpi=100, squeeze=False)
+    try:
+        for row, (report, title) in zip(axes, panels, strict=True):
+            score = _criterion_score(report)
+            keys = ["recall@1"] + ([score] if score != "recall@1" else [])
+            for ax in row[len(keys) :]:
+                ax.set_visible(False)
+            for ax, key in zip(row, keys, strict=False):
+                for mode, style in zip(report["support_recall"], ("o-", "s--", "^-."), strict=False):
+                    rows = report["support_recall"][mode]
+                    se = [r.get(_SE_OF[key], 0.0) for r in rows]
+                    bars = ax.errorbar(
+                        [r["alpha"] for r in rows], [r[key] for r in rows], yerr=se, fmt=style, capsize=3
+                    )
+                    color = bars.lines[0].get_color()
+                    best = report["chosen"][mode]
+                    ax.axvline(best["alpha"], linestyle=":", alpha=0.5, color=color)
+                    ax.plot([], [], style, color=color, label=f"{mode} (chosen {best['alpha']:.1f})")
+                without = report.get("query_pairs", {}).get("curve_r1_without")
+                if without and key == "recall@1":  # what the query pairs did: the same folds, R without them
+                    ax.plot(report["alpha_grid"], without, "x:", color="grey", label="slerp, R without query pairs")
+                ax.set_xlabel("alpha (0 = old query, 1 = mapped new query)")
+                ax.set_ylabel(f"support {key} ({report['selection']}), ± 1 s.e.")
+                ax.set_title(f"{title}\n{report.get('criterion_text', 'arg-max of R@1')}", fontsize=9)
+                ax.grid(True, alpha=0.3)
+                ax.legend()
+        fig.tight_layout()
+        buf = io.BytesIO()
+        fig.savefig(buf, format="png", bbox_inches="tight")
+        return buf.getvalue()
+    finally:
+        plt.close(fig)
+
+
+def query_pairs_line(report: dict[str, Any]) -> str:
+    """One line: how many labelled rows and query pairs fitted R, and the cross-fitted scores with and without them."""
+    qp = report["query_pairs"]
+    w, wo = qp["with"], qp["without"]
+    curve = "cross-fitted" if report.get("selection") == "cross-fit" else "same-set (biased)"
+    return (
+        f"R fitted on {qp['labelled_rows']} labelled rows + {qp['pairs']} unlabelled query pairs (weight "
+        f"{qp['weight']:g}); {curve} aligned R@1 {wo['aligned_r1']:.4f} -> {w['aligned_r1']:.4f}, "
+        f"slerp R@1 {wo['slerp_r1']:.4f} (alpha {wo['slerp_alpha']:.1f}) -> {w['slerp_r1']:.4f} "
+        f"(alpha {w['slerp_alpha']:.1f}) without -> with the query pairs (± {w['slerp_se@1']:.4f})"
+    )
+
+
+def adapter_verdict(report: dict[str, Any]) -> list[str]:
+    """The early-stopping choice and the held-out comparison with Procrustes, as printable lines."""
+    lines = []
+    stop = report.get("early_stopping")
+    if stop:
+        curve = ", ".join(f"{r['epoch']}: {r[stop['score']]:.4f}" for r in stop["curve"])
+        lines.append(
+            f"epochs: {stop['epochs']} of {stop['max_epochs']} ({stop['rule']}; held-out {stop['score']} by epoch: "
+            f"{curve})"
+        )
+    vs = report.get("versus_procrustes")
+    if vs:
+        lines.append(("warning: " if vs["adapter_loses"] else "") + vs["verdict"])
+    return lines
+
+
+def eval_table(rows: list[dict[str, Any]], title: str, caption: str | None) -> Any:
+    """Rich table of evaluation rows, one column per COLUMNS key."""
+    from rich.table import Table
+
+    from service.compat.evaluation import COLUMNS
+
+    table = Table(title=title, caption=caption)
+    for c in COLUMNS:
+        table.add_column(c.replace("recall", "R"), justify="left" if c == "method" else "right")
+    for r in rows:
+        table.add_row(*[fmt(r[c]) for c in COLUMNS])
+    return table

@@ -1,0 +1,196 @@
+"""Fitting a compat profile on support folders: load the splits, choose the head, fit, and return the profile.
+
+`fit_profile(supports, options)` is what `nobackfill fit` runs, without the command line: supports maps
+each query modality to its support folder, FitOptions holds every other choice.  The head picks the family:
+- slerp / nlerp / adaptive / aligned: Procrustes R plus every blend weight, cross-fitted (selection.py);
+  with several support folders, one R over all their pairs and the blend weights chosen per modality.
+  No head given: slerp, or nlerp / adaptive when it beats slerp on the cross-fitted curve by more than
+  slerp's standard error.
+- adapter / adapter+slerp: the MKP adapter (fit_adapter.py).
+- psp / lsp: P_tk from the class counts of the support logits (fit_classes.py).
+
+The model ids come from each support folder's models.json, the options' ids overriding them.  All-zero
+rows drop their pairs; each drop is one line passed to `warn` (FitOptions.strict refuses them instead).
+Nothing is written: the caller saves the outcome's profile (profile.save_profile) where it wants.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any
+
+from service.compat import selection
+from service.compat.fit_inputs import ModelIds, model_ids, query_pairs
+from service.compat.fit_options import FitOptions, FitOutcome, check_options
+from service.compat.io import Split, load_split
+from service.compat.profile import CompatProfile
+from service.errors import InputError
+from service.vocabulary import ADAPTER_HEADS, CLASS_HEADS, PROCRUSTES_HEADS, FitOn, Head
+
+Warn = Callable[[str], None]
+
+
+def _ignore(_: str) -> None:
+    """The default warning sink: the fit report counts the dropped rows anyway."""
+
+
+def fit_profile(supports: Mapping[str, Path], options: FitOptions, warn: Warn = _ignore) -> FitOutcome:
+    """Fit the profile FitOptions asks for on the support folder of every query modality in `supports`."""
+    check_options(options)
+    if not supports:
+        raise InputError("no support set: pass SUPPORT_DIR or --support MODALITY=DIR")
+    if len(supports) > 1:
+        return _fit_modalities(dict(supports), options, warn)
+    head = options.chosen_head
+    ((modality, support_dir),) = supports.items()
+    split = load_split(
+        support_dir,
+        require_new_target=options.fit_on is FitOn.target and head not in CLASS_HEADS,
+        strict=options.strict,
+    )
+    _warn_zero_rows(split, warn)
+    ids = model_ids(support_dir, split, options.old_model_id, options.new_model_id)
+    if head in CLASS_HEADS:
+        from service.compat.fit_classes import fit_classes
+
+        return fit_classes(split, {modality: support_dir}, head, ids, options)
+    if head in ADAPTER_HEADS:
+        from service.compat.fit_adapter import fit_adapter  # imports torch: only for the adapter heads
+
+        return fit_adapter(split, {modality: support_dir}, head, ids, options)
+    return _fit_procrustes(split, modality, support_dir, ids, options)
+
+
+def _warn_zero_rows(split: Split, warn: Warn) -> None:
+    """One warning when all-zero rows were dropped from the split."""
+    line = split.zero_rows_line()
+    if line is not None:
+        warn(f"{line} (--strict refuses them)")
+
+
+def _head_alpha(head: Head, params: dict[str, dict[str, float]]) -> float:
+    """The served head's weight: 1 for aligned (the map alone), the base a for adaptive, alpha otherwise."""
+    return 1.0 if head is Head.aligned else params[head.value].get("alpha", params["adaptive"]["a"])
+
+
+def _fit_procrustes(split: Split, modality: str, support_dir: Path, ids: ModelIds, options: FitOptions) -> FitOutcome:
+    """One support folder, a Procrustes head: R and every blend weight, cross-fitted (or same-set)."""
+    pairs = query_pairs(options.query_pairs, split, ids)
+    result = selection.fit(
+        split,
+        fit_on=options.fit_on,
+        folds=options.folds,
+        same_set=options.same_set,
+        max_eval_queries=options.eval_queries,
+        seed=options.seed,
+        criterion=options.criterion,
+        eval_gallery=options.eval_gallery,
+        query_pairs=pairs,
+        query_pairs_weight=options.query_pairs_weight,
+    )
+    head, why = options.chosen_head, None
+    if options.head is None:
+        head, why = Head(result.report["best_head"]["head"]), result.report["best_head"]["why"]
+    profile = CompatProfile(
+        head=head.value,
+        old_model_id=ids.old,
+        new_model_id=ids.new,
+        models=ids.record,
+        old_dim=split.old_dim,
+        new_dim=split.new_dim,
+        alphas={modality: float(_head_alpha(head, result.params))},
+        params={modality: result.params},
+        fit_on=options.fit_on,
+        folds=int(result.report["folds"]),
+        fit_report={**result.report, "query_modality": modality, "zero_rows_dropped": split.zero_rows},
+        tensors={"R": result.rotation},
+    )
+    title = f"{split.new_dim} -> {split.old_dim}, {modality} queries, fit on {options.fit_on.value}"
+    return FitOutcome(
+        profile=profile,
+        reports={modality: result.report},
+        panels=[(result.report, title)],
+        head_why=why,
+        supports={modality: support_dir},
+    )
+
+
+def _fit_modalities(dirs: dict[str, Path], options: FitOptions, warn: Warn) -> FitOutcome:
+    """Several support folders: one R over all their pairs, the blend weights chosen per query modality."""
+    head = options.head
+    if head is not None and head not in PROCRUSTES_HEADS:
+        raise InputError(
+            f"--head {head.value} fits one query modality; several --support folders need "
+            f"{' / '.join(PROCRUSTES_HEADS)}"
+        )
+    fit_on = options.fit_on
+    splits = {
+        m: load_split(d, require_new_target=fit_on is FitOn.target, strict=options.strict) for m, d in dirs.items()
+    }
+    first = next(iter(splits))
+    for m, s in splits.items():
+        _warn_zero_rows(s, warn)
+        if (s.old_dim, s.new_dim) != (splits[first].old_dim, splits[first].new_dim):
+            raise InputError(
+                f"{dirs[m]}: {m} pairs are {s.new_dim} -> {s.old_dim}, but the {first} pairs in {dirs[first]} are "
+                f"{splits[first].new_dim} -> {splits[first].old_dim}"
+            )
+    # An empty id counts as not given here (one folder's ids must not be ""-overridden for all).
+    old_id, new_id = options.old_model_id or None, options.new_model_id or None
+    ids = {m: model_ids(dirs[m], s, old_id, new_id) for m, s in splits.items()}
+    for m, i in ids.items():
+        if (i.old, i.new, i.record) != (ids[first].old, ids[first].new, ids[first].record):
+            raise InputError(
+                f"{dirs[m]}: models {i.old} -> {i.new} differ from {dirs[first]}'s {ids[first].old} -> "
+                f"{ids[first].new}; one profile serves one model pair"
+            )
+    fitted = selection.fit_modalities(
+        splits,
+        fit_on=fit_on,
+        folds=options.folds,
+        same_set=options.same_set,
+        max_eval_queries=options.eval_queries,
+        seed=options.seed,
+        criterion=options.criterion,
+        eval_gallery=options.eval_gallery,
+        query_pairs=query_pairs(options.query_pairs, splits[first], ids[first]),
+        query_pairs_weight=options.query_pairs_weight,
+    )
+    why = None
+    if head is None:
+        favoured = {fitted.reports[m]["best_head"]["head"] for m in splits}
+        agree = len(favoured) == 1
+        head = Head(next(iter(favoured))) if agree else Head.slerp
+        why = "; ".join(f"{m}: {fitted.reports[m]['best_head']['why']}" for m in splits)
+        if not agree:
+            why += " (the modalities disagree, so slerp serves them all)"
+    first_rep = fitted.reports[first]
+    report: dict[str, Any] = {
+        **{k: first_rep[k] for k in ("selection", "criterion", "criterion_text", "folds", "fit_on", "eval_gallery")},
+        "query_modalities": list(splits),
+        "fit_rows": first_rep["fit_rows_all_modalities"],
+        "support_queries": sum(len(s.old_query) for s in splits.values()),
+        "support_targets": sum(len(s.old_target) for s in splits.values()),
+        "modalities": {m: {**fitted.reports[m], "support_dir": str(dirs[m])} for m in splits},
+        "zero_rows_dropped": {f"{m}/{f}": c for m, s in splits.items() for f, c in s.zero_rows.items()},
+    }
+    profile = CompatProfile(
+        head=head.value,
+        old_model_id=ids[first].old,
+        new_model_id=ids[first].new,
+        models=ids[first].record,
+        old_dim=splits[first].old_dim,
+        new_dim=splits[first].new_dim,
+        alphas={m: float(_head_alpha(head, fitted.params[m])) for m in splits},
+        params=fitted.params,
+        fit_on=fit_on,
+        folds=int(first_rep["folds"]),
+        fit_report=report,
+        tensors={"R": fitted.rotation},
+    )
+    panels = [
+        (fitted.reports[m], f"{splits[m].new_dim} -> {splits[m].old_dim}, {m} queries, fit on {fit_on.value}")
+        for m in splits
+    ]
+    return FitOutcome(profile=profile, reports=fitted.reports, panels=panels, head_why=why, supports=dirs)

@@ -1,0 +1,1 @@
+"""The raw items behind the gallery ids (store.py): what backfill and the re-rank cascade re-encode."""

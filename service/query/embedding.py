@@ -1,0 +1,109 @@
+"""The embedding stage: both query embeddings of a job, as given, from the cache, or from the two batchers at once.
+
+Per modality, the new encoder's batch is enqueued first, so it runs while the cache is asked for the
+old rows; only the misses go to the old encoder.  New old rows are written back to the cache in the
+background (CacheWriteBack), so the response never waits for Redis.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+from service.cache import EmbeddingCache
+from service.cache.base import usable_rows
+from service.compat.rows import normalize_rows
+from service.encoders.base import Embeddings
+from service.encoders.batcher import MicroBatcher
+from service.query.job import SearchJob
+from service.vocabulary import Modality
+
+
+class CacheWriteBack:
+    """Old rows written to the cache by background tasks; drain() waits for the ones started so far."""
+
+    def __init__(self, cache: EmbeddingCache) -> None:
+        self.cache = cache
+        self._tasks: set[asyncio.Task[None]] = set()
+
+    def write(self, modality: Modality, inputs: list[str], rows: Embeddings) -> None:
+        """Start writing `rows` under `inputs` in the background; all-zero rows (no known token) are never cached."""
+        usable = usable_rows(rows)
+        if not usable.all():
+            inputs = [text for text, ok in zip(inputs, usable.tolist(), strict=True) if ok]
+            rows = rows[usable]
+        if inputs:
+            task = asyncio.create_task(self.cache.set_many(modality, inputs, rows))
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
+
+    async def drain(self) -> None:
+        """Wait for the background cache writes started so far."""
+        if self._tasks:
+            await asyncio.gather(*self._tasks, return_exceptions=True)
+
+
+class Embedder:
+    """Fills a job's old and new rows and cache statuses from the cache and the two batchers."""
+
+    def __init__(
+        self, old: MicroBatcher, new: MicroBatcher, cache: EmbeddingCache, write_back: CacheWriteBack, concurrent: bool
+    ) -> None:
+        self.old = old
+        self.new = new
+        self.cache = cache
+        self.write_back = write_back
+        # Off only for benchmarks (compat.concurrent_encoders): the old encoder then finishes before the new one starts.
+        self.concurrent = concurrent
+
+    async def embed(self, job: SearchJob) -> None:
+        """Fill job.old, job.new and job.cache_status: given by the caller, cached, or encoded."""
+        job.start_rows()
+        by_modality: dict[Modality, list[int]] = {}
+        for i, query in enumerate(job.queries):
+            if query.content is None:
+                # As given: every head normalises what it reads, and PSP's softmax needs the logits' scale.
+                if query.old_embedding is not None:
+                    job.old[i] = query.old_embedding
+                if query.new_embedding is not None:
+                    job.new[i] = query.new_embedding
+            else:
+                by_modality.setdefault(query.modality, []).append(i)
+        await asyncio.gather(*(self._encode_group(job, modality, rows) for modality, rows in by_modality.items()))
+
+    async def _encode_group(self, job: SearchJob, modality: Modality, rows: list[int]) -> None:
+        """One modality: start the new encoder, look up the cache, encode the old misses meanwhile."""
+        inputs = [job.queries[i].content or "" for i in rows]
+        need_old, need_new = job.reads.reads_old, job.reads.reads_new
+        if need_old and not self.concurrent:
+            await self._old_rows(job, modality, rows, inputs)
+            need_old = False
+        started = time.perf_counter()
+        # Enqueued now, before the cache lookup, so the new encoder starts at once.
+        new_rows = self.new.submit(inputs, modality) if need_new else None
+        try:
+            if need_old:
+                await self._old_rows(job, modality, rows, inputs)
+        finally:
+            if new_rows is not None:
+                job.new[rows] = await new_rows
+                job.record("new_encode", time.perf_counter() - started)
+
+    async def _old_rows(self, job: SearchJob, modality: Modality, rows: list[int], inputs: list[str]) -> None:
+        """Old rows from the cache, the misses from the old encoder (and back into the cache)."""
+        cached = await job.timed("cache_lookup", self.cache.get_many(modality, inputs))
+        misses = [j for j, row in enumerate(cached) if row is None]
+        caching = self.cache.kind != "off"
+        for j, row in enumerate(cached):
+            if row is not None:
+                job.old[rows[j]] = normalize_rows(row[None])[0]
+                job.cache_status[rows[j]] = "hit"
+        if not misses:
+            return
+        miss_inputs = [inputs[j] for j in misses]
+        encoded = await job.timed("old_encode", self.old.encode(miss_inputs, modality))
+        for j, row in zip(misses, encoded, strict=True):
+            job.old[rows[j]] = row
+            job.cache_status[rows[j]] = "miss" if caching else "off"
+        if caching:
+            self.write_back.write(modality, miss_inputs, encoded)

@@ -1,0 +1,82 @@
+"""Hybrid search: the compatible queries over the frozen gallery (moved items skipped), the new embeddings over
+the segment, both at once, merged into one top-k (segment/merge.py); and `new`, the segment alone.
+
+Every request reads one segment snapshot (segment/reader.py), so a refresh that lands meanwhile changes
+nothing under it.  A row whose new embedding is all-zero (its encoder found no known token) cannot
+reach the segment: it searches the whole old gallery instead, moved items included, as `slerp` would.
+The segment's scores go onto the old scale through the profile's calibration for the query's
+modality; a profile fitted before calibrations existed merges raw cosines (/v1/info says which).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+
+import numpy as np
+import numpy.typing as npt
+
+from service import metrics
+from service.compat.rows import normalize_rows
+from service.index.base import GalleryBackend
+from service.query.job import SearchJob
+from service.segment.merge import Merge, Merged, merge
+from service.segment.reader import Segment, Snapshot
+
+F32 = npt.NDArray[np.float32]
+I64 = npt.NDArray[np.int64]
+
+
+@dataclass(frozen=True)
+class SegmentSearch:
+    """The live segment, how its hits merge with the old gallery's, and the threads that search it."""
+
+    segment: Segment
+    method: Merge
+    pool: ThreadPoolExecutor
+
+    def new_only(self, job: SearchJob) -> Merged:
+        """`new`: the new embeddings over the segment alone (raw cosines)."""
+        snapshot = self.segment.snapshot
+        scores, ids = snapshot.search(normalize_rows(job.new), job.k)
+        return Merged(scores, ids, ids >= 0)
+
+    def hybrid(self, job: SearchJob, batch: F32, gallery: GalleryBackend) -> Merged:
+        """Both searches at once, then the merge per query modality (each has its own calibration)."""
+        snapshot = self.segment.snapshot
+        usable = np.any(job.new != 0, axis=1)
+        beside = self.pool.submit(snapshot.search, normalize_rows(job.new[usable]), job.k)
+        old_s, old_i = _old_side(job, batch, gallery, snapshot, usable)
+        new_s = np.full((len(batch), job.k), -np.inf, dtype=np.float32)
+        new_i = np.full((len(batch), job.k), -1, dtype=np.int64)
+        new_s[usable], new_i[usable] = beside.result()
+        out = Merged(old_s.copy(), old_i.copy(), np.zeros(old_s.shape, dtype=bool))
+        for modality, rows in _by_modality(job):
+            score_map = job.profile.score_map(modality) if self.method == Merge.calibrated else None
+            part = merge((old_s[rows], old_i[rows]), (new_s[rows], new_i[rows]), job.k, self.method, score_map)
+            out.scores[rows], out.ids[rows], out.from_segment[rows] = part.scores, part.ids, part.from_segment
+        from_segment = int(out.from_segment.sum())
+        metrics.HYBRID_HITS.labels(source="segment").inc(from_segment)
+        metrics.HYBRID_HITS.labels(source="old").inc(int((out.ids >= 0).sum()) - from_segment)
+        return out
+
+
+def _old_side(
+    job: SearchJob, batch: F32, gallery: GalleryBackend, snapshot: Snapshot, usable: npt.NDArray[np.bool_]
+) -> tuple[F32, I64]:
+    """The old gallery's top-k: moved items skipped where the segment answers for them, kept where it cannot."""
+    if usable.all():
+        return gallery.search(batch, job.k, job.nprobe, exclude=snapshot.exclusion)
+    scores = np.full((len(batch), job.k), -np.inf, dtype=np.float32)
+    ids = np.full((len(batch), job.k), -1, dtype=np.int64)
+    for rows, exclusion in ((usable, snapshot.exclusion), (~usable, None)):
+        if rows.any():
+            scores[rows], ids[rows] = gallery.search(batch[rows], job.k, job.nprobe, exclude=exclusion)
+    return scores, ids
+
+
+def _by_modality(job: SearchJob) -> Sequence[tuple[str, npt.NDArray[np.int64]]]:
+    """Row indices of each query modality."""
+    modalities = np.array([str(q.modality) for q in job.queries])
+    return [(m, np.flatnonzero(modalities == m)) for m in np.unique(modalities).tolist()]

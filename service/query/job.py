@@ -1,0 +1,103 @@
+"""What flows through the query path: the queries, one request's job, the results, the stage timings."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Awaitable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import TypeVar
+
+import numpy as np
+
+from service import metrics
+from service.compat.profile import CompatProfile
+from service.encoders.base import Embeddings
+from service.vocabulary import Modality, Mode
+
+T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class Query:
+    """One query: content for the encoders, or both embeddings given by the caller."""
+
+    modality: Modality
+    content: str | None = None
+    old_embedding: Embeddings | None = None
+    new_embedding: Embeddings | None = None
+
+
+@dataclass
+class QueryResult:
+    """Top-k for one query, plus what produced it."""
+
+    ids: list[int]
+    scores: list[float]
+    mode: str
+    alpha: float | None
+    cache: str
+    theta: float | None = None
+    old_ids: list[int] | None = None
+    old_scores: list[float] | None = None
+    overlap: float | None = None
+    fallback: str | None = None  # which endpoint answered alone after an all-zero encoder row (old | new | none)
+
+
+@dataclass
+class SearchOutcome:
+    """Results in request order and the time each stage took, in milliseconds."""
+
+    results: list[QueryResult]
+    timings_ms: dict[str, float] = field(default_factory=dict)
+
+
+@dataclass
+class SearchJob:
+    """One request on its way through the query path: what was asked, and what each stage has found so far.
+
+    `profile` is the one profile of the whole request, even if a reload lands meanwhile.  `old`, `new`
+    and `cache_status` are filled by the embedding stage (embedding.py), one row per query.
+    """
+
+    queries: list[Query]
+    k: int
+    mode: str  # as asked: validation refuses a mode the vocabulary or the profile does not know
+    alpha: float | None
+    nprobe: int
+    profile: CompatProfile
+    timings: dict[str, float] = field(default_factory=dict)
+    old: Embeddings = field(init=False)
+    new: Embeddings = field(init=False)
+    cache_status: list[str] = field(init=False)
+
+    @property
+    def reads(self) -> Mode:
+        """The mode as a vocabulary word (what it reads, whether it blends); valid once the job is validated."""
+        return Mode(self.mode)
+
+    def start_rows(self) -> None:
+        """Zero rows for both embeddings and "off" for every cache status (after validation bounded the count)."""
+        n = len(self.queries)
+        self.old = np.zeros((n, self.profile.old_dim), dtype=np.float32)
+        self.new = np.zeros((n, self.profile.new_dim), dtype=np.float32)
+        self.cache_status = ["off"] * n
+
+    def record(self, name: str, elapsed: float) -> None:
+        """Add a stage's seconds to the request's timings (ms) and the stage histogram."""
+        self.timings[name] = self.timings.get(name, 0.0) + elapsed * 1000
+        metrics.STAGE_DURATION.labels(stage=name).observe(elapsed)
+
+    @contextmanager
+    def stage(self, name: str) -> Iterator[None]:
+        """Time a stage into the request's timings and the stage histogram."""
+        start = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.record(name, time.perf_counter() - start)
+
+    async def timed(self, name: str, work: Awaitable[T]) -> T:
+        """Await `work`, timing it as a stage."""
+        with self.stage(name):
+            return await work

@@ -1,0 +1,112 @@
+"""The transform and search stage (on the pipeline's search pool): the head per row group, then one gallery search.
+
+Rows whose encoder gave an all-zero row are answered by the other endpoint alone (fallback.py); the
+result says so in `fallback` and nobackfill_zero_embedding_fallbacks_total counts it: never NaN,
+never a 5xx.  `compare` searches the old rows too, in the same gallery call, and reports the overlap.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+import numpy.typing as npt
+
+from service import metrics
+from service.compat.heads import transform
+from service.compat.rows import normalize_rows
+from service.cpu_limit import usable_cpus
+from service.index.base import GalleryBackend
+from service.query.fallback import Route, groups, routes
+from service.query.job import QueryResult, SearchJob
+from service.settings import IndexSettings
+from service.vocabulary import Mode
+
+
+def search_pool_size(settings: IndexSettings) -> int:
+    """index.search_threads, else one per usable CPU (FAISS computes); a Milvus search mostly waits on the network."""
+    if settings.search_threads is not None:
+        return settings.search_threads
+    cpus = usable_cpus()
+    return min(32, cpus + 4) if settings.backend == "milvus" else cpus  # asyncio's own default for waiting threads
+
+
+@dataclass
+class _Transformed:
+    """The gallery queries of a job, one row per query, with the weight and angle each row got."""
+
+    batch: npt.NDArray[np.float32]
+    alphas: list[float]
+    thetas: list[float]  # NaN: the mode reads one endpoint only, so there is no angle
+
+
+def transform_and_search(job: SearchJob, gallery: GalleryBackend) -> list[QueryResult]:
+    """Apply the head per row group, then one batched gallery search (a search pool thread)."""
+    compare = job.mode == Mode.compare
+    head_mode = job.profile.head if compare else job.mode
+    plan = routes(job, head_mode)
+    with job.stage("transform"):
+        rows = _transform(job, plan, head_mode)
+    batch = np.concatenate([rows.batch, normalize_rows(job.old)]) if compare else rows.batch  # zero old: no results
+    with job.stage("search"):
+        scores, ids = gallery.search(batch, job.k, job.nprobe)
+    id_lists, score_lists = ids.tolist(), scores.tolist()
+    results = []
+    for i, ((row_mode, fallback), alpha, theta) in enumerate(zip(plan, rows.alphas, rows.thetas, strict=True)):
+        found = fallback != "none"
+        results.append(
+            QueryResult(
+                ids=id_lists[i] if found else [],
+                scores=score_lists[i] if found else [],
+                mode=row_mode,
+                alpha=alpha,
+                cache=job.cache_status[i],
+                theta=None if math.isnan(theta) else theta,
+                fallback=fallback,
+            )
+        )
+        if fallback is not None:
+            metrics.ZERO_EMBEDDING_FALLBACKS.labels(answered_by=fallback).inc()
+    if compare:
+        _add_old_side(job, results, id_lists[len(results) :], score_lists[len(results) :])
+    return results
+
+
+def _transform(job: SearchJob, plan: list[Route], head_mode: str) -> _Transformed:
+    """One transform call per (modality, mode, fallback) group; a row with no usable endpoint stays zero."""
+    n = len(job.queries)
+    batch = np.zeros((n, job.profile.old_dim), dtype=np.float32)
+    thetas = np.full(n, np.nan)
+    alphas = np.zeros(n)
+    for (modality, row_mode, fallback), rows in groups(job, plan).items():
+        if fallback == "none":
+            continue  # no usable endpoint: the row stays zero and gets no results
+        reads = Mode(row_mode)
+        out = transform(
+            job.profile,
+            row_mode,
+            job.old[rows] if reads.reads_old else None,
+            job.new[rows] if reads.reads_new else None,
+            modality,
+            job.alpha if row_mode == head_mode else None,  # a fallback mode takes no weight
+        )
+        batch[rows] = out.queries
+        alphas[rows] = out.row_alpha
+        if reads.blends:  # theta needs both endpoints
+            thetas[rows] = out.theta
+            for theta in out.theta.tolist():
+                metrics.RESIDUAL_ANGLE.observe(theta)
+    return _Transformed(batch, alphas.tolist(), thetas.tolist())
+
+
+def _add_old_side(
+    job: SearchJob, results: list[QueryResult], old_ids: list[list[int]], old_scores: list[list[float]]
+) -> None:
+    """compare: each result's old-mode top-k beside it, and the share of ids both found."""
+    old_found = np.any(job.old != 0, axis=1).tolist()
+    for i, result in enumerate(results):
+        result.old_ids = old_ids[i] if old_found[i] else []
+        result.old_scores = old_scores[i] if old_found[i] else []
+        kept = {x for x in result.ids if x >= 0}
+        result.overlap = len(kept & {x for x in result.old_ids if x >= 0}) / job.k

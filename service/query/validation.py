@@ -1,0 +1,84 @@
+"""Checks before any encoder runs: the request limits, the mode, and each query's text or embeddings."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from service.compat.profile import CompatProfile
+from service.encoders.base import Encoder, modalities_of
+from service.errors import ArtifactError, InputError, TooManyQueries, UnsupportedMode
+from service.index.base import check_nprobe
+from service.query.job import Query, SearchJob
+from service.settings import ApiSettings, Settings
+from service.vocabulary import Mode
+
+
+def default_mode(settings: Settings, profile: CompatProfile) -> str:
+    """The configured default mode, else the profile's head; ArtifactError if the profile lacks it."""
+    mode = settings.compat.default_mode or profile.head
+    if mode not in {*profile.modes(), Mode.compare}:
+        raise ArtifactError(
+            f"default mode {mode!r} is not served by profile {profile.profile_id} "
+            f"(it serves {', '.join(profile.modes())})"
+        )
+    return mode
+
+
+def validate(job: SearchJob, api: ApiSettings, max_nprobe: int | None, old: Encoder, new: Encoder) -> None:
+    """Check a request against the limits, its profile and the gallery's nprobe; raise a 4xx error if bad."""
+    if not job.queries:
+        raise InputError("queries must not be empty")
+    if len(job.queries) > api.max_queries:
+        raise TooManyQueries(f"{len(job.queries)} queries in one request; the limit is {api.max_queries}")
+    if not 1 <= job.k <= api.max_k:
+        raise InputError(f"k must be in 1..{api.max_k}, got {job.k}")
+    check_nprobe(job.nprobe, max_nprobe)  # before any encoder runs; the gallery checks it again
+    if job.alpha is not None and not (math.isfinite(job.alpha) and 0.0 <= job.alpha <= 1.0):
+        raise InputError(f"alpha must be in [0, 1], got {job.alpha}")
+    served = job.profile.modes()
+    if job.mode != Mode.compare and job.mode not in served:
+        raise UnsupportedMode(f"mode {job.mode!r} is not served by this profile; it serves {', '.join(served)}")
+    if job.mode == Mode.compare and Mode.old not in served:
+        raise UnsupportedMode(f"mode 'compare' needs a profile that serves 'old'; this one serves {', '.join(served)}")
+    for i, query in enumerate(job.queries):
+        _check_query(i, query, job, api.max_text_chars, (old, new))
+
+
+def _check_query(i: int, query: Query, job: SearchJob, max_text_chars: int, encoders: tuple[Encoder, Encoder]) -> None:
+    """Check one query's text length or embedding dims and values, and that its mode has what it reads."""
+    mode = job.reads
+    if query.content is not None and query.modality == "text":
+        if len(query.content) > max_text_chars:
+            raise InputError(f"queries[{i}] is {len(query.content)} characters; the limit is {max_text_chars}")
+        if not query.content.strip():
+            raise InputError(f"queries[{i}].text is empty")
+    if query.content is not None:
+        for role, encoder, needed in (("old", encoders[0], mode.reads_old), ("new", encoders[1], mode.reads_new)):
+            if needed and query.modality not in modalities_of(encoder):
+                raise InputError(
+                    f"queries[{i}] is a {query.modality} query, but the {role} model "
+                    f"{encoder.model_id!r} encodes {' and '.join(modalities_of(encoder))} only"
+                )
+    else:
+        if query.old_embedding is None and mode.reads_old:
+            old_free = ", ".join(sorted(m for m in Mode if not m.reads_old))
+            raise InputError(
+                f"queries[{i}] has no old_embedding, which mode {job.mode!r} needs "
+                f"(modes that take new_embedding alone: {old_free})"
+            )
+        if query.new_embedding is None and mode.reads_new:
+            raise InputError(f"queries[{i}] has no new_embedding, which mode {job.mode!r} needs")
+    for name, row, dim in (
+        ("old_embedding", query.old_embedding, job.profile.old_dim),
+        ("new_embedding", query.new_embedding, job.profile.new_dim),
+    ):
+        if row is None:
+            continue
+        if row.shape != (dim,):
+            raise InputError(f"queries[{i}].{name} has {row.size} values; expected {dim}")
+        if not np.all(np.isfinite(row)):
+            raise InputError(f"queries[{i}].{name} contains NaN or infinity")
+        if not np.any(row):
+            raise InputError(f"queries[{i}].{name} is all zeros")

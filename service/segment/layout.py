@@ -1,0 +1,289 @@
+"""On-disk layout of a new-model segment: segment.json, and immutable shards published by one rename each.
+
+    SEGMENT_DIR/
+        segment.json            written once when the segment is created: the new model's identity, the
+                                dim, and the frozen gallery it sits beside (fingerprint, item count)
+        shards/
+            <name>/             one shard, never changed once its name appears
+                ids.npy         int64 [n]: gallery ids
+                vectors.npy     float32 [n, dim]: the new model's unit rows for those ids
+                shard.json      count, model identity, writer, time
+                manifest.json   size and sha256 of the three (service/manifest.py)
+            .<name>.tmp         a shard being written (hidden: readers never look at it)
+
+A shard's name sorts by creation time and is unique across writers (time, host, pid, random), so the
+service and `backfill run` can add shards to one segment at the same time without a lock.  An id may
+be in two shards when two writers moved it at once; readers keep its first row (both rows come from
+the same model and item).  A writer killed mid-shard leaves a hidden folder, which the next writer
+on the same host removes once its process is gone.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import socket
+import time
+import uuid
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+import service
+from service.encoders.identity import ModelIdentity
+from service.errors import ArtifactError, InputError
+from service.manifest import verify_manifest, write_json_durably, write_manifest
+
+SEGMENT_JSON = "segment.json"
+SHARDS = "shards"
+SHARD_JSON = "shard.json"
+IDS = "ids.npy"
+VECTORS = "vectors.npy"
+FORMAT_VERSION = 1
+
+
+@dataclass(frozen=True)
+class GalleryRef:
+    """The frozen gallery a segment sits beside: its fingerprint and how many items it holds."""
+
+    fingerprint: str
+    ntotal: int
+
+    def as_dict(self) -> dict[str, Any]:
+        """JSON form, as segment.json records it."""
+        return {"fingerprint": self.fingerprint, "ntotal": self.ntotal}
+
+
+@dataclass(frozen=True)
+class SegmentMeta:
+    """The content of segment.json."""
+
+    model: ModelIdentity
+    gallery: GalleryRef
+    created_at: str
+
+    @property
+    def dim(self) -> int:
+        """Width of every row of the segment."""
+        return self.model.dim
+
+
+@dataclass(frozen=True)
+class Shard:
+    """One published shard, read and checked: its gallery ids and the new model's rows for them."""
+
+    name: str
+    ids: npt.NDArray[np.int64]
+    vectors: npt.NDArray[np.float32]
+    meta: dict[str, Any]
+
+
+def create_segment(folder: Path, model: ModelIdentity, gallery: GalleryRef) -> SegmentMeta:
+    """Create an empty segment (segment.json and shards/) or open an existing one that matches; one-line refusals."""
+    if (folder / SEGMENT_JSON).is_file():
+        meta = read_segment_meta(folder)
+        check_same(meta, model, gallery, folder)
+        return meta
+    if folder.exists() and (not folder.is_dir() or any(p for p in folder.iterdir() if p.name != SHARDS)):
+        raise InputError(f"{folder}: exists and is not a segment; refusing to write into it")
+    meta = SegmentMeta(model, gallery, datetime.now(UTC).isoformat(timespec="seconds"))
+    try:
+        (folder / SHARDS).mkdir(parents=True, exist_ok=True)
+        document = {
+            "format_version": FORMAT_VERSION,
+            "model": model.as_dict(),
+            "gallery": gallery.as_dict(),
+            "created_at": meta.created_at,
+            "nobackfill_version": service.__version__,
+        }
+        # Two writers creating one segment at once: the rename of the second replaces an identical file.
+        write_json_durably(folder / SEGMENT_JSON, document)
+    except OSError as exc:
+        raise InputError(f"cannot create segment {folder}: {exc.strerror or exc}") from exc
+    return meta
+
+
+def check_same(meta: SegmentMeta, model: ModelIdentity, gallery: GalleryRef, folder: Path) -> None:
+    """Refuse a model or gallery other than the ones the segment was created for, in one line."""
+    if not meta.model.same_model(model):
+        raise InputError(
+            f"segment {folder} holds rows of {meta.model.backend} {meta.model.model_id} (dim {meta.model.dim}), "
+            f"not of {model.backend} {model.model_id} (dim {model.dim}); one segment holds one model's rows"
+        )
+    if meta.gallery != gallery:
+        raise InputError(
+            f"segment {folder} sits beside gallery {meta.gallery.fingerprint[:12]}... ({meta.gallery.ntotal:,} items), "
+            f"not {gallery.fingerprint[:12]}... ({gallery.ntotal:,} items)"
+        )
+
+
+def read_segment_meta(folder: Path) -> SegmentMeta:
+    """segment.json, checked; ArtifactError in one line naming it."""
+    path = folder / SEGMENT_JSON
+    if not path.is_file():
+        raise ArtifactError(f"segment {folder}: no {SEGMENT_JSON} (not a segment)")
+    data = _json_object(path)
+    if data.get("format_version") != FORMAT_VERSION:
+        raise ArtifactError(f"{path}: format version {data.get('format_version')!r}, this build reads {FORMAT_VERSION}")
+    model = ModelIdentity.from_dict(data.get("model"), f"{path} (model)")
+    gallery = data.get("gallery")
+    if not isinstance(gallery, dict) or not isinstance(gallery.get("fingerprint"), str):
+        raise ArtifactError(f"{path}: gallery must be an object with a fingerprint")
+    ntotal = gallery.get("ntotal")
+    if isinstance(ntotal, bool) or not isinstance(ntotal, int) or ntotal < 1:
+        raise ArtifactError(f"{path}: gallery ntotal must be a positive integer, got {ntotal!r}")
+    return SegmentMeta(model, GalleryRef(gallery["fingerprint"], ntotal), str(data.get("created_at", "")))
+
+
+def shard_names(folder: Path) -> list[str]:
+    """Names of the published shards, oldest first (hidden folders are shards being written)."""
+    shards = folder / SHARDS
+    try:
+        return sorted(p.name for p in shards.iterdir() if p.is_dir() and not p.name.startswith("."))
+    except FileNotFoundError:
+        return []
+
+
+def new_shard_name() -> str:
+    """A name that sorts by creation time and no other writer can pick: ns clock, host, pid, random."""
+    host = "".join(c for c in socket.gethostname() if c.isalnum())[:16] or "host"
+    return f"{time.time_ns():020d}-{host}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
+
+
+def write_shard(
+    folder: Path, ids: npt.NDArray[np.int64], vectors: npt.NDArray[np.float32], model: ModelIdentity, writer: str
+) -> str:
+    """Publish one shard: written hidden, fsynced, manifest last, then one rename; returns its name."""
+    if len(ids) == 0 or vectors.shape != (len(ids), model.dim):
+        raise InputError(f"a shard needs rows of [n >= 1, {model.dim}], got ids {len(ids)} and rows {vectors.shape}")
+    name = new_shard_name()
+    tmp = folder / SHARDS / f".{name}.tmp"
+    try:
+        tmp.mkdir(parents=True)
+        _save(tmp / IDS, np.ascontiguousarray(ids, dtype=np.int64))
+        _save(tmp / VECTORS, np.ascontiguousarray(vectors, dtype=np.float32))
+        meta = {
+            "format_version": FORMAT_VERSION,
+            "count": int(len(ids)),
+            "model": model.as_dict(),
+            "writer": writer,
+            "pid": os.getpid(),
+            "created_at": datetime.now(UTC).isoformat(timespec="milliseconds"),
+        }
+        write_json_durably(tmp / SHARD_JSON, meta)
+        write_manifest(tmp)
+        os.rename(tmp, folder / SHARDS / name)
+        _fsync_dir(folder / SHARDS)
+    except OSError as exc:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise InputError(f"cannot write a shard into {folder / SHARDS}: {exc.strerror or exc}") from exc
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return name
+
+
+def _save(path: Path, array: npt.NDArray[Any]) -> None:
+    """np.save and fsync: a shard is renamed into place only once its bytes are on disk."""
+    with path.open("wb") as f:
+        np.save(f, array, allow_pickle=False)
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def _fsync_dir(folder: Path) -> None:
+    """Make a rename in `folder` durable."""
+    fd = os.open(folder, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def read_shard(folder: Path, name: str, dim: int) -> Shard:
+    """Load and check one shard (manifest, shapes, finite unit rows); ArtifactError in one line naming it."""
+    path = folder / SHARDS / name
+    if verify_manifest(path) is None:
+        raise ArtifactError(f"shard {path}: manifest.json is missing")
+    meta = _json_object(path / SHARD_JSON)
+    try:
+        ids = np.load(path / IDS, allow_pickle=False)
+        vectors = np.load(path / VECTORS, allow_pickle=False)
+    except (OSError, ValueError) as exc:
+        raise ArtifactError(f"shard {path}: unreadable ({exc})") from exc
+    count = meta.get("count")
+    if ids.dtype != np.int64 or ids.ndim != 1 or len(ids) != count:
+        raise ArtifactError(f"shard {path}: {IDS} is not {count!r} int64 ids")
+    if vectors.dtype != np.float32 or vectors.shape != (len(ids), dim):
+        raise ArtifactError(
+            f"shard {path}: {VECTORS} is {vectors.dtype} {vectors.shape}, expected float32 ({len(ids)}, {dim})"
+        )
+    norms = np.linalg.norm(vectors, axis=1)
+    if not (np.isfinite(norms).all() and np.allclose(norms, 1.0, atol=1e-3)):
+        raise ArtifactError(f"shard {path}: {VECTORS} holds rows that are not finite unit vectors")
+    return Shard(name, ids, vectors, meta)
+
+
+def remove_abandoned(folder: Path) -> list[str]:
+    """Delete hidden shard folders of writers on this host whose process is gone; returns their names."""
+    host = "".join(c for c in socket.gethostname() if c.isalnum())[:16] or "host"
+    removed: list[str] = []
+    shards = folder / SHARDS
+    if not shards.is_dir():
+        return removed
+    for path in shards.iterdir():
+        parts = path.name.lstrip(".").removesuffix(".tmp").split("-")
+        if not (path.name.startswith(".") and path.name.endswith(".tmp") and len(parts) == 4 and parts[1] == host):
+            continue
+        if parts[2].isdigit() and not _alive(int(parts[2])):
+            shutil.rmtree(path, ignore_errors=True)
+            removed.append(path.name)
+    return removed
+
+
+def _alive(pid: int) -> bool:
+    """Whether a process with this pid exists on this host."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _json_object(path: Path) -> dict[str, Any]:
+    """A JSON object from `path`; ArtifactError naming it otherwise."""
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise ArtifactError(f"{path}: unreadable ({exc})") from exc
+    if not isinstance(data, dict):
+        raise ArtifactError(f"{path}: expected a JSON object")
+    return data
+
+
+def shard_ids(folder: Path, name: str) -> npt.NDArray[np.int64] | None:
+    """The ids of one published shard, every file checked against its manifest; None when the shard is damaged.
+
+    Its rows are hashed too: a shard the service would refuse must not count as moved, or its items
+    would never be moved again.
+    """
+    path = folder / SHARDS / name
+    try:
+        verify_manifest(path)
+        ids = np.load(path / IDS, allow_pickle=False)
+    except (ArtifactError, OSError, ValueError):
+        return None
+    return ids if ids.dtype == np.int64 and ids.ndim == 1 else None
+
+
+def moved_ids(folder: Path) -> npt.NDArray[np.int64]:
+    """Sorted distinct ids of every intact published shard: what a writer never encodes again."""
+    parts = [ids for name in shard_names(folder) if (ids := shard_ids(folder, name)) is not None]
+    return np.unique(np.concatenate(parts)) if parts else np.zeros(0, dtype=np.int64)

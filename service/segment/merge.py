@@ -1,0 +1,73 @@
+"""Merging the old gallery's hits with the segment's into one top-k: what hybrid search returns.
+
+Both lists come in sorted, -1 / -inf padded.  The old list never holds a moved item (its search
+excluded them), so an id appears at most once.  Three ways to put them on one scale:
+    calibrated  the segment's scores through the profile's ScoreMap (compat/calibration.py), the old
+                scores as they are: with nothing moved, the result is the compatible search's, scores
+                included
+    raw         both cosines as they are
+    rrf         reciprocal rank fusion, 1 / (RRF_K + rank) in each list; scores become RRF scores
+Ties go to the old gallery's hit.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import numpy.typing as npt
+
+from service.compat.calibration import ScoreMap
+from service.vocabulary import Word
+
+F32 = npt.NDArray[np.float32]
+I64 = npt.NDArray[np.int64]
+RRF_K = 60
+
+
+class Merge(Word):
+    """How hybrid search puts the two lists on one scale."""
+
+    calibrated = "calibrated"
+    raw = "raw"
+    rrf = "rrf"
+
+
+@dataclass(frozen=True)
+class Merged:
+    """One top-k per query: scores, ids, and whether each hit came from the segment."""
+
+    scores: F32
+    ids: I64
+    from_segment: npt.NDArray[np.bool_]
+
+
+def _rrf(scores: F32) -> F32:
+    """1 / (RRF_K + rank) per position of a sorted list; padding gets -inf."""
+    ranks = np.arange(1, scores.shape[1] + 1, dtype=np.float32)
+    fused = np.broadcast_to(1.0 / (RRF_K + ranks), scores.shape).astype(np.float32)
+    return np.where(np.isfinite(scores), fused, -np.inf).astype(np.float32)
+
+
+def merge(
+    old: tuple[F32, I64], new: tuple[F32, I64], k: int, method: Merge, score_map: ScoreMap | None = None
+) -> Merged:
+    """The top-k of both lists on one scale (see the module docstring)."""
+    old_s, old_i = old
+    new_s, new_i = new
+    old_s = np.where(old_i >= 0, old_s, -np.inf).astype(np.float32)
+    new_s = np.where(new_i >= 0, new_s, -np.inf).astype(np.float32)
+    if method == Merge.rrf:
+        old_s, new_s = _rrf(old_s), _rrf(new_s)
+    elif method == Merge.calibrated and score_map is not None:
+        new_s = np.where(np.isfinite(new_s), score_map.apply(new_s), -np.inf).astype(np.float32)
+    scores = np.concatenate([old_s, new_s], axis=1)
+    ids = np.concatenate([old_i, new_i], axis=1)
+    source = np.concatenate([np.zeros(old_s.shape, bool), np.ones(new_s.shape, bool)], axis=1)
+    order = np.argsort(-scores, axis=1, kind="stable")[:, :k]  # stable: the old list's hit wins a tie
+    top_s = np.take_along_axis(scores, order, axis=1)
+    top_i = np.take_along_axis(ids, order, axis=1)
+    top_src = np.take_along_axis(source, order, axis=1)
+    empty = ~np.isfinite(top_s)
+    top_i = np.where(empty, -1, top_i)
+    return Merged(top_s.astype(np.float32), top_i.astype(np.int64), top_src & ~empty)

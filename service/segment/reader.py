@@ -1,0 +1,186 @@
+"""The service's view of a segment: every published shard in memory, searchable, refreshed as shards appear.
+
+A `Snapshot` is immutable: blocks of rows (each one faiss IndexFlatIP, exact inner product), their
+gallery ids, and the sorted set of moved ids (an index.base.Exclusion, which the old gallery's
+search skips).  `Segment.refresh()` reads the shards published since the last snapshot, drops rows whose id
+is already in (an id moved by two writers at once keeps its first row), and swaps in a new snapshot
+in one assignment; a search holds the snapshot it started with, so a refresh never disturbs it.
+New shards form a new block; past MAX_BLOCKS the two smallest neighbours are merged, so a search
+runs a bounded number of flat scans.  A damaged shard (manifest, shape, values) is refused with one
+logged line, kept out, and not read again; the others keep serving.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import faiss
+import numpy as np
+import numpy.typing as npt
+
+from service.errors import ArtifactError
+from service.index.base import Exclusion
+from service.segment.layout import SegmentMeta, read_segment_meta, read_shard, shard_names
+
+MAX_BLOCKS = 8
+log = logging.getLogger("nobackfill.segment")
+
+F32 = npt.NDArray[np.float32]
+I64 = npt.NDArray[np.int64]
+
+
+@dataclass(frozen=True)
+class Block:
+    """Rows searched together: one exact inner-product index and the gallery id of each row."""
+
+    index: Any
+    ids: I64
+
+    @classmethod
+    def of(cls, vectors: F32, ids: I64) -> Block:
+        """A block over these rows (copied into faiss)."""
+        index = faiss.IndexFlatIP(vectors.shape[1])
+        index.add(np.ascontiguousarray(vectors, dtype=np.float32))
+        return cls(index, ids)
+
+    def vectors(self) -> F32:
+        """The block's rows back out of faiss (for a merge)."""
+        return np.asarray(faiss.rev_swig_ptr(self.index.get_xb(), self.index.ntotal * self.index.d)).reshape(
+            self.index.ntotal, self.index.d
+        )
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    """One immutable state of the segment: its blocks, the shards they hold and the moved ids."""
+
+    dim: int
+    blocks: tuple[Block, ...] = ()
+    shards: tuple[str, ...] = ()
+    moved: I64 = field(default_factory=lambda: np.zeros(0, dtype=np.int64))  # sorted
+    exclusion: Exclusion | None = None  # what the old gallery's search skips; None while nothing has moved
+
+    @property
+    def count(self) -> int:
+        """Moved items (distinct ids)."""
+        return int(len(self.moved))
+
+    def search(self, queries: F32, k: int) -> tuple[F32, I64]:
+        """Top-k inner products over every block: (scores [b, k], ids [b, k]; -1 / -inf pad a short list)."""
+        n = len(queries)
+        if not self.blocks or k < 1:
+            return np.full((n, max(k, 0)), -np.inf, dtype=np.float32), np.full((n, max(k, 0)), -1, dtype=np.int64)
+        q = np.ascontiguousarray(queries, dtype=np.float32)
+        parts_s, parts_i = [], []
+        for block in self.blocks:
+            kk = min(k, block.index.ntotal)
+            scores, rows = block.index.search(q, kk)
+            parts_s.append(scores)
+            parts_i.append(block.ids[rows])
+        scores = np.concatenate(parts_s, axis=1)
+        ids = np.concatenate(parts_i, axis=1)
+        order = np.argsort(-scores, axis=1, kind="stable")[:, :k]
+        top_s = np.take_along_axis(scores, order, axis=1)
+        top_i = np.take_along_axis(ids, order, axis=1)
+        if top_s.shape[1] < k:  # fewer rows than k in the whole segment
+            pad = k - top_s.shape[1]
+            top_s = np.pad(top_s, ((0, 0), (0, pad)), constant_values=-np.inf)
+            top_i = np.pad(top_i, ((0, 0), (0, pad)), constant_values=-1)
+        return top_s.astype(np.float32), top_i.astype(np.int64)
+
+    def contains(self, ids: I64) -> npt.NDArray[np.bool_]:
+        """Which of `ids` have moved."""
+        return _member(ids, self.moved)
+
+
+def _merge_smallest(blocks: list[Block]) -> list[Block]:
+    """Merge the adjacent pair with the fewest rows into one block."""
+    sizes = [blocks[i].index.ntotal + blocks[i + 1].index.ntotal for i in range(len(blocks) - 1)]
+    i = int(np.argmin(sizes))
+    a, b = blocks[i], blocks[i + 1]
+    merged = Block.of(np.concatenate([a.vectors(), b.vectors()]), np.concatenate([a.ids, b.ids]))
+    return [*blocks[:i], merged, *blocks[i + 2 :]]
+
+
+class Segment:
+    """A segment folder opened read-only by the service: the current snapshot and how to refresh it."""
+
+    def __init__(self, folder: Path, meta: SegmentMeta) -> None:
+        self.folder = folder
+        self.meta = meta
+        self.snapshot = Snapshot(meta.dim)
+        self.refused: dict[str, str] = {}  # shard name -> why it was refused
+        self._refresh_lock = threading.Lock()
+
+    @classmethod
+    def open(cls, folder: Path | str) -> Segment:
+        """Read segment.json and every shard now; ArtifactError in one line when the folder is no segment."""
+        folder = Path(folder)
+        segment = cls(folder, read_segment_meta(folder))
+        segment.refresh()
+        return segment
+
+    @property
+    def coverage(self) -> float:
+        """Share of the gallery's items that have moved."""
+        return self.snapshot.count / self.meta.gallery.ntotal
+
+    def refresh(self) -> list[str]:
+        """Load the shards published since the last refresh and swap in the new snapshot; returns their names."""
+        with self._refresh_lock:  # one refresh at a time; searches never wait on it
+            current = self.snapshot
+            known = set(current.shards) | set(self.refused)
+            fresh = [name for name in shard_names(self.folder) if name not in known]
+            if not fresh:
+                return []
+            ids_parts, vec_parts, loaded = [], [], []
+            moved = current.moved
+            for name in fresh:
+                try:
+                    shard = read_shard(self.folder, name, self.meta.dim)
+                except ArtifactError as exc:
+                    self.refused[name] = exc.message
+                    log.error("segment %s: shard refused, the rest keeps serving: %s", self.folder, exc.message)
+                    continue
+                ids, keep = np.unique(shard.ids, return_index=True)  # an id twice in one shard: its first row
+                new = ~_member(ids, moved)
+                ids, rows = ids[new], shard.vectors[keep[new]]
+                loaded.append(name)
+                if len(ids):
+                    ids_parts.append(ids)
+                    vec_parts.append(rows)
+                    moved = np.union1d(moved, ids)
+            blocks = list(current.blocks)
+            if ids_parts:
+                blocks.append(Block.of(np.concatenate(vec_parts), np.concatenate(ids_parts)))
+                while len(blocks) > MAX_BLOCKS:
+                    blocks = _merge_smallest(blocks)
+            exclusion = current.exclusion if len(moved) == len(current.moved) else Exclusion(moved)
+            self.snapshot = Snapshot(current.dim, tuple(blocks), (*current.shards, *loaded), moved, exclusion)
+            return loaded
+
+    def describe(self) -> dict[str, Any]:
+        """What /v1/info reports: the model, the coverage and the shards."""
+        snap = self.snapshot
+        return {
+            "path": str(self.folder),
+            "model": self.meta.model.as_dict(),
+            "moved": snap.count,
+            "gallery_items": self.meta.gallery.ntotal,
+            "coverage": round(self.coverage, 6),
+            "shards": len(snap.shards),
+            "blocks": len(snap.blocks),
+            "refused_shards": dict(self.refused),
+        }
+
+
+def _member(ids: I64, sorted_set: I64) -> npt.NDArray[np.bool_]:
+    """Which of `ids` are in the sorted array `sorted_set`."""
+    if not len(sorted_set):
+        return np.zeros(len(ids), dtype=bool)
+    pos = np.minimum(np.searchsorted(sorted_set, ids), len(sorted_set) - 1)
+    return np.asarray(sorted_set[pos] == ids)

@@ -1,0 +1,91 @@
+"""Merging the old gallery's hits with the segment's, the calibration line, and the offline migration curve."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from service.backfill.evaluate import Spaces, curve, merged_ranks, move_order
+from service.compat.calibration import IDENTITY, ScoreMap, best_line
+from service.segment.merge import Merge, merge
+
+NEG = -np.inf
+
+
+def test_calibrated_merge_keeps_old_scores_and_maps_the_segments() -> None:
+    old = (np.array([[0.9, 0.5, NEG]], np.float32), np.array([[1, 2, -1]]))
+    new = (np.array([[0.8, 0.7]], np.float32), np.array([[3, 4]]))
+    out = merge(old, new, 4, Merge.calibrated, ScoreMap(0.5, 0.2))  # 0.8 -> 0.6, 0.7 -> 0.55
+    assert out.ids.tolist() == [[1, 3, 4, 2]]
+    np.testing.assert_allclose(out.scores, [[0.9, 0.6, 0.55, 0.5]], rtol=1e-6)
+    assert out.from_segment.tolist() == [[False, True, True, False]]
+
+
+def test_nothing_moved_is_the_old_list_exactly_and_ties_go_to_the_old_hit() -> None:
+    old = (np.array([[0.7, 0.6]], np.float32), np.array([[5, 6]]))
+    empty = (np.full((1, 2), NEG, np.float32), np.full((1, 2), -1))
+    out = merge(old, empty, 2, Merge.calibrated, ScoreMap(2.0, -1.0))
+    assert out.ids.tolist() == [[5, 6]] and out.scores[0].tolist() == pytest.approx([0.7, 0.6])
+    tie = merge(old, (np.array([[0.7]], np.float32), np.array([[9]])), 2, Merge.raw)
+    assert tie.ids.tolist() == [[5, 9]]
+
+
+def test_rrf_interleaves_by_rank_and_pads_short_lists() -> None:
+    old = (np.array([[0.9, 0.1]], np.float32), np.array([[1, 2]]))
+    new = (np.array([[0.2, NEG]], np.float32), np.array([[3, -1]]))
+    out = merge(old, new, 4, Merge.rrf)
+    assert out.ids.tolist() == [[1, 3, 2, -1]]
+    assert out.from_segment.tolist() == [[False, True, False, False]]
+
+
+def test_best_line_makes_every_cross_space_decision_it_can() -> None:
+    rng = np.random.default_rng(0)
+    # Old scores near 0.7 (hit) / 0.6 (miss); new ones are the same on a scale twice as wide around 0.5.
+    r_old, n_old = 0.7 + 0.01 * rng.standard_normal(500), 0.6 + 0.01 * rng.standard_normal(500)
+    r_new, n_new = 0.5 + 2 * (r_old - 0.65), 0.5 + 2 * (n_old - 0.65)
+    line, right = best_line(r_old, n_old, r_new + 0.001, n_new)
+    assert right == pytest.approx(1.0)
+    assert line.apply(np.array([0.5]))[0] == pytest.approx(0.65, abs=0.03)
+    assert ScoreMap.from_dict(line.as_dict()) == line
+    with pytest.raises(ValueError):
+        ScoreMap.from_dict({"scale": -1.0, "shift": 0.0})
+
+
+def _spaces(n: int, seed: int) -> Spaces:
+    """A toy split: the old space noisier than the new, one relevant target per query (row i)."""
+    rng = np.random.default_rng(seed)
+    base = rng.standard_normal((n, 8)).astype(np.float32)
+
+    def unit(x: np.ndarray) -> np.ndarray:
+        return (x / np.linalg.norm(x, axis=1, keepdims=True)).astype(np.float32)
+
+    served = unit(base + 0.9 * rng.standard_normal((n, 8)))
+    new_q = unit(base + 0.4 * rng.standard_normal((n, 8)))
+    return Spaces(served, unit(base), new_q, unit(base), np.arange(n, dtype=np.int64))
+
+
+def test_curve_ends_at_the_compatible_and_the_reindexed_search() -> None:
+    spaces = _spaces(400, 1)
+    order = move_order(400, 0)
+    rows = curve(spaces, [0.0, 1.0], order, Merge.calibrated, IDENTITY)
+    old_only = (spaces.served @ spaces.old_targets.T).argmax(axis=1) == np.arange(400)
+    new_only = (spaces.new_queries @ spaces.new_targets.T).argmax(axis=1) == np.arange(400)
+    assert rows[0]["recall@1"] == pytest.approx(old_only.mean())
+    assert rows[1]["recall@1"] == pytest.approx(new_only.mean())
+    low, high = rows[0]["ci@1"]
+    assert low <= rows[0]["recall@1"] <= high
+
+
+def test_merged_ranks_match_a_brute_force_merge() -> None:
+    spaces = _spaces(60, 2)
+    moved = np.zeros(60, bool)
+    moved[move_order(60, 3)[:25]] = True
+    line = ScoreMap(0.8, 0.1)
+    got = merged_ranks(spaces, moved, Merge.calibrated, line)
+    old = spaces.served @ spaces.old_targets.T
+    new = line.apply(spaces.new_queries @ spaces.new_targets.T)
+    for q in range(60):
+        scores = np.where(moved, new[q], old[q])
+        beats = (scores > scores[q]) | ((scores == scores[q]) & ~moved & moved[q])
+        beats[q] = False
+        assert got[q] == beats.sum()
