@@ -6,7 +6,7 @@ import sys
 
 import typer
 
-from service.commands import encode, fit, gallery, profile, realworld, serve, synth, traffic
+from service.commands import backfill, encode, fit, gallery, profile, realworld, serve, synth, traffic
 from service.errors import NobackfillError
 
 app = typer.Typer(no_args_is_help=True, pretty_exceptions_enable=False, add_completion=False)
@@ -25,6 +25,7 @@ app.command("demo")(serve.demo)
 app.command("encode")(encode.encode)
 app.add_typer(encode.support_app, name="support", help="Build support sets for `fit` from your own pairs and models.")
 app.add_typer(traffic.app, name="traffic", help="Export the (old, new) query pairs sampled from live traffic.")
+app.add_typer(backfill.app, name="backfill", help="Move gallery items into the new-model segment: run, status, curve.")
 
 
 def main() -> None:

@@ -35,12 +35,15 @@ from service.errors import NobackfillError, Overloaded
 from service.index.base import GalleryBackend
 from service.index.factory import create_gallery
 from service.query.embedding import CacheWriteBack, Embedder
+from service.query.hybrid import SegmentSearch
 from service.query.job import Query, QueryResult, SearchJob, SearchOutcome
 from service.query.search import search_pool_size, transform_and_search
-from service.query.validation import default_mode, validate
+from service.query.validation import default_mode, served_modes, validate
+from service.segment.layout import GalleryRef
+from service.segment.reader import Segment
 from service.settings import EncoderSettings, Settings
 from service.traffic.sampler import TrafficSampler, create_sampler
-from service.vocabulary import Role
+from service.vocabulary import Merge, Role
 
 __all__ = ["Pipeline", "Query", "QueryResult", "SearchOutcome", "cache_model_key", "default_mode"]
 
@@ -157,6 +160,50 @@ async def _acquire_sampler(
     return sampler.result()
 
 
+async def _acquire_segment(
+    stack: AsyncExitStack, settings: Settings, new: Encoder, gallery: GalleryBackend
+) -> SegmentSearch | None:
+    """The new-model segment beside the gallery (None without index.segment_dir), its pool and its refresh loop."""
+    folder = settings.index.segment_dir
+    if folder is None:
+        return None
+    model = identity_of(new, settings.new.backend)
+    segment = await asyncio.to_thread(Segment.beside, folder, model, GalleryRef(gallery.fingerprint, gallery.ntotal))
+    _record_segment(segment)
+    # Its own threads: a hybrid search waits on the segment's search from a search pool thread.
+    pool = ThreadPoolExecutor(search_pool_size(settings.index), thread_name_prefix="nobackfill-segment")
+    _on_unwind(stack, "the segment pool", partial(asyncio.to_thread, pool.shutdown, True))
+    refresher = asyncio.ensure_future(_keep_refreshed(segment, settings.index.segment_refresh_s))
+
+    async def stop_refreshing() -> None:
+        refresher.cancel()
+        await asyncio.wait([refresher])
+
+    _on_unwind(stack, "the segment refresh", stop_refreshing)
+    return SegmentSearch(segment, settings.index.hybrid_merge, pool)
+
+
+async def _keep_refreshed(segment: Segment, every_s: float) -> None:
+    """Pick up the shards published since, every `every_s`; a failure is logged and the current snapshot serves on."""
+    while True:
+        await asyncio.sleep(every_s)
+        try:
+            loaded = await asyncio.to_thread(segment.refresh)
+        except Exception as exc:  # a segment.json of another model, an unreadable folder: serve what we have
+            log.error("segment %s: refresh failed, serving the last snapshot: %s", segment.folder, exc)
+            continue
+        if loaded:
+            log.info("segment %s: %d new shard(s), coverage %.4f", segment.folder, len(loaded), segment.coverage)
+        _record_segment(segment)
+
+
+def _record_segment(segment: Segment) -> None:
+    """Coverage and shard counts into the metrics."""
+    metrics.BACKFILL_COVERAGE.set(segment.coverage)
+    metrics.SEGMENT_SHARDS.labels(state="loaded").set(len(segment.snapshot.shards))
+    metrics.SEGMENT_SHARDS.labels(state="refused").set(len(segment.refused))
+
+
 async def _started_batcher(
     stack: AsyncExitStack, replicas: list[Encoder], settings: EncoderSettings, name: str
 ) -> MicroBatcher:
@@ -190,6 +237,7 @@ class Pipeline:
         traffic: TrafficSampler | None,
         search_pool: ThreadPoolExecutor,
         search_threads: int,
+        segment: SegmentSearch | None = None,
     ) -> None:
         self.settings = settings
         self.old = old
@@ -201,6 +249,7 @@ class Pipeline:
         self.traffic = traffic  # None at traffic.sample_rate 0
         self.search_pool = search_pool
         self.search_threads = search_threads
+        self.segment = segment  # None without index.segment_dir
         self.embedder = Embedder(old, new, cache, write_back, settings.compat.concurrent_encoders)
         self.in_flight = 0
         self.draining = False
@@ -215,6 +264,7 @@ class Pipeline:
             old_encoder, new_encoder = old_replicas[0], new_replicas[0]
             check_compatible(profile, old_encoder, new_encoder, gallery, settings)
             default_mode(settings, profile)  # refuses a configured default the profile cannot serve
+            segment = await _acquire_segment(stack, settings, new_encoder, gallery)
             cache = create_cache(settings.cache, cache_model_key(old_encoder), old_encoder.dim)
             _on_unwind(stack, "the cache", cache.aclose)
             write_back = CacheWriteBack(cache)
@@ -236,6 +286,7 @@ class Pipeline:
                 traffic=traffic,
                 search_pool=pool,
                 search_threads=threads,
+                segment=segment,
             )
             _on_unwind(stack, "the pipeline", pipeline._stop_taking_work)  # the first thing aclose() does
             metrics.PROFILE_INFO.info({"profile_id": profile.profile_id, "head": profile.head})
@@ -285,7 +336,8 @@ class Pipeline:
         profile = self.profile  # one profile for the whole request, even if a reload lands meanwhile
         mode = mode or default_mode(self.settings, profile)
         job = SearchJob(queries, k, mode, alpha, self.default_nprobe() if nprobe is None else nprobe, profile)
-        validate(job, self.settings.api, self.gallery.max_nprobe, self.old.encoder, self.new.encoder)
+        has_segment = self.segment is not None
+        validate(job, self.settings.api, self.gallery.max_nprobe, self.old.encoder, self.new.encoder, has_segment)
         with self._admitted(len(queries)):
             await self.embedder.embed(job)
             results = await self._transform_and_search(job)
@@ -311,7 +363,7 @@ class Pipeline:
     async def _transform_and_search(self, job: SearchJob) -> list[QueryResult]:
         """transform_and_search on the search pool, in this task's context (as asyncio.to_thread would)."""
         context = contextvars.copy_context()
-        work = partial(context.run, transform_and_search, job, self.gallery)
+        work = partial(context.run, transform_and_search, job, self.gallery, self.segment)
         return await asyncio.get_running_loop().run_in_executor(self.search_pool, work)
 
     # -- profile hot swap -------------------------------------------------------------------------
@@ -350,4 +402,16 @@ class Pipeline:
             "gallery": {**self.gallery.describe(), "nprobe_default": self.default_nprobe()},
             "cache": {"kind": self.cache.kind, "state": self.cache.state()},
             "default_mode": default_mode(self.settings, profile),
+            "modes": served_modes(profile, self.segment is not None),
+            **({"segment": self._segment_info(profile)} if self.segment is not None else {}),
         }
+
+    def _segment_info(self, profile: CompatProfile) -> dict[str, Any]:
+        """/v1/info's segment block: the segment's state, and how hybrid merges (calibrated only with a fitted map)."""
+        assert self.segment is not None
+        merge = self.segment.method
+        calibrated = merge == Merge.calibrated and bool(profile.calibration)
+        merge_line = (
+            "calibrated" if calibrated else "raw (the profile has no calibration)" if merge == "calibrated" else merge
+        )
+        return {**self.segment.segment.describe(), "merge": merge_line}

@@ -29,7 +29,7 @@ from pydantic_settings import (
 from pydantic_settings import SettingsError as PydanticSettingsError
 
 from service.errors import SettingsError
-from service.vocabulary import Mode
+from service.vocabulary import Merge, Mode
 
 ARTIFACTS = Path("artifacts")
 ENV_PREFIX = "NOBACKFILL_"
@@ -129,6 +129,16 @@ class IndexSettings(Section):
     # Threads of the pipeline's own search pool (the heads and the gallery search), apart from the pool
     # that decodes images and runs probes.  Unset: one per usable CPU; for Milvus, which waits, CPUs + 4.
     search_threads: int | None = Field(None, ge=1)
+    # The new-model segment beside the frozen gallery (docs/backfill.md): set, the default mode is hybrid.
+    # A folder with no segment.json yet is served as empty until `backfill run` creates it.
+    segment_dir: Path | None = None
+    # How often the service looks for shards published since (new ones are searched from then on).
+    segment_refresh_s: float = Field(5.0, gt=0)
+    # How hybrid puts both lists on one scale: the profile's fitted calibration (raw cosines when it has
+    # none), raw cosines, or reciprocal rank fusion.
+    hybrid_merge: Merge = Merge.calibrated
+    # The gallery's raw items (nobackfill encode --items-out): read-only here, for what re-encodes them.
+    item_store: Path | None = None
 
 
 class CompatSettings(Section):

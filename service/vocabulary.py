@@ -108,6 +108,10 @@ class Mode(Word):
     psp = "psp"
     lsp = "lsp"
     compare = "compare"
+    # With a new-model segment beside the gallery (docs/backfill.md): the head's compatible query over the
+    # gallery's unmoved items merged with the new query over the segment, or the segment alone.
+    hybrid = "hybrid"
+    new = "new"
 
     @property
     def reads_old(self) -> bool:
@@ -128,6 +132,14 @@ class Mode(Word):
     def takes_alpha(self) -> bool:
         """Whether a request may set this mode's weight on the mapped new query."""
         return MODE_READS[self].alpha
+
+
+class Merge(Word):
+    """How hybrid search puts the gallery's and the segment's hits on one scale (segment/merge.py)."""
+
+    calibrated = "calibrated"
+    raw = "raw"
+    rrf = "rrf"
 
 
 @dataclass(frozen=True)
@@ -152,6 +164,9 @@ MODE_READS: dict[Mode, Reads] = {
     Mode.lsp: Reads(old=False, new=True, alpha=False),
     # compare: the head's mode (whose alpha a request may set) beside old; it reads both.
     Mode.compare: Reads(old=True, new=True, alpha=False),
+    # hybrid: the head's mode (whose alpha a request may set) over the gallery, the new query over the segment.
+    Mode.hybrid: Reads(old=True, new=True, alpha=True),
+    Mode.new: Reads(old=False, new=True, alpha=False),
 }
 
 HEAD_FAMILY: dict[Head, HeadFamily] = {
@@ -183,6 +198,8 @@ def heads_of(family: HeadFamily) -> tuple[Head, ...]:
 PROCRUSTES_HEADS = heads_of(HeadFamily.procrustes)
 ADAPTER_HEADS = heads_of(HeadFamily.adapter)
 CLASS_HEADS = heads_of(HeadFamily.classes)
+# Modes served only beside a new-model segment, by heads whose new query is an embedding (not logits).
+SEGMENT_MODES = (Mode.hybrid, Mode.new)
 # Modes whose weight a request may set (an explicit alpha).
 ALPHA_MODES = tuple(mode for mode in Mode if mode.takes_alpha)
 # Procrustes modes with a fitted weight per modality (slerp / nlerp: alpha; adaptive: a, b, c_ref).

@@ -7,7 +7,8 @@ import pytest
 
 from service.backfill.evaluate import Spaces, curve, merged_ranks, move_order
 from service.compat.calibration import IDENTITY, ScoreMap, best_line
-from service.segment.merge import Merge, merge
+from service.segment.merge import merge
+from service.vocabulary import Merge
 
 NEG = -np.inf
 

@@ -9,7 +9,17 @@ import typer
 from pydantic import BaseModel, ValidationError
 from typer.testing import CliRunner
 
-from service.vocabulary import HEAD_FAMILY, HEAD_MODES, MODE_READS, Head, HeadFamily, Modality, Mode, heads_of
+from service.vocabulary import (
+    HEAD_FAMILY,
+    HEAD_MODES,
+    MODE_READS,
+    SEGMENT_MODES,
+    Head,
+    HeadFamily,
+    Modality,
+    Mode,
+    heads_of,
+)
 
 
 def test_every_mode_says_what_it_reads_and_every_head_its_family_and_modes() -> None:
@@ -17,7 +27,8 @@ def test_every_mode_says_what_it_reads_and_every_head_its_family_and_modes() -> 
     assert set(HEAD_FAMILY) == set(Head) == set(HEAD_MODES)
     assert {head for family in HeadFamily for head in heads_of(family)} == set(Head)
     served = {mode for modes in HEAD_MODES.values() for mode in modes}
-    assert served == set(Mode) - {Mode.compare}  # compare is the pipeline's, served with the head beside old
+    # compare is the pipeline's, served with the head beside old; hybrid and new are served beside a segment
+    assert served == set(Mode) - {Mode.compare, *SEGMENT_MODES}
 
 
 def test_reads_follow_from_the_table() -> None:

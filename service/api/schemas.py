@@ -65,6 +65,8 @@ class QueryResultOut(BaseModel):
     overlap: float | None = None
     # Set when an encoder gave an all-zero row: the endpoint that answered alone (none: no results).
     fallback: Literal["old", "new", "none"] | None = None
+    # hybrid / new: how many of the ids came from the new-model segment (the rest from the frozen gallery).
+    segment_hits: int | None = None
 
 
 class SearchResponse(BaseModel):

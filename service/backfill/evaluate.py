@@ -22,7 +22,8 @@ from service.compat.calibration import IDENTITY, ScoreMap
 from service.compat.io import Split
 from service.compat.metrics import relevance
 from service.compat.procrustes import normalize_rows
-from service.segment.merge import RRF_K, Merge
+from service.segment.merge import RRF_K
+from service.vocabulary import Merge
 
 F32 = npt.NDArray[np.float32]
 I64 = npt.NDArray[np.int64]

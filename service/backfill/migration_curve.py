@@ -10,7 +10,7 @@ from typing import Any
 from service.backfill.evaluate import Spaces, curve, gain_share, hot_order, move_order, zipf_weights
 from service.compat.calibration import IDENTITY
 from service.errors import InputError
-from service.segment.merge import Merge
+from service.vocabulary import Merge
 
 
 def score_curve(

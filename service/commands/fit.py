@@ -37,6 +37,7 @@ from service.vocabulary import Criterion, EvalGallery, FitOn, Head, HeadFamily, 
 
 if TYPE_CHECKING:
     from service.compat.fit_options import FitOutcome
+    from service.compat.profile import CompatProfile
 
 PLOT_NAME = "fit_recall.png"
 
@@ -192,6 +193,7 @@ def fit(
     extra = {PLOT_NAME: render.plot_png(outcome.panels)} if outcome.panels else {}
     saved = save_profile(outcome.profile, out, overwrite=force, extra_files=extra)
     wrote = f"wrote profile {saved.profile_id} to {out}" + (f" (plot: {out / PLOT_NAME})" if extra else "")
+    wrote = "\n".join([*_calibration_lines(saved), wrote])
     if saved.family is HeadFamily.classes:
         _print_classes(outcome, wrote)
     elif saved.family is HeadFamily.adapter:
@@ -200,6 +202,18 @@ def fit(
         _print_modalities(outcome, wrote)
     else:
         _print_procrustes(outcome, wrote)
+
+
+def _calibration_lines(profile: CompatProfile) -> list[str]:
+    """One line per modality on the hybrid merge's score map (none where the support had no new targets)."""
+    lines = []
+    for modality, report in (profile.fit_report.get("calibration") or {}).items():
+        lines.append(
+            f"hybrid calibration ({modality}): segment score x {report['scale']:.3f} {report['shift']:+.3f} onto "
+            f"the old scale; {report['right_decisions']:.1%} of {report['queries']:,} support queries' "
+            "cross-space rank-1 decisions right"
+        )
+    return lines
 
 
 def _warn(line: str) -> None:

@@ -16,14 +16,19 @@ Nothing is written: the caller saves the outcome's profile (profile.save_profile
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
 from service.compat import selection
+from service.compat.calibration import fit_score_map
 from service.compat.fit_inputs import ModelIds, model_ids, query_pairs
 from service.compat.fit_options import FitOptions, FitOutcome, check_options
+from service.compat.heads import transform_in_chunks
 from service.compat.io import Split, load_split
+from service.compat.metrics import relevance
+from service.compat.procrustes import normalize_rows
 from service.compat.profile import CompatProfile
 from service.errors import InputError
 from service.vocabulary import ADAPTER_HEADS, CLASS_HEADS, PROCRUSTES_HEADS, FitOn, Head
@@ -58,8 +63,35 @@ def fit_profile(supports: Mapping[str, Path], options: FitOptions, warn: Warn = 
     if head in ADAPTER_HEADS:
         from service.compat.fit_adapter import fit_adapter  # imports torch: only for the adapter heads
 
-        return fit_adapter(split, {modality: support_dir}, head, ids, options)
-    return _fit_procrustes(split, modality, support_dir, ids, options)
+        return _calibrated(fit_adapter(split, {modality: support_dir}, head, ids, options), {modality: split})
+    return _calibrated(_fit_procrustes(split, modality, support_dir, ids, options), {modality: split})
+
+
+def _calibrated(outcome: FitOutcome, splits: Mapping[str, Split]) -> FitOutcome:
+    """The outcome with the hybrid merge's score map per modality whose support has new targets (calibration.py).
+
+    Fitted on the support's compatible queries (the head as served) against both spaces' targets; a
+    support without new_target.npy gets none, and hybrid then merges raw cosines.
+    """
+    calibration, reports = {}, {}
+    for modality, split in splits.items():
+        if split.new_target is None:
+            continue
+        served = transform_in_chunks(outcome.profile, outcome.profile.head, split.old_query, split.new_query, modality)
+        score_map, report = fit_score_map(
+            served.queries,
+            normalize_rows(split.old_target),
+            normalize_rows(split.new_query),
+            normalize_rows(split.new_target),
+            relevance(split.query_ids, split.target_ids),
+            seed=0,
+        )
+        calibration[modality], reports[modality] = score_map.as_dict(), report
+    if not calibration:
+        return outcome
+    fit_report = {**outcome.profile.fit_report, "calibration": reports}
+    profile = dataclasses.replace(outcome.profile, calibration=calibration, fit_report=fit_report)
+    return dataclasses.replace(outcome, profile=profile)
 
 
 def _warn_zero_rows(split: Split, warn: Warn) -> None:
@@ -193,4 +225,5 @@ def _fit_modalities(dirs: dict[str, Path], options: FitOptions, warn: Warn) -> F
         (fitted.reports[m], f"{splits[m].new_dim} -> {splits[m].old_dim}, {m} queries, fit on {fit_on.value}")
         for m in splits
     ]
-    return FitOutcome(profile=profile, reports=fitted.reports, panels=panels, head_why=why, supports=dirs)
+    outcome = FitOutcome(profile=profile, reports=fitted.reports, panels=panels, head_why=why, supports=dirs)
+    return _calibrated(outcome, splits)

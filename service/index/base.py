@@ -26,6 +26,8 @@ from service.errors import InputError
 Queries = npt.NDArray[np.float32]
 Ids = npt.NDArray[np.int64]
 Hits = tuple[npt.NDArray[np.float32], Ids]
+# What FAISS pads a short list's scores with (finite, so a JSON answer stays valid); ids pad with -1.
+PAD_SCORE = np.float32(np.finfo(np.float32).min)
 # Over-fetching for a backend without id filters grows the list this many times before giving up on a row.
 _OVERFETCH_ROUNDS = 6
 

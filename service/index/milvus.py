@@ -33,7 +33,7 @@ import numpy.typing as npt
 
 from service import metrics
 from service.errors import ArtifactError, GalleryUnavailable
-from service.index.base import Exclusion, checked_queries, excluding_by_overfetch, setting_line
+from service.index.base import PAD_SCORE, Exclusion, checked_queries, excluding_by_overfetch, setting_line
 
 if TYPE_CHECKING:
     from service.settings import IndexSettings
@@ -51,7 +51,6 @@ EMBEDDED_LOAD_TIMEOUT_S = 120.0
 FAIL_FAST_S = 1.0
 # /readyz may be polled often and by anyone: one probe per this many seconds reaches Milvus.
 PROBE_INTERVAL_S = 1.0
-_PAD_SCORE = np.float32(np.finfo(np.float32).min)  # what FAISS pads a short list with
 
 log = logging.getLogger(__name__)
 
@@ -246,7 +245,7 @@ class MilvusGallery:
         if exclude is not None and len(exclude.ids):
             # An `id not in [...]` filter of up to millions of ids is no query to send: fetch more, drop locally.
             return excluding_by_overfetch(self.search, q, k, nprobe, exclude)
-        scores = np.full((q.shape[0], k), _PAD_SCORE, dtype=np.float32)
+        scores = np.full((q.shape[0], k), PAD_SCORE, dtype=np.float32)
         ids = np.full((q.shape[0], k), -1, dtype=np.int64)
         if q.shape[0] == 0:
             return scores, ids

@@ -19,10 +19,11 @@ import numpy.typing as npt
 
 from service import metrics
 from service.compat.rows import normalize_rows
-from service.index.base import GalleryBackend
+from service.index.base import PAD_SCORE, GalleryBackend
 from service.query.job import SearchJob
-from service.segment.merge import Merge, Merged, merge
+from service.segment.merge import Merged, merge
 from service.segment.reader import Segment, Snapshot
+from service.vocabulary import Merge
 
 F32 = npt.NDArray[np.float32]
 I64 = npt.NDArray[np.int64]
@@ -40,7 +41,7 @@ class SegmentSearch:
         """`new`: the new embeddings over the segment alone (raw cosines)."""
         snapshot = self.segment.snapshot
         scores, ids = snapshot.search(normalize_rows(job.new), job.k)
-        return Merged(scores, ids, ids >= 0)
+        return _padded(Merged(scores, ids, ids >= 0))
 
     def hybrid(self, job: SearchJob, batch: F32, gallery: GalleryBackend) -> Merged:
         """Both searches at once, then the merge per query modality (each has its own calibration)."""
@@ -59,7 +60,13 @@ class SegmentSearch:
         from_segment = int(out.from_segment.sum())
         metrics.HYBRID_HITS.labels(source="segment").inc(from_segment)
         metrics.HYBRID_HITS.labels(source="old").inc(int((out.ids >= 0).sum()) - from_segment)
-        return out
+        return _padded(out)
+
+
+def _padded(merged: Merged) -> Merged:
+    """Short lists padded as the gallery pads them: id -1 with PAD_SCORE (finite, unlike the merge's -inf)."""
+    scores = np.where(merged.ids >= 0, merged.scores, PAD_SCORE).astype(np.float32)
+    return Merged(scores, merged.ids, merged.from_segment)
 
 
 def _old_side(

@@ -42,6 +42,7 @@ class QueryResult:
     old_scores: list[float] | None = None
     overlap: float | None = None
     fallback: str | None = None  # which endpoint answered alone after an all-zero encoder row (old | new | none)
+    segment_hits: int | None = None  # hybrid / new: how many of the ids came from the new-model segment
 
 
 @dataclass

@@ -17,8 +17,10 @@ from service import metrics
 from service.compat.heads import transform
 from service.compat.rows import normalize_rows
 from service.cpu_limit import usable_cpus
+from service.errors import UnsupportedMode
 from service.index.base import GalleryBackend
 from service.query.fallback import Route, groups, routes
+from service.query.hybrid import SegmentSearch
 from service.query.job import QueryResult, SearchJob
 from service.settings import IndexSettings
 from service.vocabulary import Mode
@@ -41,16 +43,28 @@ class _Transformed:
     thetas: list[float]  # NaN: the mode reads one endpoint only, so there is no angle
 
 
-def transform_and_search(job: SearchJob, gallery: GalleryBackend) -> list[QueryResult]:
-    """Apply the head per row group, then one batched gallery search (a search pool thread)."""
+def transform_and_search(
+    job: SearchJob, gallery: GalleryBackend, segment: SegmentSearch | None = None
+) -> list[QueryResult]:
+    """Apply the head per row group, then one batched search: the gallery, or beside the segment (a search pool thread).
+
+    `segment` is set whenever the pipeline has one; validation let hybrid and new through only then.
+    """
+    if job.mode == Mode.new:
+        return _segment_only(job, _needed(segment))
     compare = job.mode == Mode.compare
-    head_mode = job.profile.head if compare else job.mode
+    head_mode = job.profile.head if job.mode in (Mode.compare, Mode.hybrid) else job.mode
     plan = routes(job, head_mode)
     with job.stage("transform"):
         rows = _transform(job, plan, head_mode)
     batch = np.concatenate([rows.batch, normalize_rows(job.old)]) if compare else rows.batch  # zero old: no results
+    from_segment = None
     with job.stage("search"):
-        scores, ids = gallery.search(batch, job.k, job.nprobe)
+        if job.mode == Mode.hybrid:
+            merged = _needed(segment).hybrid(job, batch, gallery)
+            scores, ids, from_segment = merged.scores, merged.ids, merged.from_segment.sum(axis=1).tolist()
+        else:
+            scores, ids = gallery.search(batch, job.k, job.nprobe)
     id_lists, score_lists = ids.tolist(), scores.tolist()
     results = []
     for i, ((row_mode, fallback), alpha, theta) in enumerate(zip(plan, rows.alphas, rows.thetas, strict=True)):
@@ -59,17 +73,46 @@ def transform_and_search(job: SearchJob, gallery: GalleryBackend) -> list[QueryR
             QueryResult(
                 ids=id_lists[i] if found else [],
                 scores=score_lists[i] if found else [],
-                mode=row_mode,
+                mode=job.mode if job.mode == Mode.hybrid and fallback is None else row_mode,
                 alpha=alpha,
                 cache=job.cache_status[i],
                 theta=None if math.isnan(theta) else theta,
                 fallback=fallback,
+                segment_hits=from_segment[i] if from_segment is not None and found else None,
             )
         )
         if fallback is not None:
             metrics.ZERO_EMBEDDING_FALLBACKS.labels(answered_by=fallback).inc()
     if compare:
         _add_old_side(job, results, id_lists[len(results) :], score_lists[len(results) :])
+    return results
+
+
+def _needed(segment: SegmentSearch | None) -> SegmentSearch:
+    """The segment a hybrid or new request reads (validation admits them only when there is one)."""
+    if segment is None:
+        raise UnsupportedMode("hybrid and new need a new-model segment: NOBACKFILL_INDEX__SEGMENT_DIR")
+    return segment
+
+
+def _segment_only(job: SearchJob, segment: SegmentSearch) -> list[QueryResult]:
+    """`new`: the new queries over the segment alone (what the service answers after the cut-over)."""
+    usable = np.any(job.new != 0, axis=1).tolist()  # an all-zero new row (no known token) has no direction
+    with job.stage("search"):
+        merged = segment.new_only(job)
+    results = []
+    for i, ok in enumerate(usable):
+        results.append(
+            QueryResult(
+                ids=merged.ids[i].tolist() if ok else [],
+                scores=merged.scores[i].tolist() if ok else [],
+                mode=Mode.new,
+                alpha=None,
+                cache=job.cache_status[i],
+                fallback=None if ok else "none",
+                segment_hits=int(merged.from_segment[i].sum()) if ok else None,
+            )
+        )
     return results
 
 

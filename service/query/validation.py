@@ -12,22 +12,34 @@ from service.errors import ArtifactError, InputError, TooManyQueries, Unsupporte
 from service.index.base import check_nprobe
 from service.query.job import Query, SearchJob
 from service.settings import ApiSettings, Settings
-from service.vocabulary import Mode
+from service.vocabulary import CLASS_HEADS, SEGMENT_MODES, Mode
+
+
+def served_modes(profile: CompatProfile, segment: bool) -> list[str]:
+    """What a request may ask for: the profile's modes, then hybrid and new beside a segment.
+
+    The segment holds new-model embeddings, so a head whose new query is logits (psp, lsp) has no segment modes.
+    """
+    beside = list(SEGMENT_MODES) if segment and profile.head not in CLASS_HEADS else []
+    return [*profile.modes(), *beside]
 
 
 def default_mode(settings: Settings, profile: CompatProfile) -> str:
-    """The configured default mode, else the profile's head; ArtifactError if the profile lacks it."""
-    mode = settings.compat.default_mode or profile.head
-    if mode not in {*profile.modes(), Mode.compare}:
+    """The configured default mode, else hybrid beside a segment, else the profile's head; ArtifactError if unserved."""
+    served = served_modes(profile, settings.index.segment_dir is not None)
+    mode = settings.compat.default_mode or (Mode.hybrid if Mode.hybrid in served else profile.head)
+    if mode not in {*served, Mode.compare}:
+        hint = "; hybrid and new need NOBACKFILL_INDEX__SEGMENT_DIR" if mode in SEGMENT_MODES else ""
         raise ArtifactError(
-            f"default mode {mode!r} is not served by profile {profile.profile_id} "
-            f"(it serves {', '.join(profile.modes())})"
+            f"default mode {mode!r} is not served by profile {profile.profile_id} (it serves {', '.join(served)}){hint}"
         )
     return mode
 
 
-def validate(job: SearchJob, api: ApiSettings, max_nprobe: int | None, old: Encoder, new: Encoder) -> None:
-    """Check a request against the limits, its profile and the gallery's nprobe; raise a 4xx error if bad."""
+def validate(
+    job: SearchJob, api: ApiSettings, max_nprobe: int | None, old: Encoder, new: Encoder, segment: bool = False
+) -> None:
+    """Check a request against the limits, its profile (and segment) and the gallery's nprobe; a 4xx error if bad."""
     if not job.queries:
         raise InputError("queries must not be empty")
     if len(job.queries) > api.max_queries:
@@ -37,9 +49,11 @@ def validate(job: SearchJob, api: ApiSettings, max_nprobe: int | None, old: Enco
     check_nprobe(job.nprobe, max_nprobe)  # before any encoder runs; the gallery checks it again
     if job.alpha is not None and not (math.isfinite(job.alpha) and 0.0 <= job.alpha <= 1.0):
         raise InputError(f"alpha must be in [0, 1], got {job.alpha}")
-    served = job.profile.modes()
+    served = served_modes(job.profile, segment)
     if job.mode != Mode.compare and job.mode not in served:
-        raise UnsupportedMode(f"mode {job.mode!r} is not served by this profile; it serves {', '.join(served)}")
+        needs_segment = job.mode in SEGMENT_MODES and not segment
+        hint = " (hybrid and new need a new-model segment: NOBACKFILL_INDEX__SEGMENT_DIR)" if needs_segment else ""
+        raise UnsupportedMode(f"mode {job.mode!r} is not served by this profile; it serves {', '.join(served)}{hint}")
     if job.mode == Mode.compare and Mode.old not in served:
         raise UnsupportedMode(f"mode 'compare' needs a profile that serves 'old'; this one serves {', '.join(served)}")
     for i, query in enumerate(job.queries):

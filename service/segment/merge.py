@@ -18,19 +18,11 @@ import numpy as np
 import numpy.typing as npt
 
 from service.compat.calibration import ScoreMap
-from service.vocabulary import Word
+from service.vocabulary import Merge
 
 F32 = npt.NDArray[np.float32]
 I64 = npt.NDArray[np.int64]
 RRF_K = 60
-
-
-class Merge(Word):
-    """How hybrid search puts the two lists on one scale."""
-
-    calibrated = "calibrated"
-    raw = "raw"
-    rrf = "rrf"
 
 
 @dataclass(frozen=True)

@@ -22,9 +22,18 @@ import faiss
 import numpy as np
 import numpy.typing as npt
 
-from service.errors import ArtifactError
+from service.encoders.identity import ModelIdentity
+from service.errors import ArtifactError, InputError
 from service.index.base import Exclusion
-from service.segment.layout import SegmentMeta, read_segment_meta, read_shard, shard_names
+from service.segment.layout import (
+    SEGMENT_JSON,
+    GalleryRef,
+    SegmentMeta,
+    check_same,
+    read_segment_meta,
+    read_shard,
+    shard_names,
+)
 
 MAX_BLOCKS = 8
 log = logging.getLogger("nobackfill.segment")
@@ -109,9 +118,10 @@ def _merge_smallest(blocks: list[Block]) -> list[Block]:
 class Segment:
     """A segment folder opened read-only by the service: the current snapshot and how to refresh it."""
 
-    def __init__(self, folder: Path, meta: SegmentMeta) -> None:
+    def __init__(self, folder: Path, meta: SegmentMeta, *, created: bool = True) -> None:
         self.folder = folder
         self.meta = meta
+        self.created = created  # False: no segment.json yet; each refresh looks for it
         self.snapshot = Snapshot(meta.dim)
         self.refused: dict[str, str] = {}  # shard name -> why it was refused
         self._refresh_lock = threading.Lock()
@@ -124,6 +134,16 @@ class Segment:
         segment.refresh()
         return segment
 
+    @classmethod
+    def beside(cls, folder: Path | str, model: ModelIdentity, gallery: GalleryRef) -> Segment:
+        """The service's segment for this new model and gallery; a folder not created yet serves as empty.
+
+        A segment of another model or gallery is refused in one line (ArtifactError).
+        """
+        segment = cls(Path(folder), SegmentMeta(model, gallery, ""), created=False)
+        segment.refresh()
+        return segment
+
     @property
     def coverage(self) -> float:
         """Share of the gallery's items that have moved."""
@@ -132,6 +152,8 @@ class Segment:
     def refresh(self) -> list[str]:
         """Load the shards published since the last refresh and swap in the new snapshot; returns their names."""
         with self._refresh_lock:  # one refresh at a time; searches never wait on it
+            if not self.created and not self._found_meta():
+                return []
             current = self.snapshot
             known = set(current.shards) | set(self.refused)
             fresh = [name for name in shard_names(self.folder) if name not in known]
@@ -163,11 +185,25 @@ class Segment:
             self.snapshot = Snapshot(current.dim, tuple(blocks), (*current.shards, *loaded), moved, exclusion)
             return loaded
 
+    def _found_meta(self) -> bool:
+        """Whether segment.json has appeared (checked against the expected model and gallery)."""
+        if not (self.folder / SEGMENT_JSON).is_file():
+            return False
+        found = read_segment_meta(self.folder)
+        try:
+            check_same(found, self.meta.model, self.meta.gallery, self.folder)
+        except InputError as exc:
+            raise ArtifactError(exc.message) from exc
+        self.meta, self.created = found, True
+        log.info("segment %s: found (%s)", self.folder, found.model.model_id)
+        return True
+
     def describe(self) -> dict[str, Any]:
         """What /v1/info reports: the model, the coverage and the shards."""
         snap = self.snapshot
         return {
             "path": str(self.folder),
+            "created": self.created,
             "model": self.meta.model.as_dict(),
             "moved": snap.count,
             "gallery_items": self.meta.gallery.ntotal,

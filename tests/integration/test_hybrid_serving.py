@@ -1,0 +1,183 @@
+"""Hybrid search served beside a new-model segment that `backfill run` fills (the synthetic world, real FAISS).
+
+The exactness the migration rests on: with nothing moved, hybrid answers what the compatible mode
+answers, ids and scores; with everything moved, it answers what a re-indexed service would (the new
+model over a gallery of new embeddings).  In between, shards published while the service runs are
+searched within a refresh, and a damaged one is refused while the rest serves.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import shutil
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from conftest import WORLD_GALLERY_SIZE, Running, World, cli, start_app
+
+from service.errors import ArtifactError
+from service.segment.layout import SHARDS, shard_names
+from service.segment.reader import Segment
+from service.settings import CompatSettings, IndexSettings, Settings
+
+CAPTION = "item-{:010d} caption-1"
+QUERY_ITEMS = [3, 77, 512, 1_999, 4_242, 9_001, 12_345, 19_998]
+
+
+def settings_for(world: World, segment: Path | None, **index: Any) -> Settings:
+    """The session's synthetic world, with the segment beside its gallery."""
+    return Settings(
+        index=IndexSettings(gallery_dir=world.gallery_dir, nprobe=64, segment_dir=segment, **index),
+        compat=CompatSettings(profile_dir=world.profile_dir),
+    )
+
+
+def queries() -> list[dict[str, str]]:
+    return [{"text": CAPTION.format(i)} for i in QUERY_ITEMS]
+
+
+@pytest.fixture(scope="module")
+def items(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The world gallery's item store (what backfill re-encodes)."""
+    out = tmp_path_factory.mktemp("items") / "store"
+    done = cli("synth", "items", "--size", WORLD_GALLERY_SIZE, "--out", out)
+    assert done.returncode == 0, done.stderr
+    return out
+
+
+def backfill(world: World, items: Path, segment: Path, *args: str | int) -> dict[str, Any]:
+    """`nobackfill backfill run ... --json` with the synthetic new model; its summary."""
+    done = cli(
+        "backfill", "run", "--segment", segment, "--input", items, "--gallery", world.gallery_dir,
+        "--backend", "synthetic-new", "--profile", world.profile_dir, "--json", *args,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    return dict(json.loads(done.stdout))
+
+
+@pytest.fixture(scope="module")
+def full_segment(world: World, items: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A segment holding every gallery item."""
+    segment = tmp_path_factory.mktemp("full") / "segment"
+    backfill(world, items, segment, "--fraction", 1.0, "--shard-size", 5_000)
+    return segment
+
+
+@asynccontextmanager
+async def serving(settings: Settings) -> AsyncIterator[Running]:
+    """The app running on `settings`, shut down on the way out even when an assertion failed inside."""
+    app = start_app(settings)
+    running = await anext(app)
+    try:
+        yield running
+    finally:
+        await app.aclose()
+
+
+async def search(service: Running, mode: str, k: int = 10) -> list[dict[str, Any]]:
+    response = await service.search(queries=queries(), k=k, mode=mode)
+    assert response.status_code == 200, response.text
+    return list(response.json()["results"])
+
+
+async def test_at_zero_moved_hybrid_is_the_compatible_search(world: World, tmp_path: Path) -> None:
+    async with serving(settings_for(world, tmp_path / "not-yet")) as service:
+        info = (await service.client.get("/v1/info")).json()
+        assert info["default_mode"] == "hybrid"
+        assert {"hybrid", "new"} <= set(info["modes"])
+        assert info["segment"]["created"] is False and info["segment"]["coverage"] == 0
+        await search(service, "slerp")  # both requests then read the old queries from the cache alike
+        hybrid, slerp = await search(service, "hybrid"), await search(service, "slerp")
+        for h, s in zip(hybrid, slerp, strict=True):
+            assert h["ids"] == s["ids"]
+            assert h["scores"] == s["scores"]
+            assert h["segment_hits"] == 0 and h["mode"] == "hybrid"
+        default = (await service.search(queries=queries(), k=10)).json()["results"]
+        assert [r["ids"] for r in default] == [r["ids"] for r in hybrid]
+
+
+async def test_at_all_moved_hybrid_is_the_reindexed_search(world: World, full_segment: Path) -> None:
+    snapshot = Segment.open(full_segment).snapshot
+    assert snapshot.count == WORLD_GALLERY_SIZE
+    ids = np.concatenate([block.ids for block in snapshot.blocks])
+    rows = np.concatenate([block.vectors() for block in snapshot.blocks])
+    async with serving(settings_for(world, full_segment)) as service:
+        hybrid, new = await search(service, "hybrid"), await search(service, "new")
+        new_queries = service.pipeline.new.encoder.encode([CAPTION.format(i) for i in QUERY_ITEMS], "text")
+        # The re-indexed service: the new queries against every item's new embedding, exactly.
+        reindexed = ids[np.argsort(-(new_queries @ rows.T), axis=1, kind="stable")[:, :10]]
+        for h, n, expected in zip(hybrid, new, reindexed.tolist(), strict=True):
+            assert h["ids"] == n["ids"] == expected
+            assert h["segment_hits"] == 10
+        info = (await service.client.get("/v1/info")).json()
+        assert info["segment"]["coverage"] == 1.0
+        assert info["segment"]["shards"] == len(shard_names(full_segment))
+
+
+async def test_shards_published_while_serving_are_searched_within_a_refresh(
+    world: World, items: Path, tmp_path: Path
+) -> None:
+    segment = tmp_path / "segment"
+    async with serving(settings_for(world, segment, segment_refresh_s=0.1)) as service:
+        before = await search(service, "hybrid")
+        assert all(r["segment_hits"] == 0 for r in before)
+        await asyncio.to_thread(backfill, world, items, segment, "--fraction", 0.5, "--order", "random")
+        for _ in range(100):  # the refresh loop runs every 0.1 s
+            info = (await service.client.get("/v1/info")).json()
+            if info["segment"]["coverage"] >= 0.5:
+                break
+            await asyncio.sleep(0.1)
+        assert info["segment"]["created"] is True
+        assert info["segment"]["coverage"] == pytest.approx(0.5, abs=1e-4)
+        after = await search(service, "hybrid")
+        assert sum(r["segment_hits"] for r in after) > 0
+        metrics = (await service.client.get("/metrics")).text
+        assert "nobackfill_backfill_coverage_ratio 0.5" in metrics
+
+
+async def test_a_damaged_shard_is_refused_and_the_rest_serves(world: World, full_segment: Path, tmp_path: Path) -> None:
+    segment = tmp_path / "segment"
+    shutil.copytree(full_segment, segment)
+    names = shard_names(segment)
+    async with serving(settings_for(world, segment, segment_refresh_s=0.1)) as service:
+        coverage = service.pipeline.segment.segment.coverage
+        # A shard appears damaged (what a disk or a bad copy does): refused at the next refresh.
+        bad = segment / SHARDS / "99999999999999999999-damaged"
+        shutil.copytree(segment / SHARDS / names[0], bad)
+        with (bad / "vectors.npy").open("r+b") as f:
+            f.seek(-8, 2)
+            f.write(b"\x00" * 8)
+        for _ in range(100):
+            info = (await service.client.get("/v1/info")).json()
+            if info["segment"]["refused_shards"]:
+                break
+            await asyncio.sleep(0.1)
+        assert list(info["segment"]["refused_shards"]) == [bad.name]
+        assert info["segment"]["coverage"] == coverage
+        assert len(await search(service, "hybrid")) == len(QUERY_ITEMS)
+
+
+async def test_hybrid_without_a_segment_is_refused_with_the_setting_named(world: World) -> None:
+    async with serving(settings_for(world, None)) as service:
+        response = await service.search(queries=queries(), k=5, mode="hybrid")
+        assert response.status_code == 400
+        assert "NOBACKFILL_INDEX__SEGMENT_DIR" in response.json()["error"]["message"]
+
+
+async def test_a_segment_of_another_gallery_is_refused_at_start(world: World, tmp_path: Path) -> None:
+    segment = tmp_path / "segment"
+    segment.mkdir()
+    document = {
+        "format_version": 1,
+        "model": {"backend": "synthetic-new", "model_id": "synthetic-new", "fingerprint": None, "dim": 768},
+        "gallery": {"fingerprint": "ab" * 32, "ntotal": WORLD_GALLERY_SIZE},
+    }
+    (segment / "segment.json").write_text(json.dumps(document))
+    with pytest.raises(ArtifactError, match="sits beside gallery abababababab"):
+        async with serving(settings_for(world, segment)):
+            pass
