@@ -23,8 +23,12 @@ from functools import partial
 from pathlib import Path
 from typing import Any, TypeVar
 
+import numpy as np
+import numpy.typing as npt
+
 from service import metrics
 from service.artifact_check import check_compatible, encoder_line
+from service.backfill.hits import HitCounter, create_hit_counter
 from service.cache import EmbeddingCache, create_cache
 from service.compat.profile import CompatProfile, load_profile
 from service.encoders.base import Encoder, describe, fingerprint_of
@@ -87,6 +91,20 @@ def _close_sampler(sampler: TrafficSampler | None) -> None:
     """Flush and stop a sampler, when there is one."""
     if sampler is not None:
         sampler.close()
+
+
+def _close_hits(hits: HitCounter | None) -> None:
+    """Flush and stop the hit counter, when there is one."""
+    if hits is not None:
+        hits.close()
+
+
+def _returned_ids(results: list[QueryResult], k: int) -> npt.NDArray[np.int64]:
+    """The returned ids, one row per result (-1 pads a short or empty list), for the hit counter."""
+    ids = np.full((len(results), k), -1, dtype=np.int64)
+    for row, result in enumerate(results):
+        ids[row, : len(result.ids)] = result.ids
+    return ids
 
 
 def _model_info(batcher: MicroBatcher, settings: EncoderSettings) -> dict[str, Any]:
@@ -158,6 +176,14 @@ async def _acquire_sampler(
     sampler = _in_thread(stack, "the traffic sampler", make, _close_sampler)
     await _all_done(sampler)
     return sampler.result()
+
+
+async def _acquire_hits(stack: AsyncExitStack, settings: Settings) -> HitCounter | None:
+    """The hit counter (None at traffic.hit_rate 0), flushed and stopped on unwind."""
+    make = partial(create_hit_counter, settings.traffic, settings.cache.redis_url)
+    hits = _in_thread(stack, "the hit counter", make, _close_hits)
+    await _all_done(hits)
+    return hits.result()
 
 
 async def _acquire_segment(
@@ -238,6 +264,7 @@ class Pipeline:
         search_pool: ThreadPoolExecutor,
         search_threads: int,
         segment: SegmentSearch | None = None,
+        hits: HitCounter | None = None,
     ) -> None:
         self.settings = settings
         self.old = old
@@ -250,6 +277,7 @@ class Pipeline:
         self.search_pool = search_pool
         self.search_threads = search_threads
         self.segment = segment  # None without index.segment_dir
+        self.hits = hits  # None at traffic.hit_rate 0
         self.embedder = Embedder(old, new, cache, write_back, settings.compat.concurrent_encoders)
         self.in_flight = 0
         self.draining = False
@@ -270,6 +298,7 @@ class Pipeline:
             write_back = CacheWriteBack(cache)
             _on_unwind(stack, "the cache writes", write_back.drain)  # before the cache closes
             traffic = await _acquire_sampler(stack, settings, old_encoder, new_encoder)
+            hits = await _acquire_hits(stack, settings)
             threads = search_pool_size(settings.index)
             pool = ThreadPoolExecutor(threads, thread_name_prefix="nobackfill-search")
             _on_unwind(stack, "the search pool", partial(asyncio.to_thread, pool.shutdown, True))
@@ -287,6 +316,7 @@ class Pipeline:
                 search_pool=pool,
                 search_threads=threads,
                 segment=segment,
+                hits=hits,
             )
             _on_unwind(stack, "the pipeline", pipeline._stop_taking_work)  # the first thing aclose() does
             metrics.PROFILE_INFO.info({"profile_id": profile.profile_id, "head": profile.head})
@@ -344,6 +374,8 @@ class Pipeline:
         if self.traffic is not None and job.reads.blends:
             # A blending answer read both embeddings: hand them to the sampler (a queue put, never a wait).
             self.traffic.offer_queries(queries, job.old, job.new)
+        if self.hits is not None:  # which items users get, for backfill --order hot (a queue put, never a wait)
+            self.hits.offer(_returned_ids(results, job.k))
         return SearchOutcome(results, job.timings)
 
     @contextmanager

@@ -25,13 +25,16 @@ import threading
 import time
 from collections import Counter
 from pathlib import Path
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 import numpy.typing as npt
 
 from service import metrics
 from service.errors import InputError
+
+if TYPE_CHECKING:
+    from service.settings import TrafficSettings
 
 log = logging.getLogger("nobackfill")
 LOG_EVERY_S = 60.0
@@ -273,6 +276,19 @@ class HitCounter:
 
 DEFAULT_KEY = "nobackfill:hits"
 DEFAULT_FOLDER = Path("artifacts/hits")
+
+
+def create_hit_counter(traffic: TrafficSettings, cache_redis_url: str | None) -> HitCounter | None:
+    """The service's hit counter (None at traffic.hit_rate 0): Redis when a URL is set, the local folder otherwise."""
+    if traffic.hit_rate == 0.0:
+        return None
+    url = traffic.redis_url or cache_redis_url
+    store: HitStore = (
+        RedisHitStore(url, traffic.hits_key, traffic.hits_capacity)
+        if url
+        else LocalHitStore(traffic.hits_dir, traffic.hits_capacity)
+    )
+    return HitCounter(store, traffic.hit_rate, half_life_s=traffic.hits_half_life_s)
 
 
 def read_hits(where: str | None, key: str = DEFAULT_KEY, missing_ok: bool = False) -> tuple[I64, F64]:
