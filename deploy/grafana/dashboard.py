@@ -281,6 +281,32 @@ ROWS: list[tuple[str, list[dict[str, Any]]]] = [
                 "zero with the local FAISS gallery (docs/scale-out.md).",
             ),
         ],
+    ),    (
+        "Migration (new-model segment)",
+        [
+            panel(
+                "Backfill coverage",
+                [("max(nobackfill_backfill_coverage_ratio)", "moved share")],
+                "percentunit",
+                width=8,
+                description="Share of the gallery's items in the new-model segment; 1 means ready for the "
+                "cut-over (docs/backfill.md). Zero without NOBACKFILL_INDEX__SEGMENT_DIR.",
+            ),
+            panel(
+                "Hybrid results by source",
+                [(f"sum by (source) (rate(nobackfill_hybrid_hits_total[{RATE}]))", "{{source}}")],
+                "ops",
+                width=8,
+                description="Ids that hybrid search returned from the frozen gallery (old) or the segment.",
+            ),
+            panel(
+                "Segment shards",
+                [("max by (state) (nobackfill_segment_shards)", "{{state}}")],
+                "short",
+                width=8,
+                description="Shards searched (loaded) and refused as damaged (each refusal is one log line).",
+            ),
+        ],
     ),
 ]
 
