@@ -57,7 +57,7 @@ RUN pip install torch==${TORCH_VERSION} --index-url https://download.pytorch.org
     && pip install -r /req/base-gpu.txt -r /req/models.txt -r /req/milvus.txt -r /req/gpu.txt \
     && ! pip list 2>/dev/null | grep -i -E '^(faiss-cpu|torchvision) '
 
-# ---- target `cuda`: the same tail as `cpu` below (tests/test_deploy.py keeps the two identical)
+# ---- target `cuda`: the same tail as `cpu` below (tests/system/test_deploy.py keeps the two identical)
 FROM deps-cuda AS cuda
 COPY --from=wheel /wheels /wheels
 RUN pip install --no-deps /wheels/*.whl && rm -rf /wheels

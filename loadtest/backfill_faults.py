@@ -31,6 +31,7 @@ from service.segment.layout import SHARDS, moved_ids  # noqa: E402
 from service.segment.reader import Segment  # noqa: E402
 
 NOBACKFILL = [sys.executable, "-m", "service.cli"]
+SHARD_SIZE = 256
 
 
 def _cli(*args: str | Path) -> None:
@@ -49,29 +50,50 @@ def _content(segment: Path) -> dict[int, bytes]:
     return out
 
 
+def _hidden(target: Path) -> set[str]:
+    """The hidden (being written, or abandoned) shard folders of the segment."""
+    shards = target / SHARDS
+    return {p.name for p in shards.iterdir() if p.name.startswith(".")} if shards.is_dir() else set()
+
+
+def _wait_until_writing(
+    target: Path, process: subprocess.Popen[bytes], before: set[str], timeout_s: float = 60.0
+) -> None:
+    """Until `process` writes a shard of its own (one not hidden `before` it started), ends, or the timeout passes."""
+    deadline = time.monotonic() + timeout_s
+    while process.poll() is None and time.monotonic() < deadline and not (_hidden(target) - before):
+        time.sleep(0.01)
+
+
 def run(work: Path, items: int, kills: int, seed: int) -> dict[str, object]:
     """The whole experiment in `work`; returns what happened."""
     rng = random.Random(seed)
     _cli("synth", "items", "--size", items, "--out", work / "items")
     _cli("gallery", "build", "--size", items, "--out", work / "gallery", "--items", work / "items")
     common = ["--input", work / "items", "--gallery", work / "gallery", "--backend", "synthetic-new"]
-    common += ["--order", "random", "--batch-size", "32", "--shard-size", "256", "--json"]
+    common += ["--order", "random", "--batch-size", "32", "--shard-size", str(SHARD_SIZE), "--json"]
     started = time.perf_counter()
     _cli("backfill", "run", "--segment", work / "reference", *common)
     reference_s = time.perf_counter() - started
     target = work / "killed"
-    # Slow enough that a kill lands mid-run: the whole run takes about 4 s at this rate.
-    rate = str(max(100, items // 4))
+    # Slow enough that every kill lands mid-run (the whole run takes about 10 s at this rate), and each
+    # kill comes within 1.5 shards' time of the run starting to write, so some kills hit a shard half-written.
+    rate = max(100, items // 10)
+    shard_s = SHARD_SIZE / rate
     killed, finished, moved_at_kill = 0, False, []
     while not finished:
+        before = _hidden(target)  # a killed run's abandoned shard, which this run removes
         process = subprocess.Popen(
-            [*NOBACKFILL, "backfill", "run", "--segment", str(target), *map(str, common), "--rate", rate],
+            [*NOBACKFILL, "backfill", "run", "--segment", str(target), *map(str, common), "--rate", str(rate)],
             cwd=ROOT,
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
         )
         if killed < kills:
-            time.sleep(rng.uniform(0.1, 1.5))
+            # Kill mid-run, not during the imports: once this process is writing (a hidden shard exists,
+            # or the count moved), then after a random part of a shard's time.
+            _wait_until_writing(target, process, before)
+            time.sleep(rng.uniform(0.0, 1.5 * shard_s))
             if process.poll() is None:
                 os.kill(process.pid, signal.SIGKILL)
                 process.wait()

@@ -10,7 +10,7 @@ neighbouring items are hard to tell apart (Procrustes reaches about 0.5 Recall@1
 with the default config and reports wall and process-CPU seconds (CPU seconds are the steadier figure
 on a shared box), plus held-out Recall@1 of the adapter next to the Procrustes map on 10,000 extra
 pairs.  `latency` times `apply` on one row (numpy path and torch path side by side, interleaved,
-median of many runs).  `digits` prints the digits table of tests/test_digits_experiment.py for both
+median of many runs).  `digits` prints the digits table of tests/system/test_digits_experiment.py for both
 protocols (old-class and all-class gallery).
 """
 
@@ -32,7 +32,6 @@ import torch
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "tests"))
 
 from service.compat.adapter import AdapterConfig, TrainedAdapter, train_adapter  # noqa: E402
 from service.compat.metrics import default_ids, relevance, search_recall  # noqa: E402
@@ -137,7 +136,7 @@ def bench_latency(runs: int) -> dict[str, object]:
 
 def bench_digits(pairs: int) -> dict[str, str]:
     """The digits table for the old-class protocol (as in the test) and for an all-class gallery."""
-    from digits_models import format_table, run_experiment, summarise
+    from tests.support.digits_models import format_table, run_experiment, summarise
 
     torch.set_num_threads(1)
     out = {}

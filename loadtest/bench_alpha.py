@@ -12,7 +12,7 @@ oracle (as `nobackfill eval` computes it), old->old is weight 0.  Printed per up
 the mean chosen weight and test R@1 over the seeds, the gap to the oracle, and the worst seed.
 Results go to loadtest/results/alpha-<time>.json.
 
-Digits (tests/digits_models.py, OLD 5 classes / NEW 10 classes, penultimate features 32-d / 64-d):
+Digits (tests/support/digits_models.py, OLD 5 classes / NEW 10 classes, penultimate features 32-d / 64-d):
 instance retrieval, a noisy view of an image (pixel noise `DIGITS_NOISE`, clipped to [0, 1]) is the
 query, the clean image the target, both through both models; support = the support rows, test = the
 query and gallery rows of every class.  The larger NEW model is the worse instance retriever here
@@ -37,7 +37,6 @@ import numpy.typing as npt
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "loadtest" / "results"
 sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "tests"))
 
 from service.compat import evaluation, selection  # noqa: E402
 from service.compat.arcsearch import summarise_blends  # noqa: E402
@@ -83,7 +82,7 @@ def test_curves(test: Split, rotation: npt.NDArray[np.float32]) -> TestCurves:
 
 def digits_splits(seed: int = 0) -> tuple[Split, Split]:
     """Support and test splits of the digits pair (instance retrieval: noisy view -> clean image)."""
-    from digits_models import encode, train_pair
+    from tests.support.digits_models import encode, train_pair
 
     pair = train_pair(seed, old_only_eval=False)
     s = pair.splits
@@ -112,7 +111,7 @@ def digits_class_splits(seed: int = 0) -> tuple[Split, Split]:
     Support: the support rows of every class, even rows queries, odd rows targets, ids = labels (so
     folds are drawn per class).  Test: the query rows against a gallery of the gallery rows, classes 0-4.
     """
-    from digits_models import encode, train_pair
+    from tests.support.digits_models import encode, train_pair
 
     pair = train_pair(seed)
     s = pair.splits

@@ -2,7 +2,7 @@
 
     .venv/bin/python loadtest/bench_heads.py digits [--pairs 5 --epochs 100 --folds 5]
 
-For each of `--pairs` digits model pairs (tests/digits_models.py: OLD 5 classes, NEW 10 classes), the
+For each of `--pairs` digits model pairs (tests/support/digits_models.py: OLD 5 classes, NEW 10 classes), the
 penultimate features (new 64-d -> old 32-d) of the support split (all classes; even rows as queries,
 odd rows as targets, both through both models, ids = class labels) feed the same library calls as
 `nobackfill fit` (selection.fit for the slerp head, selection.fit_mapped_slerp with train_adapter for
@@ -30,7 +30,6 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "loadtest" / "results"
 sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "tests"))
 
 from service.compat import selection  # noqa: E402
 from service.compat.adapter import AdapterConfig, TrainedAdapter, train_adapter  # noqa: E402
@@ -51,7 +50,7 @@ def _write(folder: Path, parts: dict[str, np.ndarray]) -> Path:
 
 def one_pair(seed: int, epochs: int, folds: int, root: Path) -> dict[str, dict[str, Any]]:
     """Fit both profiles on one model pair's support features and evaluate them; rows keyed by method."""
-    from digits_models import OLD_CLASSES, encode, train_pair
+    from tests.support.digits_models import OLD_CLASSES, encode, train_pair
 
     pair = train_pair(seed)
     s = pair.splits

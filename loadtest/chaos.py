@@ -13,7 +13,7 @@ Scenarios (each starts its own redis-server and service process, and stops them)
     sigterm         SIGTERM mid-load: accepted requests left unanswered, seconds until the process exits
     gallery-bytes   sha256 of every gallery file before and after a load run and two profile reloads
 The service runs the synthetic encoders through the test-only `faulty-*` backends
-(tests/faulty_encoder.py: simulated models that misbehave only on marked inputs) with a simulated
+(tests/support/faulty_encoder.py: simulated models that misbehave only on marked inputs) with a simulated
 per-batch cost, so every fault is injected on purpose and nothing else differs from `nobackfill serve`.
 `--short` runs every scenario in seconds (the version `make test` runs); the default is the long one
 (`make chaos`).  NOBACKFILL_* variables in the environment reach the service (e.g.
@@ -49,7 +49,7 @@ from report import cache_counts  # loadtest/report.py: (hits, misses) of one scr
 ROOT = Path(__file__).resolve().parents[1]
 PYTHON = sys.executable
 NOBACKFILL = [PYTHON, "-m", "service.cli"]
-FAULTY_SERVE = [PYTHON, str(ROOT / "tests" / "faulty_encoder.py"), "serve"]
+FAULTY_SERVE = [PYTHON, str(ROOT / "tests" / "support" / "faulty_encoder.py"), "serve"]
 CAPTION = "item-{:010d} caption-{}"
 ADMIN_KEY = "chaos-admin-key"
 CACHE_DEADLINE_S = 4 * 0.05  # redis_cache.DEADLINE_TIMEOUTS x the default socket timeout

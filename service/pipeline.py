@@ -35,17 +35,19 @@ from service.encoders.base import Encoder, describe, fingerprint_of
 from service.encoders.batcher import MicroBatcher
 from service.encoders.process import close_all, isolation_of, start_processes
 from service.encoders.registry import create_encoder, identity_of
-from service.errors import NobackfillError, Overloaded
+from service.errors import InputError, NobackfillError, Overloaded
 from service.index.base import GalleryBackend
 from service.index.factory import create_gallery
+from service.items.store import ItemStore, open_beside
 from service.query.embedding import CacheWriteBack, Embedder
 from service.query.hybrid import SegmentSearch
 from service.query.job import Query, QueryResult, SearchJob, SearchOutcome
 from service.query.search import search_pool_size, transform_and_search
 from service.query.validation import default_mode, served_modes, validate
+from service.segment.cutover import SegmentGallery, cutover_profile, open_finished
 from service.segment.layout import GalleryRef
-from service.segment.reader import Segment
-from service.settings import EncoderSettings, Settings
+from service.segment.reader import Indexing, Segment
+from service.settings import NO_MODEL, EncoderSettings, Settings
 from service.traffic.sampler import TrafficSampler, create_sampler
 from service.vocabulary import Merge, Role
 
@@ -91,6 +93,18 @@ def _close_sampler(sampler: TrafficSampler | None) -> None:
     """Flush and stop a sampler, when there is one."""
     if sampler is not None:
         sampler.close()
+
+
+def _close_items(items: ItemStore | None) -> None:
+    """Close the item store's connections, when there is one."""
+    if items is not None:
+        items.close()
+
+
+def _open_items(settings: Settings, gallery: GalleryBackend) -> ItemStore | None:
+    """The item store (index.item_store), checked against the gallery; None when none is configured."""
+    folder = settings.index.item_store
+    return None if folder is None else open_beside(folder, gallery.ntotal, gallery.meta.get("items"))
 
 
 def _close_hits(hits: HitCounter | None) -> None:
@@ -147,17 +161,36 @@ async def _all_done(*tasks: asyncio.Task[Any]) -> None:
 
 
 async def _acquire_encoders(stack: AsyncExitStack, settings: Settings) -> tuple[list[Encoder], list[Encoder]]:
-    """Both roles' encoders, built side by side; a side that started is closed on unwind, even if the other failed."""
-    old = _in_thread(stack, "the old encoders", partial(_create_encoders, settings, Role.old), close_all)
+    """Both roles' encoders, built side by side; a side that started is closed on unwind, even if the other failed.
+
+    After the cut-over there is no old model: the new model's copies serve both roles.
+    """
     new = _in_thread(stack, "the new encoders", partial(_create_encoders, settings, Role.new), close_all)
+    if settings.cut_over:
+        await _all_done(new)
+        return new.result(), new.result()
+    old = _in_thread(stack, "the old encoders", partial(_create_encoders, settings, Role.old), close_all)
     await _all_done(old, new)
     return old.result(), new.result()
+
+
+def _finished_segment(settings: Settings, new: Encoder) -> tuple[GalleryBackend, CompatProfile]:
+    """After the cut-over: the finished segment as the gallery, and the new model's stand-in profile."""
+    assert settings.index.segment_dir is not None  # Settings refuses a cut-over without a segment
+    model = identity_of(new, settings.new.backend)
+    indexing = Indexing(settings.index.segment_ivf_rows, settings.index.segment_nprobe)
+    return SegmentGallery(open_finished(settings.index.segment_dir, model, indexing)), cutover_profile(model)
 
 
 async def _acquire_artifacts(
     stack: AsyncExitStack, settings: Settings, old: list[Encoder], new: list[Encoder]
 ) -> tuple[GalleryBackend, CompatProfile]:
     """The gallery (a FAISS folder or a Milvus collection) and the profile, loaded while every encoder copy warms up."""
+    if settings.cut_over:
+        artifacts = _in_thread(stack, "the finished segment", partial(_finished_segment, settings, new[0]))
+        warm = _in_thread(stack, "the new encoders' warmup", partial(_warm, new))
+        await _all_done(artifacts, warm)
+        return artifacts.result()
     gallery = _in_thread(stack, "the gallery", partial(create_gallery, settings.index), _close_gallery)
     profile = _in_thread(stack, "the profile", partial(load_profile, settings.compat.profile_dir))
     warm_old = _in_thread(stack, "the old encoders' warmup", partial(_warm, old))
@@ -189,12 +222,20 @@ async def _acquire_hits(stack: AsyncExitStack, settings: Settings) -> HitCounter
 async def _acquire_segment(
     stack: AsyncExitStack, settings: Settings, new: Encoder, gallery: GalleryBackend
 ) -> SegmentSearch | None:
-    """The new-model segment beside the gallery (None without index.segment_dir), its pool and its refresh loop."""
+    """The new-model segment beside the gallery (None without index.segment_dir), its pool and its refresh loop.
+
+    After the cut-over it is the gallery itself, already open (SegmentGallery).
+    """
     folder = settings.index.segment_dir
     if folder is None:
         return None
-    model = identity_of(new, settings.new.backend)
-    segment = await asyncio.to_thread(Segment.beside, folder, model, GalleryRef(gallery.fingerprint, gallery.ntotal))
+    if isinstance(gallery, SegmentGallery):
+        segment = gallery.segment
+    else:
+        model = identity_of(new, settings.new.backend)
+        indexing = Indexing(settings.index.segment_ivf_rows, settings.index.segment_nprobe)
+        beside = GalleryRef(gallery.fingerprint, gallery.ntotal)
+        segment = await asyncio.to_thread(Segment.beside, folder, model, beside, indexing)
     _record_segment(segment)
     # Its own threads: a hybrid search waits on the segment's search from a search pool thread.
     pool = ThreadPoolExecutor(search_pool_size(settings.index), thread_name_prefix="nobackfill-segment")
@@ -265,6 +306,7 @@ class Pipeline:
         search_threads: int,
         segment: SegmentSearch | None = None,
         hits: HitCounter | None = None,
+        items: ItemStore | None = None,
     ) -> None:
         self.settings = settings
         self.old = old
@@ -278,6 +320,7 @@ class Pipeline:
         self.search_threads = search_threads
         self.segment = segment  # None without index.segment_dir
         self.hits = hits  # None at traffic.hit_rate 0
+        self.items = items  # the gallery's raw items (index.item_store), read-only; None without one
         self.embedder = Embedder(old, new, cache, write_back, settings.compat.concurrent_encoders)
         self.in_flight = 0
         self.draining = False
@@ -290,9 +333,12 @@ class Pipeline:
             old_replicas, new_replicas = await _acquire_encoders(stack, settings)
             gallery, profile = await _acquire_artifacts(stack, settings, old_replicas, new_replicas)
             old_encoder, new_encoder = old_replicas[0], new_replicas[0]
-            check_compatible(profile, old_encoder, new_encoder, gallery, settings)
+            if not settings.cut_over:  # after it, _finished_segment checked the one model against the segment
+                check_compatible(profile, old_encoder, new_encoder, gallery, settings)
             default_mode(settings, profile)  # refuses a configured default the profile cannot serve
             segment = await _acquire_segment(stack, settings, new_encoder, gallery)
+            items = _in_thread(stack, "the item store", partial(_open_items, settings, gallery), _close_items)
+            await _all_done(items)
             cache = create_cache(settings.cache, cache_model_key(old_encoder), old_encoder.dim)
             _on_unwind(stack, "the cache", cache.aclose)
             write_back = CacheWriteBack(cache)
@@ -302,8 +348,8 @@ class Pipeline:
             threads = search_pool_size(settings.index)
             pool = ThreadPoolExecutor(threads, thread_name_prefix="nobackfill-search")
             _on_unwind(stack, "the search pool", partial(asyncio.to_thread, pool.shutdown, True))
-            old = await _started_batcher(stack, old_replicas, settings.old, "old")
             new = await _started_batcher(stack, new_replicas, settings.new, "new")
+            old = new if settings.cut_over else await _started_batcher(stack, old_replicas, settings.old, "old")
             pipeline = cls(
                 settings,
                 old,
@@ -317,6 +363,7 @@ class Pipeline:
                 search_threads=threads,
                 segment=segment,
                 hits=hits,
+                items=items.result(),
             )
             _on_unwind(stack, "the pipeline", pipeline._stop_taking_work)  # the first thing aclose() does
             metrics.PROFILE_INFO.info({"profile_id": profile.profile_id, "head": profile.head})
@@ -342,7 +389,8 @@ class Pipeline:
 
     def problems(self) -> list[str]:
         """Why this pipeline cannot take traffic now (empty when it can): /readyz answers 503 with these."""
-        found = [f"{b.name} encoder: {problem}" for b in (self.old, self.new) if (problem := b.problem()) is not None]
+        batchers = dict.fromkeys((self.old, self.new))  # one batcher after the cut-over
+        found = [f"{b.name} encoder: {problem}" for b in batchers if (problem := b.problem()) is not None]
         if (gallery_problem := self.gallery.problem()) is not None:  # a remote gallery (Milvus) not answering
             found.append(f"gallery: {gallery_problem}")
         return [*found, "draining: shutting down"] if self.draining else found
@@ -366,8 +414,8 @@ class Pipeline:
         profile = self.profile  # one profile for the whole request, even if a reload lands meanwhile
         mode = mode or default_mode(self.settings, profile)
         job = SearchJob(queries, k, mode, alpha, self.default_nprobe() if nprobe is None else nprobe, profile)
-        has_segment = self.segment is not None
-        validate(job, self.settings.api, self.gallery.max_nprobe, self.old.encoder, self.new.encoder, has_segment)
+        served = served_modes(self.settings, profile)
+        validate(job, self.settings.api, self.gallery.max_nprobe, self.old.encoder, self.new.encoder, served)
         with self._admitted(len(queries)):
             await self.embedder.embed(job)
             results = await self._transform_and_search(job)
@@ -402,6 +450,8 @@ class Pipeline:
 
     async def reload_profile(self, profile_dir: Path | None = None) -> CompatProfile:
         """Load a profile and swap it in atomically; on any failure the current one stays."""
+        if self.settings.cut_over:
+            raise InputError("there is no profile to reload after the cut-over (NOBACKFILL_OLD__BACKEND=none)")
         path = profile_dir or self.settings.compat.profile_dir
         candidate = await asyncio.to_thread(load_profile, path)
         check_compatible(candidate, self.old.encoder, self.new.encoder, self.gallery, self.settings)
@@ -423,9 +473,11 @@ class Pipeline:
         """What /v1/info reports: models, dims, devices, profile, gallery."""
         profile = self.profile
         return {
-            "old_model": _model_info(self.old, self.settings.old),
+            "old_model": {"backend": NO_MODEL} if self.settings.cut_over else _model_info(self.old, self.settings.old),
             "new_model": _model_info(self.new, self.settings.new),
-            "profile": {
+            "profile": None  # after the cut-over nothing is fitted: the new model serves alone
+            if self.settings.cut_over
+            else {
                 "id": profile.profile_id,
                 "head": profile.head,
                 "alphas": profile.alphas,
@@ -434,9 +486,16 @@ class Pipeline:
             "gallery": {**self.gallery.describe(), "nprobe_default": self.default_nprobe()},
             "cache": {"kind": self.cache.kind, "state": self.cache.state()},
             "default_mode": default_mode(self.settings, profile),
-            "modes": served_modes(profile, self.segment is not None),
+            "modes": served_modes(self.settings, profile),
             **({"segment": self._segment_info(profile)} if self.segment is not None else {}),
+            **({"items": self._items_info()} if self.items is not None else {}),
         }
+
+    def _items_info(self) -> dict[str, Any]:
+        """/v1/info's item store block: where, how many, which."""
+        assert self.items is not None
+        identity = self.items.identity
+        return {"path": str(self.items.folder), "count": identity.count, "sha256": identity.sha256}
 
     def _segment_info(self, profile: CompatProfile) -> dict[str, Any]:
         """/v1/info's segment block: the segment's state, and how hybrid merges (calibrated only with a fitted map)."""

@@ -35,6 +35,7 @@ ARTIFACTS = Path("artifacts")
 ENV_PREFIX = "NOBACKFILL_"
 NESTED = "__"
 CONFIG_FILE_ENV = "NOBACKFILL_CONFIG_FILE"
+NO_MODEL = "none"  # old.backend after the cut-over
 # A value quoted in a refusal is cut to this many characters (the line stays one readable line).
 _QUOTED_CHARS = 80
 
@@ -49,6 +50,7 @@ class EncoderSettings(Section):
     """One encoder: which backend, where it runs, how it batches."""
 
     backend: str = "synthetic-old"
+    # old.backend "none": the cut-over (docs/backfill.md): the new model alone over the finished segment.
     # Real backends (sentence-transformers, clip, plug-ins): the local model folder; never a hub name.
     path: str | None = None
     # Backend `external`: its width (required).  Real backends: the name recorded in artifacts and
@@ -134,6 +136,10 @@ class IndexSettings(Section):
     segment_dir: Path | None = None
     # How often the service looks for shards published since (new ones are searched from then on).
     segment_refresh_s: float = Field(5.0, gt=0)
+    # A segment block of this many rows or more is an IVF-Flat index (sqrt(rows) lists, nprobe of them
+    # searched) instead of an exact flat scan, so hybrid stays fast as the segment grows.
+    segment_ivf_rows: int = Field(50_000, ge=1)
+    segment_nprobe: int = Field(16, ge=1)
     # How hybrid puts both lists on one scale: the profile's fitted calibration (raw cosines when it has
     # none), raw cosines, or reciprocal rank fusion.
     hybrid_merge: Merge = Merge.calibrated
@@ -235,6 +241,11 @@ class Settings(BaseSettings):
     api: ApiSettings = ApiSettings()
     traffic: TrafficSettings = TrafficSettings()
 
+    @property
+    def cut_over(self) -> bool:
+        """Whether the old model is gone (old.backend none): the new model alone over the finished segment."""
+        return self.old.backend == NO_MODEL
+
     def __init__(self, **values: Any) -> None:
         """Kwargs over env over the YAML file; whatever can never work raises one SettingsError line."""
         try:
@@ -304,7 +315,7 @@ def env_name(*loc: str | int) -> str:
 
 def _contradictions(settings: Settings) -> list[str]:
     """Each combination of settings that can never work, as one clause naming the variables to change."""
-    problems = []
+    problems = _cut_over_contradictions(settings)
     for role in ("old", "new"):
         encoder: EncoderSettings = getattr(settings, role)
         missing = [env_name(role, name) for name in ("dim", "model_id") if getattr(encoder, name) is None]
@@ -332,6 +343,26 @@ def _contradictions(settings: Settings) -> list[str]:
             f"{env_name('api', 'max_queries')}={api.max_queries} is over {env_name('api', 'max_in_flight')}="
             f"{api.max_in_flight}: a request of more queries than may be in flight would be refused (503) on "
             f"every retry (expected {env_name('api', 'max_queries')} <= {env_name('api', 'max_in_flight')})"
+        )
+    return problems
+
+
+def _cut_over_contradictions(settings: Settings) -> list[str]:
+    """The cut-over (old.backend none) serves the new model over the finished segment, in mode new, and nothing else."""
+    problems = []
+    if settings.new.backend == NO_MODEL:
+        problems.append(f"{env_name('new', 'backend')}={NO_MODEL}: the new model is the one that is always served")
+    if not settings.cut_over:
+        return problems
+    if settings.index.segment_dir is None:
+        problems.append(
+            f"{env_name('old', 'backend')}={NO_MODEL} (the cut-over) needs {env_name('index', 'segment_dir')}: "
+            "the finished segment is the only gallery then"
+        )
+    if settings.compat.default_mode not in (None, Mode.new):
+        problems.append(
+            f"{env_name('compat', 'default_mode')}={settings.compat.default_mode} after the cut-over "
+            f"({env_name('old', 'backend')}={NO_MODEL}): only mode new is served (unset it, or set it to new)"
         )
     return problems
 

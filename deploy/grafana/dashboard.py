@@ -1,6 +1,6 @@
 """Write deploy/grafana/dashboards/nobackfill.json, the provisioned Grafana dashboard, from the panels below.
 
-    python3 deploy/grafana/dashboard.py          (standard library only; tests/test_deploy.py checks the
+    python3 deploy/grafana/dashboard.py          (standard library only; tests/system/test_deploy.py checks the
                                                    committed JSON is this script's output)
 
 Rows of panels, laid out left to right on Grafana's 24-column grid.  Every expression reads metrics

@@ -9,10 +9,11 @@
     publish               every shard_size rows one shard (layout.write_shard: hidden, fsynced, renamed)
     throttle              --rate: never more than that many items per second, averaged over the run
 
-A run killed at any moment loses at most the rows not yet published; a re-run with the same plan
-skips everything published and continues, so the segment ends with the same ids and rows as one
-uninterrupted run (for an encoder whose rows do not depend on the batch they are in).  Ctrl-C
-publishes the rows already encoded, then stops.
+A shard is written on its own thread while the next is encoded.  A run killed at any moment loses
+at most the rows not yet published (the shard being written and the one being encoded); a re-run
+with the same plan skips everything published and continues, so the segment ends with the same ids
+and rows as one uninterrupted run (for an encoder whose rows do not depend on the batch they are
+in).  Ctrl-C publishes the rows already encoded, then stops.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ import math
 import sys
 import time
 from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -146,19 +148,33 @@ def run_backfill(
     buffer_ids: list[I64] = []
     buffer_rows: list[F32] = []
     buffered = 0
+    # A shard is written (files, fsync, sha256, rename) on its own thread while the next one is encoded;
+    # at most one is in flight, so memory stays at two shards.
+    writer_pool = ThreadPoolExecutor(1, thread_name_prefix="nobackfill-shard")
+    in_flight: tuple[Future[str], int] | None = None
+
+    def written() -> None:
+        nonlocal in_flight
+        if in_flight is None:
+            return
+        future, rows = in_flight
+        in_flight = None
+        name = future.result()
+        report.shards.append(name)
+        report.moved += rows
+        if on_shard is not None:
+            on_shard(name)
 
     def publish() -> None:
-        nonlocal buffered
+        nonlocal buffered, in_flight
         if not buffered:
             return
-        name = write_shard(segment_dir, np.concatenate(buffer_ids), np.concatenate(buffer_rows), model, writer)
-        report.shards.append(name)
-        report.moved += buffered
+        written()
+        shard_ids, shard_rows = np.concatenate(buffer_ids), np.concatenate(buffer_rows)
+        in_flight = (writer_pool.submit(write_shard, segment_dir, shard_ids, shard_rows, model, writer), buffered)
         buffer_ids.clear()
         buffer_rows.clear()
         buffered = 0
-        if on_shard is not None:
-            on_shard(name)
 
     bar = tqdm(total=len(todo), unit="item", desc="backfill", disable=not options.progress, file=sys.stderr)
     try:
@@ -175,10 +191,13 @@ def run_backfill(
             bar.update(len(batch))
             _throttle(started, start + len(batch), options.rate)
         publish()
+        written()
     except KeyboardInterrupt:
         publish()  # what is encoded is kept: the next run continues after it
+        written()
         report.interrupted = True
     finally:
+        writer_pool.shutdown(wait=True)  # a shard under way still lands, even when encoding failed
         bar.close()
         report.seconds = time.perf_counter() - started
     return report

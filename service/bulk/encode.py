@@ -6,12 +6,12 @@
                                       rows of a hidden OUT.npy; then OUT.json; both renamed into place
                                       at the end (atomic.py), so a failure or Ctrl-C leaves nothing
 
-OUT.json (the `X.json` of DESIGN.md section 3) describes OUT.npy: the model identity (backend,
-model_id, fingerprint, dim), count, modality, dtype, the input and what was skipped (line and reason
-per skipped input, so rows can be lined back up with the input).  `sidecar_identity` reads it back
-for `gallery build --from-npy`.  What a model returns is checked before it is written: the shape,
-finiteness and a non-zero norm; rows are written as the encoder returned them (float32), so they
-match what the service computes for the same input.
+OUT.json (the encode sidecar of docs/architecture.md, "Artifact formats") describes OUT.npy: the
+model identity (backend, model_id, fingerprint, dim), count, modality, dtype, the input and what was
+skipped (line and reason per skipped input, so rows can be lined back up with the input).
+`sidecar_identity` reads it back for `gallery build --from-npy`.  What a model returns is checked
+before it is written: the shape, finiteness and a non-zero norm; rows are written as the encoder
+returned them (float32), so they match what the service computes for the same input.
 """
 
 from __future__ import annotations

@@ -145,9 +145,8 @@ def profile_compare(
 ) -> None:
     """The rollout gate: exit 0 when the candidate is compatible and not worse than the current beyond noise, else 1."""
     from service.compat.compare import compare
-    from service.compat.io import load_split
+    from service.compat.io import load_query_pairs, load_split
     from service.compat.profile import load_profile
-    from service.traffic.export import load_query_pairs
 
     cur, cand = load_profile(current), load_profile(candidate)
     test = load_split(test_dir, old_dim=cur.old_dim, new_dim=cur.new_dim, strict=strict)

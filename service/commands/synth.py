@@ -29,22 +29,39 @@ app = typer.Typer(no_args_is_help=True)
 
 
 SUPPORT_FIRST_ITEM = 10**12
+# The options `support` and `test` share.
+QUERY_MODALITY = typer.Option(
+    Modality.text, help="Query modality: text (caption -> image) or image (image -> caption)."
+)
+OLD_MODEL = typer.Option("old", "--old-model", help="Simulated model of the gallery: old, new or next.")
+NEW_MODEL = typer.Option("new", "--new-model", help="Simulated model replacing it: old, new or next.")
 SUPPORT_CAPTION = 0
 TEST_CAPTION = 1
 
 
 def _write(
-    out: Path, query_items: np.ndarray, target_items: np.ndarray, caption: int, force: bool, modality: str = "text"
+    out: Path,
+    query_items: np.ndarray,
+    target_items: np.ndarray,
+    caption: int,
+    force: bool,
+    modality: str = "text",
+    models: tuple[str, str] = ("old", "new"),
 ) -> None:
     """Encode queries and targets with both simulated models (text: caption -> image, image: image -> caption)."""
     from service.bulk.support import models_json
     from service.encoders.identity import MODELS_JSON, ModelIdentity
-    from service.encoders.synthetic import IMAGE_VIEW, SyntheticNewEncoder, SyntheticOldEncoder
+    from service.encoders.synthetic import IMAGE_VIEW, SYNTHETIC_MODELS, synthetic_encoder
     from service.errors import InputError
 
+    unknown = [name for name in models if name not in SYNTHETIC_MODELS]
+    if unknown:
+        raise InputError(f"no simulated model {unknown[0]!r}; they are {', '.join(SYNTHETIC_MODELS)}")
     if out.exists() and any(out.iterdir()) and not force:
         raise InputError(f"{out} exists and is not empty (use --force to overwrite)")
-    old, new = SyntheticOldEncoder(), SyntheticNewEncoder()
+    if models[0] == models[1]:
+        raise InputError(f"--old-model and --new-model are both {models[0]}: an upgrade needs two models")
+    old, new = (synthetic_encoder(name) for name in models)
     query_view, target_view = (caption, IMAGE_VIEW) if modality == "text" else (IMAGE_VIEW, caption)
     arrays: dict[str, npt.NDArray[Any]] = {
         "old_query.npy": old.encode_items(query_items, query_view),
@@ -61,11 +78,11 @@ def _write(
     for name, array in arrays.items():
         np.save(out / name, array)
     old_model, new_model = (
-        ModelIdentity(f"synthetic-{r}", e.model_id, None, e.dim) for r, e in (("old", old), ("new", new))
+        ModelIdentity(f"synthetic-{name}", e.model_id, None, e.dim) for name, e in zip(models, (old, new), strict=True)
     )
     target_modality = "image" if modality == "text" else "text"
-    models = models_json(old_model, new_model, modality, target_modality, len(query_items), targets=len(target_items))
-    (out / MODELS_JSON).write_text(json.dumps(models, indent=2) + "\n", encoding="utf-8")
+    record = models_json(old_model, new_model, modality, target_modality, len(query_items), targets=len(target_items))
+    (out / MODELS_JSON).write_text(json.dumps(record, indent=2) + "\n", encoding="utf-8")
     typer.echo(f"wrote {len(query_items):,} queries and {len(target_items):,} targets to {out}")
 
 
@@ -74,13 +91,13 @@ def support(
     n: int = typer.Option(20_000, "--n", min=1, help="Support pairs (caption query + image target per item)."),
     out: Path = typer.Option(..., "--out", help="Folder to write."),
     force: bool = typer.Option(False, "--force", help="Overwrite a non-empty folder."),
-    modality: Modality = typer.Option(
-        Modality.text, help="Query modality: text (caption -> image) or image (image -> caption)."
-    ),
+    modality: Modality = QUERY_MODALITY,
+    old_model: str = OLD_MODEL,
+    new_model: str = NEW_MODEL,
 ) -> None:
     """A support set for `nobackfill fit`, from items disjoint from every gallery."""
     items = np.arange(SUPPORT_FIRST_ITEM, SUPPORT_FIRST_ITEM + n, dtype=np.int64)
-    _write(out, items, items, SUPPORT_CAPTION, force, modality.value)
+    _write(out, items, items, SUPPORT_CAPTION, force, modality.value, (old_model, new_model))
 
 
 @app.command("test")
@@ -90,9 +107,9 @@ def test(
     gallery_size: int | None = typer.Option(None, "--gallery-size", min=1, help="Targets: items 0..G-1 (default N)."),
     seed: int = typer.Option(0, "--seed", help="Which gallery items are queried."),
     force: bool = typer.Option(False, "--force", help="Overwrite a non-empty folder."),
-    modality: Modality = typer.Option(
-        Modality.text, help="Query modality: text (caption -> image) or image (image -> caption)."
-    ),
+    modality: Modality = QUERY_MODALITY,
+    old_model: str = OLD_MODEL,
+    new_model: str = NEW_MODEL,
 ) -> None:
     """A test set for `nobackfill eval`: captions of gallery items against the gallery's image views."""
     from service.errors import InputError
@@ -102,7 +119,7 @@ def test(
         raise InputError(f"--n {n} is more than the {size} gallery items to query")
     targets = np.arange(size, dtype=np.int64)
     queries = np.sort(np.random.default_rng(seed).choice(size, n, replace=False)).astype(np.int64)
-    _write(out, queries, targets, TEST_CAPTION, force, modality.value)
+    _write(out, queries, targets, TEST_CAPTION, force, modality.value, (old_model, new_model))
 
 
 @app.command("items")

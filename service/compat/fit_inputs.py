@@ -10,7 +10,7 @@ from typing import Any, NamedTuple
 import numpy as np
 import numpy.typing as npt
 
-from service.compat.io import Split
+from service.compat.io import Split, load_query_pairs
 from service.encoders.identity import MODELS_JSON, ModelIdentity, read_models_json
 from service.errors import InputError
 
@@ -55,7 +55,6 @@ def model_ids(support_dir: Path, split: Split, old_id: str | None, new_id: str |
 
 def query_pairs(folders: Sequence[Path], split: Split, ids: ModelIds) -> list[tuple[F32, F32]]:
     """(new, old) rows of every query-pairs folder, checked against the support's dims and models."""
-    from service.traffic.export import load_query_pairs
 
     out = []
     for folder in folders:

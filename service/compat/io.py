@@ -25,6 +25,7 @@ from pathlib import Path
 import numpy as np
 import numpy.typing as npt
 
+from service.encoders.identity import MODELS_JSON, ModelIdentity, read_models_json
 from service.errors import InputError
 
 Array = npt.NDArray[np.float32]
@@ -215,3 +216,42 @@ def _without_zero_rows(split: Split) -> Split:
         split.target_ids[t_keep],
         counts,
     )
+
+
+F32 = npt.NDArray[np.float32]
+
+
+# An exported traffic folder (`nobackfill traffic export`, traffic/export.py): query pairs without targets.
+QUERY_OLD, QUERY_NEW = "old_query.npy", "new_query.npy"
+
+
+@dataclass(frozen=True)
+class QueryPairs:
+    """Unlabelled (new, old) query pairs from one exported folder, zero rows dropped."""
+
+    path: Path
+    new: F32
+    old: F32
+    old_model: ModelIdentity | None
+    new_model: ModelIdentity | None
+    zero_rows: int
+
+
+def load_query_pairs(folder: Path) -> QueryPairs:
+    """Read an exported folder (old_query.npy, new_query.npy, models.json when present); InputError naming the file."""
+    if not folder.is_dir():
+        raise InputError(f"{folder}: not a directory")
+    old = load_embeddings(folder / QUERY_OLD, allow_zero=True)
+    new = load_embeddings(folder / QUERY_NEW, allow_zero=True)
+    if len(old) != len(new):
+        raise InputError(f"{folder / QUERY_NEW}: {len(new)} rows but {QUERY_OLD} has {len(old)}; rows must pair up")
+    keep = old.any(axis=1) & new.any(axis=1)
+    ids = read_models_json(folder)
+    old_model, new_model = ids if ids is not None else (None, None)
+    for identity, rows, side in ((old_model, old, "old"), (new_model, new, "new")):
+        if identity is not None and identity.dim != rows.shape[1]:
+            raise InputError(
+                f"{folder / MODELS_JSON}: the {side} model is {identity.dim}-d, but {side}_query.npy holds "
+                f"{rows.shape[1]}-d rows"
+            )
+    return QueryPairs(folder, new[keep], old[keep], old_model, new_model, int((~keep).sum()))

@@ -1,43 +1,12 @@
-"""The compat profile artifact (DESIGN.md section 3): a folder with profile.json and tensors.safetensors.
+"""The compat profile artifact: a folder with profile.json, tensors.safetensors and manifest.json.
 
-profile.json carries the format version, head, model ids and dims (and, when known, the two models'
-identities: backend, weights fingerprint, dim), per-modality blend parameters, the fit settings, the
-whole fit report and the sha256 of tensors.safetensors.  The tensors file is read with safetensors
-only -- nothing is ever unpickled.  What it holds depends on the head family:
-
-    head                           tensors                          profile.json extras
-    slerp, nlerp, adaptive,        R [d, d] (Procrustes, padded)    params per modality
-      aligned
-    adapter, adapter+slerp         adapter.* (MKP adapter h)        "adapter": the adapter's meta();
-                                                                    adapter+slerp: its alpha in params
-    psp, lsp                       P_tk [C_k, C_t] (for the record; "classes": old_classes C_k,
-                                   queries use psp.query_features)  new_classes C_t, top_k, class_map
-
-Modes served (modes()): a Procrustes head serves old, aligned, slerp, nlerp, adaptive; adapter serves
-old and adapter; adapter+slerp serves old, adapter and adapter+slerp; psp serves psp, lsp serves lsp
-(their gallery holds the old model's PSP / LSP features and a query needs only new-model logits).
-Format 2 added the adapter / PSP heads and the `adapter` / `classes` keys; format 1 files (Procrustes
-only) still load.  Format 3 added manifest.json (service/manifest.py): the size and sha256 of every
-other file of the folder, profile.json included, so an edited alpha is refused like a flipped byte.
-Saving goes through a temporary sibling folder and one rename, so a failed write leaves nothing
-behind; the manifest is written last, over whatever else the folder holds (extra_files too).
-
-Loading refuses, with one ArtifactError line naming the file:
-    a file missing, truncated, edited or added    manifest.json (before anything is parsed)
-    manifest.json missing from a format-3 folder  (deleting it must not switch the check off)
-    tensors.safetensors whose sha256 differs from profile.json's tensors_sha256
-    a format version, head or field of the wrong type ("8" or 8.5 for a dim, true for a count)
-    tensors: not finite float32; R not square of side max(d_old, d_new) or not orthogonal
-    parameters: alphas and slerp / nlerp / adapter+slerp alpha outside [0, 1]; adaptive a outside
-      [0, 1], b not finite, |c_ref| > 1; any parameter not finite; a blend head without its own
-      parameters for a modality it has an alpha for
-    adapter: meta not as adapter.meta() writes it, dims not the profile's, tensors that do not
-      rebuild the net (built once here, so a corrupt one is refused at load, not at the first query)
-    psp / lsp: class counts not integers >= 2 matching the dims, bad top_k / class_map, wrong P_tk
-Folders written before manifests (formats 1 and 2, no manifest.json) still load, with one warning:
-refusing them would take every deployed profile down with the upgrade that brings manifests, and
-their tensors stay covered by tensors_sha256 while every field of profile.json is range-checked;
-the gap left is an in-range edit of profile.json.  Re-saving (save_profile) writes format 3.
+save_profile writes format 3 atomically (a temporary sibling folder, the manifest last, one rename);
+load_profile checks the manifest before anything is parsed, then the format version, the tensors'
+sha256, every field's JSON type and range and the head's own tensors, and refuses in one
+ArtifactError line naming the file.  Formats 1 and 2 without a manifest still load, with a warning.
+The tensors file is read with safetensors only: nothing is ever unpickled.  What each head stores
+(R, the adapter.* tensors, P_tk), the modes it serves (vocabulary.HEAD_MODES), the format history and
+every refusal are in docs/architecture.md, "The profile folder".
 """
 
 from __future__ import annotations
@@ -184,7 +153,7 @@ class CompatProfile:
         return Head(self.head).family
 
     def modes(self) -> list[Mode]:
-        """Modes this profile can serve (see the module docstring)."""
+        """Modes this profile can serve: its head's in vocabulary.HEAD_MODES."""
         return list(Head(self.head).modes) if Head.has(self.head) else []
 
     def metadata(self) -> dict[str, Any]:

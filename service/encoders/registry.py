@@ -1,7 +1,8 @@
 """Encoder backends by name: `create_encoder(settings, role)` builds the configured one on its device.
 
 Built in:
-    synthetic-old, synthetic-new  the simulated models of the synthetic upgrade world (no path)
+    synthetic-old, synthetic-new  the simulated models of the synthetic upgrade world (no path); synthetic-next
+                                  the model after synthetic-new, for a second upgrade
     external                      no model: `dim` and `model_id` from the settings, queries carry embeddings
     sentence-transformers         any SentenceTransformer folder, transformer or static (sentence_transformers.py)
     clip                          a transformers CLIP-family folder, text and image (clip.py)
@@ -55,7 +56,7 @@ def backends() -> list[str]:
     return sorted({*_BACKENDS, *(point.name for point in entry_points(group=ENTRY_POINT_GROUP))})
 
 
-def _synthetic(model: Role) -> BackendFactory:
+def _synthetic(model: str) -> BackendFactory:
     """Factory for one of the simulated models; torch loads only when an encoder is built."""
 
     def build(settings: EncoderSettings, device: str) -> Encoder:
@@ -90,8 +91,9 @@ def _clip(settings: EncoderSettings, device: str) -> Encoder:
     return clip_encoder(settings, device)
 
 
-register_backend("synthetic-old", _synthetic(Role.old))
-register_backend("synthetic-new", _synthetic(Role.new))
+register_backend("synthetic-old", _synthetic("old"))
+register_backend("synthetic-new", _synthetic("new"))
+register_backend("synthetic-next", _synthetic("next"))  # the upgrade after next (docs/backfill.md)
 register_backend("external", _external)
 register_backend("sentence-transformers", _sentence_transformers)
 register_backend("clip", _clip)

@@ -1,4 +1,4 @@
-"""Simulated OLD and NEW encoders of the synthetic upgrade world (DESIGN §4, docs/synthetic-world.md).
+"""Simulated OLD and NEW encoders of the synthetic upgrade world (docs/synthetic-world.md).
 
 An input string names an item and a view (`item-0001234567 caption-3`, `item-0001234567 image`).
 Item i has a latent z_i drawn from a clustered distribution by a counter-based generator keyed by i;
@@ -25,7 +25,7 @@ import numpy.typing as npt
 import torch
 
 from service.encoders.base import Embeddings
-from service.vocabulary import Modality, Role
+from service.vocabulary import Modality
 
 IntArray = npt.NDArray[np.int64]
 
@@ -77,6 +77,10 @@ class ModelParams:
 
 OLD_MODEL: Final = ModelParams("synthetic-old", 512, model_noise=0.6, nonlinearity=0.85, weight_seed=1)
 NEW_MODEL: Final = ModelParams("synthetic-new", 768, model_noise=0.25, nonlinearity=0.85, weight_seed=2)
+# The upgrade after next (docs/backfill.md): once synthetic-new has replaced synthetic-old, it is replaced in turn.
+NEXT_MODEL: Final = ModelParams("synthetic-next", 1024, model_noise=0.12, nonlinearity=0.85, weight_seed=3)
+# `synthetic-NAME` backends and the synth commands' --old-model / --new-model choices.
+SYNTHETIC_MODELS: Final = {"old": OLD_MODEL, "new": NEW_MODEL, "next": NEXT_MODEL}
 DEFAULT_WORLD: Final = WorldParams()
 
 
@@ -336,6 +340,6 @@ class SyntheticNewEncoder(SyntheticEncoder):
         super().__init__(NEW_MODEL, device=device, world=world)
 
 
-def synthetic_encoder(role: Role, device: str = "cpu") -> SyntheticEncoder:
-    """The default simulated encoder for a role."""
-    return SyntheticOldEncoder(device) if role == "old" else SyntheticNewEncoder(device)
+def synthetic_encoder(name: str, device: str = "cpu") -> SyntheticEncoder:
+    """The simulated model `synthetic-NAME` (old, new or next; the first two are the default roles' models)."""
+    return SyntheticEncoder(SYNTHETIC_MODELS[name], device=device)

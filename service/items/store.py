@@ -244,6 +244,25 @@ class ItemStore:
             self._connections.clear()
 
 
+def open_beside(folder: Path, ntotal: int, recorded: Any) -> ItemStore:
+    """The item store behind a gallery of `ntotal` rows that recorded `recorded` (its identity, or None).
+
+    ArtifactError in one line when it is another store (sha256) or holds another number of items.
+    """
+    store = ItemStore.open(folder)
+    mine = store.identity
+    if isinstance(recorded, dict) and recorded.get("sha256") not in (None, mine.sha256):
+        store.close()
+        raise ArtifactError(
+            f"item store {folder} is {mine.sha256[:12]}... ({mine.count:,} items), but the gallery was built "
+            f"from {str(recorded['sha256'])[:12]}... ({recorded.get('count')} items)"
+        )
+    if mine.count != ntotal:
+        store.close()
+        raise ArtifactError(f"item store {folder} holds {mine.count:,} items, but the gallery holds {ntotal:,}")
+    return store
+
+
 def _read_meta(folder: Path) -> dict[str, Any]:
     """items.json, checked for its fields; ArtifactError in one line naming it."""
     path = folder / META_NAME

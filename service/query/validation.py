@@ -15,18 +15,26 @@ from service.settings import ApiSettings, Settings
 from service.vocabulary import CLASS_HEADS, SEGMENT_MODES, Mode
 
 
-def served_modes(profile: CompatProfile, segment: bool) -> list[str]:
-    """What a request may ask for: the profile's modes, then hybrid and new beside a segment.
+def served_modes(settings: Settings, profile: CompatProfile) -> list[str]:
+    """What a request may ask for: the profile's modes, then hybrid and new beside a segment; new alone after cut-over.
 
     The segment holds new-model embeddings, so a head whose new query is logits (psp, lsp) has no segment modes.
     """
+    if settings.cut_over:
+        return [Mode.new]
+    segment = settings.index.segment_dir is not None
     beside = list(SEGMENT_MODES) if segment and profile.head not in CLASS_HEADS else []
     return [*profile.modes(), *beside]
 
 
 def default_mode(settings: Settings, profile: CompatProfile) -> str:
-    """The configured default mode, else hybrid beside a segment, else the profile's head; ArtifactError if unserved."""
-    served = served_modes(profile, settings.index.segment_dir is not None)
+    """The configured default mode, else new after the cut-over, else hybrid beside a segment, else the head.
+
+    ArtifactError when the profile (and segment) cannot serve it.
+    """
+    served = served_modes(settings, profile)
+    if settings.cut_over:
+        return Mode.new
     mode = settings.compat.default_mode or (Mode.hybrid if Mode.hybrid in served else profile.head)
     if mode not in {*served, Mode.compare}:
         hint = "; hybrid and new need NOBACKFILL_INDEX__SEGMENT_DIR" if mode in SEGMENT_MODES else ""
@@ -37,9 +45,9 @@ def default_mode(settings: Settings, profile: CompatProfile) -> str:
 
 
 def validate(
-    job: SearchJob, api: ApiSettings, max_nprobe: int | None, old: Encoder, new: Encoder, segment: bool = False
+    job: SearchJob, api: ApiSettings, max_nprobe: int | None, old: Encoder, new: Encoder, served: list[str]
 ) -> None:
-    """Check a request against the limits, its profile (and segment) and the gallery's nprobe; a 4xx error if bad."""
+    """Check a request against the limits, the modes `served` (served_modes) and the gallery's nprobe; 4xx if bad."""
     if not job.queries:
         raise InputError("queries must not be empty")
     if len(job.queries) > api.max_queries:
@@ -49,9 +57,8 @@ def validate(
     check_nprobe(job.nprobe, max_nprobe)  # before any encoder runs; the gallery checks it again
     if job.alpha is not None and not (math.isfinite(job.alpha) and 0.0 <= job.alpha <= 1.0):
         raise InputError(f"alpha must be in [0, 1], got {job.alpha}")
-    served = served_modes(job.profile, segment)
     if job.mode != Mode.compare and job.mode not in served:
-        needs_segment = job.mode in SEGMENT_MODES and not segment
+        needs_segment = job.mode in SEGMENT_MODES and Mode.new not in served
         hint = " (hybrid and new need a new-model segment: NOBACKFILL_INDEX__SEGMENT_DIR)" if needs_segment else ""
         raise UnsupportedMode(f"mode {job.mode!r} is not served by this profile; it serves {', '.join(served)}{hint}")
     if job.mode == Mode.compare and Mode.old not in served:

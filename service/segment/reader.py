@@ -1,18 +1,20 @@
 """The service's view of a segment: every published shard in memory, searchable, refreshed as shards appear.
 
-A `Snapshot` is immutable: blocks of rows (each one faiss IndexFlatIP, exact inner product), their
-gallery ids, and the sorted set of moved ids (an index.base.Exclusion, which the old gallery's
-search skips).  `Segment.refresh()` reads the shards published since the last snapshot, drops rows whose id
-is already in (an id moved by two writers at once keeps its first row), and swaps in a new snapshot
-in one assignment; a search holds the snapshot it started with, so a refresh never disturbs it.
-New shards form a new block; past MAX_BLOCKS the two smallest neighbours are merged, so a search
-runs a bounded number of flat scans.  A damaged shard (manifest, shape, values) is refused with one
-logged line, kept out, and not read again; the others keep serving.
+A `Snapshot` is immutable: blocks of rows (each one faiss inner-product index), their gallery ids,
+and the sorted set of moved ids (an index.base.Exclusion, which the old gallery's search skips).
+`Segment.refresh()` reads the shards published since the last snapshot, drops rows whose id is
+already in (an id moved by two writers at once keeps its first row), and swaps in a new snapshot in
+one assignment; a search holds the snapshot it started with, so a refresh never disturbs it.  New
+shards form a new block; past MAX_BLOCKS the two smallest neighbours are merged, so a search runs a
+bounded number of scans: exact below Indexing.ivf_rows rows, an IVF-Flat index above.  A damaged
+shard (manifest, shape, values) is refused with one logged line, kept out, and not read again; the
+others keep serving.
 """
 
 from __future__ import annotations
 
 import logging
+import math
 import threading
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -43,24 +45,53 @@ I64 = npt.NDArray[np.int64]
 
 
 @dataclass(frozen=True)
+class Indexing:
+    """How a block is indexed: exact (flat) below ivf_rows, an inverted file above it (searched at nprobe lists).
+
+    A flat scan costs time in proportion to the rows (about 11 ms for 50,000 rows of 768 floats on
+    one query here, docs/backfill.md), so a segment growing towards the whole gallery would slow every
+    hybrid search; an IVF-Flat block with sqrt(n) lists, trained on the block's own new-space rows,
+    scans about nprobe / sqrt(n) of them.
+    """
+
+    ivf_rows: int = 50_000
+    nprobe: int = 16
+
+    def index_of(self, vectors: F32) -> Any:
+        """A faiss index over `vectors` (copied in): flat, or IVF-Flat trained on them."""
+        n, dim = vectors.shape
+        data = np.ascontiguousarray(vectors, dtype=np.float32)
+        if n < self.ivf_rows:
+            flat = faiss.IndexFlatIP(dim)
+            flat.add(data)
+            return flat
+        nlist = int(math.sqrt(n))
+        index = faiss.IndexIVFFlat(faiss.IndexFlatIP(dim), dim, nlist, faiss.METRIC_INNER_PRODUCT)
+        index.cp.niter = 10
+        index.cp.seed = 0
+        sample = np.random.default_rng(0).choice(n, min(n, 40 * nlist), replace=False)
+        index.train(data[np.sort(sample)])
+        index.add(data)
+        index.make_direct_map()  # reconstruct_n, for a merge
+        index.nprobe = min(self.nprobe, nlist)
+        return index
+
+
+@dataclass(frozen=True)
 class Block:
-    """Rows searched together: one exact inner-product index and the gallery id of each row."""
+    """Rows searched together: one inner-product index (flat or IVF) and the gallery id of each row."""
 
     index: Any
     ids: I64
 
     @classmethod
-    def of(cls, vectors: F32, ids: I64) -> Block:
-        """A block over these rows (copied into faiss)."""
-        index = faiss.IndexFlatIP(vectors.shape[1])
-        index.add(np.ascontiguousarray(vectors, dtype=np.float32))
-        return cls(index, ids)
+    def of(cls, vectors: F32, ids: I64, indexing: Indexing | None = None) -> Block:
+        """A block over these rows (copied into faiss), indexed as `indexing` says."""
+        return cls((indexing or Indexing()).index_of(vectors), ids)
 
     def vectors(self) -> F32:
         """The block's rows back out of faiss (for a merge)."""
-        return np.asarray(faiss.rev_swig_ptr(self.index.get_xb(), self.index.ntotal * self.index.d)).reshape(
-            self.index.ntotal, self.index.d
-        )
+        return np.asarray(self.index.reconstruct_n(0, self.index.ntotal), dtype=np.float32)
 
 
 @dataclass(frozen=True)
@@ -106,41 +137,46 @@ class Snapshot:
         return _member(ids, self.moved)
 
 
-def _merge_smallest(blocks: list[Block]) -> list[Block]:
+def _merge_smallest(blocks: list[Block], indexing: Indexing) -> list[Block]:
     """Merge the adjacent pair with the fewest rows into one block."""
     sizes = [blocks[i].index.ntotal + blocks[i + 1].index.ntotal for i in range(len(blocks) - 1)]
     i = int(np.argmin(sizes))
     a, b = blocks[i], blocks[i + 1]
-    merged = Block.of(np.concatenate([a.vectors(), b.vectors()]), np.concatenate([a.ids, b.ids]))
+    merged = Block.of(np.concatenate([a.vectors(), b.vectors()]), np.concatenate([a.ids, b.ids]), indexing)
     return [*blocks[:i], merged, *blocks[i + 2 :]]
 
 
 class Segment:
     """A segment folder opened read-only by the service: the current snapshot and how to refresh it."""
 
-    def __init__(self, folder: Path, meta: SegmentMeta, *, created: bool = True) -> None:
+    def __init__(
+        self, folder: Path, meta: SegmentMeta, *, created: bool = True, indexing: Indexing | None = None
+    ) -> None:
         self.folder = folder
         self.meta = meta
+        self.indexing = indexing or Indexing()
         self.created = created  # False: no segment.json yet; each refresh looks for it
         self.snapshot = Snapshot(meta.dim)
         self.refused: dict[str, str] = {}  # shard name -> why it was refused
         self._refresh_lock = threading.Lock()
 
     @classmethod
-    def open(cls, folder: Path | str) -> Segment:
+    def open(cls, folder: Path | str, indexing: Indexing | None = None) -> Segment:
         """Read segment.json and every shard now; ArtifactError in one line when the folder is no segment."""
         folder = Path(folder)
-        segment = cls(folder, read_segment_meta(folder))
+        segment = cls(folder, read_segment_meta(folder), indexing=indexing)
         segment.refresh()
         return segment
 
     @classmethod
-    def beside(cls, folder: Path | str, model: ModelIdentity, gallery: GalleryRef) -> Segment:
+    def beside(
+        cls, folder: Path | str, model: ModelIdentity, gallery: GalleryRef, indexing: Indexing | None = None
+    ) -> Segment:
         """The service's segment for this new model and gallery; a folder not created yet serves as empty.
 
         A segment of another model or gallery is refused in one line (ArtifactError).
         """
-        segment = cls(Path(folder), SegmentMeta(model, gallery, ""), created=False)
+        segment = cls(Path(folder), SegmentMeta(model, gallery, ""), created=False, indexing=indexing)
         segment.refresh()
         return segment
 
@@ -178,9 +214,9 @@ class Segment:
                     moved = np.union1d(moved, ids)
             blocks = list(current.blocks)
             if ids_parts:
-                blocks.append(Block.of(np.concatenate(vec_parts), np.concatenate(ids_parts)))
+                blocks.append(Block.of(np.concatenate(vec_parts), np.concatenate(ids_parts), self.indexing))
                 while len(blocks) > MAX_BLOCKS:
-                    blocks = _merge_smallest(blocks)
+                    blocks = _merge_smallest(blocks, self.indexing)
             exclusion = current.exclusion if len(moved) == len(current.moved) else Exclusion(moved)
             self.snapshot = Snapshot(current.dim, tuple(blocks), (*current.shards, *loaded), moved, exclusion)
             return loaded
@@ -210,6 +246,7 @@ class Segment:
             "coverage": round(self.coverage, 6),
             "shards": len(snap.shards),
             "blocks": len(snap.blocks),
+            "ivf_blocks": sum(1 for block in snap.blocks if block.index.ntotal >= self.indexing.ivf_rows),
             "refused_shards": dict(self.refused),
         }
 

@@ -1,4 +1,4 @@
-"""`nobackfill traffic export` without the CLI, and reading an exported folder back for `fit --add-query-pairs`.
+"""`nobackfill traffic export` without the CLI (compat/io.py's load_query_pairs reads the folder back for fit).
 
     DIR/old_query.npy   [n, d_old] float32   old-model query embeddings, oldest pair first
     DIR/new_query.npy   [n, d_new] float32   the same queries through the new model
@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from service.encoders.identity import MODELS_JSON, ModelIdentity, read_models_json
+from service.encoders.identity import MODELS_JSON, ModelIdentity
 from service.errors import InputError
 from service.traffic.base import PairStore, parse_models_key
 
@@ -92,37 +92,3 @@ def export_pairs(store: PairStore, out: Path, *, limit: int | None = None, force
     (tmp / MODELS_JSON).write_text(json.dumps(meta, indent=2) + "\n", encoding="utf-8")
     replace_dir(tmp, out)
     return Exported(len(old), old_id, new_id, modalities, dict(refused))
-
-
-@dataclass(frozen=True)
-class QueryPairs:
-    """Unlabelled (new, old) query pairs from one exported folder, zero rows dropped."""
-
-    path: Path
-    new: F32
-    old: F32
-    old_model: ModelIdentity | None
-    new_model: ModelIdentity | None
-    zero_rows: int
-
-
-def load_query_pairs(folder: Path) -> QueryPairs:
-    """Read an exported folder (old_query.npy, new_query.npy, models.json when present); InputError naming the file."""
-    from service.compat.io import load_embeddings
-
-    if not folder.is_dir():
-        raise InputError(f"{folder}: not a directory")
-    old = load_embeddings(folder / OLD, allow_zero=True)
-    new = load_embeddings(folder / NEW, allow_zero=True)
-    if len(old) != len(new):
-        raise InputError(f"{folder / NEW}: {len(new)} rows but {OLD} has {len(old)}; rows must pair up")
-    keep = old.any(axis=1) & new.any(axis=1)
-    ids = read_models_json(folder)
-    old_model, new_model = ids if ids is not None else (None, None)
-    for identity, rows, side in ((old_model, old, "old"), (new_model, new, "new")):
-        if identity is not None and identity.dim != rows.shape[1]:
-            raise InputError(
-                f"{folder / MODELS_JSON}: the {side} model is {identity.dim}-d, but {side}_query.npy holds "
-                f"{rows.shape[1]}-d rows"
-            )
-    return QueryPairs(folder, new[keep], old[keep], old_model, new_model, int((~keep).sum()))

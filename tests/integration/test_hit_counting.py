@@ -12,11 +12,12 @@ from typing import Any
 
 import pytest
 import redis
-from conftest import Running, World, start_app
 
 from service import metrics
 from service.backfill.hits import read_hits
 from service.settings import CompatSettings, IndexSettings, Settings, TrafficSettings
+from tests.support.app import Running, start_app
+from tests.support.world import World
 
 QUERIES = [{"text": f"item-{i:010d} caption-1"} for i in (5, 50, 500, 5_000)]
 

@@ -20,10 +20,10 @@ import numpy as np
 import pytest
 from conftest import WORLD_GALLERY_SIZE, Running, World, cli, start_app
 
-from service.errors import ArtifactError
+from service.errors import ArtifactError, SettingsError
 from service.segment.layout import SHARDS, shard_names
 from service.segment.reader import Segment
-from service.settings import CompatSettings, IndexSettings, Settings
+from service.settings import CompatSettings, EncoderSettings, IndexSettings, Settings
 
 CAPTION = "item-{:010d} caption-1"
 QUERY_ITEMS = [3, 77, 512, 1_999, 4_242, 9_001, 12_345, 19_998]
@@ -51,10 +51,17 @@ def items(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def backfill(world: World, items: Path, segment: Path, *args: str | int) -> dict[str, Any]:
-    """`nobackfill backfill run ... --json` with the synthetic new model; its summary."""
+    """`nobackfill backfill run ... --json` with the synthetic new model beside the world's gallery; its summary."""
+    return backfill_with(items, segment, world.gallery_dir, world.profile_dir, "synthetic-new", *args)
+
+
+def backfill_with(
+    items: Path, segment: Path, gallery: Path, profile: Path, backend: str, *args: str | int
+) -> dict[str, Any]:
+    """`nobackfill backfill run ... --json` with these gallery, profile and model; its summary."""
     done = cli(
-        "backfill", "run", "--segment", segment, "--input", items, "--gallery", world.gallery_dir,
-        "--backend", "synthetic-new", "--profile", world.profile_dir, "--json", *args,
+        "backfill", "run", "--segment", segment, "--input", items, "--gallery", gallery,
+        "--backend", backend, "--profile", profile, "--json", *args,
     )  # fmt: skip
     assert done.returncode == 0, done.stderr
     return dict(json.loads(done.stdout))
@@ -180,4 +187,110 @@ async def test_a_segment_of_another_gallery_is_refused_at_start(world: World, tm
     (segment / "segment.json").write_text(json.dumps(document))
     with pytest.raises(ArtifactError, match="sits beside gallery abababababab"):
         async with serving(settings_for(world, segment)):
+            pass
+
+
+def test_a_backfill_with_another_model_than_the_profiles_is_refused_in_one_line(
+    world: World, items: Path, tmp_path: Path
+) -> None:
+    done = cli(
+        "backfill", "run", "--segment", tmp_path / "segment", "--input", items, "--gallery", world.gallery_dir,
+        "--backend", "synthetic-old", "--profile", world.profile_dir,
+    )  # fmt: skip
+    assert done.returncode == 2
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1 and "backfill with the profile's new model" in lines[0], done.stderr
+    assert not (tmp_path / "segment").exists()
+
+
+def cut_over_settings(segment: Path, tmp_path: Path) -> Settings:
+    """The new model alone over `segment`: the old gallery and profile are gone (their folders do not exist)."""
+    return Settings(
+        old=EncoderSettings(backend="none"),
+        index=IndexSettings(gallery_dir=tmp_path / "retired-gallery", segment_dir=segment),
+        compat=CompatSettings(profile_dir=tmp_path / "retired-profile"),
+    )
+
+
+async def test_after_the_cut_over_the_new_model_alone_answers_as_hybrid_did_at_100_percent(
+    world: World, full_segment: Path, tmp_path: Path
+) -> None:
+    async with serving(settings_for(world, full_segment)) as service:
+        hybrid = await search(service, "hybrid")
+    async with serving(cut_over_settings(full_segment, tmp_path)) as service:
+        default = (await service.search(queries=queries(), k=10)).json()["results"]
+        assert [r["ids"] for r in default] == [r["ids"] for r in hybrid]
+        assert {r["mode"] for r in default} == {"new"}
+        info = (await service.client.get("/v1/info")).json()
+        assert info["old_model"] == {"backend": "none"} and info["modes"] == ["new"]
+        assert info["gallery"]["backend"] == "segment" and info["gallery"]["coverage"] == 1.0
+        refused = await service.search(queries=queries(), k=10, mode="slerp")
+        assert refused.status_code == 400 and "serves new" in refused.json()["error"]["message"]
+        assert (await service.client.get("/readyz")).status_code == 200
+
+
+async def test_a_cut_over_before_every_item_moved_is_refused_at_start(
+    world: World, items: Path, tmp_path: Path
+) -> None:
+    segment = tmp_path / "segment"
+    backfill(world, items, segment, "--fraction", 0.3)
+    with pytest.raises(ArtifactError, match=r"holds 6,000 of the gallery's 20,000 items \(30.0%\)"):
+        async with serving(cut_over_settings(segment, tmp_path)):
+            pass
+
+
+def test_a_cut_over_without_a_segment_is_refused_in_one_line() -> None:
+    with pytest.raises(SettingsError) as refused:
+        Settings(old=EncoderSettings(backend="none"))
+    assert "NOBACKFILL_OLD__BACKEND=none (the cut-over) needs NOBACKFILL_INDEX__SEGMENT_DIR" in refused.value.message
+    assert "\n" not in refused.value.message
+
+
+async def test_the_finished_segment_is_the_gallery_of_the_next_upgrade(
+    items: Path, full_segment: Path, tmp_path: Path
+) -> None:
+    # synthetic-new replaced synthetic-old; now synthetic-next replaces synthetic-new, from the finished segment.
+    gallery, support, profile, segment = (tmp_path / name for name in ("gallery", "support", "profile", "segment"))
+    for args in (
+        ("gallery", "build", "--from-segment", full_segment, "--out", gallery, "--nlist", 64),
+        ("synth", "support", "--n", 2000, "--out", support, "--old-model", "new", "--new-model", "next"),
+        ("fit", support, "--out", profile, "--folds", 3),
+    ):
+        done = cli(*args)
+        assert done.returncode == 0, done.stderr
+    settings = Settings(
+        old=EncoderSettings(backend="synthetic-new"),
+        new=EncoderSettings(backend="synthetic-next"),
+        index=IndexSettings(gallery_dir=gallery, nprobe=64, segment_dir=segment),
+        compat=CompatSettings(profile_dir=profile),
+    )
+    async with serving(settings) as service:
+        await search(service, "slerp")
+        hybrid, slerp = await search(service, "hybrid"), await search(service, "slerp")
+        assert [r["ids"] for r in hybrid] == [r["ids"] for r in slerp]
+        # The bridge works over the new gallery: each caption's item is in its top-10 (R@10 is 0.99 there).
+        assert sum(item in r["ids"] for r, item in zip(hybrid, QUERY_ITEMS, strict=True)) >= len(QUERY_ITEMS) - 1
+    summary = backfill_with(items, segment, gallery, profile, "synthetic-next", "--fraction", 1.0)
+    assert summary["moved"] == WORLD_GALLERY_SIZE
+    async with serving(settings) as service:
+        after = await search(service, "hybrid")
+        new_queries = service.pipeline.new.encoder.encode([CAPTION.format(i) for i in QUERY_ITEMS], "text")
+    snapshot = Segment.open(segment).snapshot
+    ids = np.concatenate([block.ids for block in snapshot.blocks])
+    rows = np.concatenate([block.vectors() for block in snapshot.blocks])
+    reindexed = ids[np.argsort(-(new_queries @ rows.T), axis=1, kind="stable")[:, :10]]
+    assert [r["ids"] for r in after] == reindexed.tolist()
+
+
+async def test_the_item_store_is_opened_beside_the_gallery_and_another_is_refused(
+    world: World, items: Path, tmp_path: Path
+) -> None:
+    async with serving(settings_for(world, None, item_store=items)) as service:
+        info = (await service.client.get("/v1/info")).json()
+        assert info["items"]["count"] == WORLD_GALLERY_SIZE
+        assert service.pipeline.items.get_many([42, WORLD_GALLERY_SIZE]) == ["item-0000000042 image", None]
+    small = tmp_path / "small"
+    assert cli("synth", "items", "--size", 100, "--out", small).returncode == 0
+    with pytest.raises(ArtifactError, match="holds 100 items, but the gallery holds 20,000"):
+        async with serving(settings_for(world, None, item_store=small)):
             pass

@@ -1,0 +1,85 @@
+"""`backfill run` against `nobackfill encode` on the same items, rounds alternating: the rate ratio.
+
+    .venv/bin/python loadtest/bench_backfill_rate.py --items 100000 --rounds 5
+
+Writes N synthetic items as a text file, then per round runs `nobackfill encode` and `nobackfill
+backfill run --fraction 1` (a fresh segment) on them with the same batch size, in alternating order,
+and reads each one's own timing of its work (encode's seconds in its description, the run's seconds
+in its --json summary; neither counts the imports and the model load).  Prints both rates per round
+and the median ratio backfill / encode.  The synthetic encoder costs almost nothing, so the ratio is
+the shard writing's worst case (fsync, sha256, one rename per shard); a real model's encode time
+dominates both.  docs/backfill.md records a run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from service.encoders.synthetic import IMAGE_VIEW, format_item  # noqa: E402
+
+NOBACKFILL = [sys.executable, "-m", "service.cli"]
+
+
+def _run(*args: str | Path) -> str:
+    """stdout of one nobackfill command; raise with its stderr when it fails."""
+    done = subprocess.run([*NOBACKFILL, *map(str, args)], capture_output=True, text=True, cwd=ROOT, check=False)
+    if done.returncode != 0:
+        raise RuntimeError(f"nobackfill {' '.join(map(str, args))}: {done.stderr[-2000:]}")
+    return done.stdout
+
+
+def _encode_s(work: Path, items: Path, batch: int) -> float:
+    """Seconds `encode` reports for its work."""
+    _run("encode", "--backend", "synthetic-new", "--input", items, "--out", work / "e.npy", "--batch-size", batch,
+         "--force")  # fmt: skip
+    return float(json.loads((work / "e.json").read_text())["seconds"])
+
+
+def _backfill_s(work: Path, items: Path, gallery: Path, batch: int) -> float:
+    """Seconds `backfill run` reports for moving every item into a fresh segment."""
+    shutil.rmtree(work / "segment", ignore_errors=True)
+    out = _run("backfill", "run", "--segment", work / "segment", "--input", items, "--gallery", gallery,
+               "--backend", "synthetic-new", "--batch-size", batch, "--fraction", "1", "--json")  # fmt: skip
+    return float(json.loads(out)["seconds"])
+
+
+def main() -> None:
+    """Parse flags, run the rounds in a temporary folder, print the table and the median ratio."""
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--items", type=int, default=100_000)
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--batch-size", type=int, default=64)
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory() as tmp:
+        work = Path(tmp)
+        items = work / "items.txt"
+        items.write_text("\n".join(format_item(i, IMAGE_VIEW) for i in range(args.items)) + "\n")
+        _run("gallery", "build", "--size", str(args.items), "--out", work / "gallery")
+        ratios = []
+        for round_ in range(args.rounds):
+            took = {}
+            for name in ("encode", "backfill") if round_ % 2 == 0 else ("backfill", "encode"):
+                took[name] = (
+                    _encode_s(work, items, args.batch_size)
+                    if name == "encode"
+                    else _backfill_s(work, items, work / "gallery", args.batch_size)
+                )
+            encode_rate, backfill_rate = args.items / took["encode"], args.items / took["backfill"]
+            ratios.append(backfill_rate / encode_rate)
+            print(f"round {round_ + 1}: encode {encode_rate:,.0f} items/s, backfill {backfill_rate:,.0f} items/s, "
+                  f"ratio {ratios[-1]:.2f}")  # fmt: skip
+        print(f"median ratio backfill / encode over {args.rounds} rounds: {statistics.median(ratios):.2f}")
+
+
+if __name__ == "__main__":
+    main()

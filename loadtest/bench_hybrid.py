@@ -1,0 +1,119 @@
+"""Hybrid search against the compatible service, side by side in one run: p50 / p99 ratios at moved shares.
+
+    .venv/bin/python loadtest/bench_hybrid.py --items 1000000 --moved 0.1,0.5 --queries 400
+
+Builds once into --work (kept between runs): a synthetic gallery of N items, its item store, a
+profile, and one segment per moved share (`backfill run --order random`, each share a copy of the
+previous one carried further).  Then one in-process Pipeline per variant: the compatible service (no
+segment, its head's mode) and hybrid at each share, timing the same one-query requests interleaved
+(benchlib.interleave).  The synthetic encoders cost well under a millisecond, so the ratios are the
+search path's own, the worst case; a real model's 10-30 ms per query dilutes them.
+docs/backfill.md records a run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import shutil
+import sys
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from loadtest.benchlib import cli, interleave, percentiles, ratio_interval, table  # noqa: E402
+from service.pipeline import Pipeline  # noqa: E402
+from service.query.job import Query  # noqa: E402
+from service.settings import CompatSettings, IndexSettings, Settings  # noqa: E402
+from service.vocabulary import Modality  # noqa: E402
+
+CAPTION = "item-{:010d} caption-1"
+
+
+def build(work: Path, items: int, moved: list[float]) -> dict[float, Path]:
+    """The world's artifacts in `work` (what exists is kept); the segment folder of each moved share."""
+    if not (work / "gallery" / "gallery.json").exists():
+        cli("synth", "items", "--size", str(items), "--out", work / "items", "--force")
+        cli("gallery", "build", "--size", str(items), "--out", work / "gallery", "--items", work / "items", "--force")
+    if not (work / "profile" / "profile.json").exists():
+        cli("synth", "support", "--n", "4000", "--out", work / "support", "--force")
+        cli("fit", work / "support", "--out", work / "profile", "--folds", "3", "--force")
+    segments, previous = {}, None
+    for share in sorted(moved):
+        folder = work / f"segment-{share:g}"
+        if not (folder / "segment.json").exists():
+            if previous is not None:
+                shutil.copytree(previous, folder)
+            cli(
+                "backfill", "run", "--segment", folder, "--input", work / "items", "--gallery", work / "gallery",
+                "--backend", "synthetic-new", "--order", "random", "--fraction", f"{share:g}", "--batch-size", "256",
+            )  # fmt: skip
+        segments[share], previous = folder, folder
+    return segments
+
+
+def settings(work: Path, segment: Path | None, nprobe: int) -> Settings:
+    """One variant's settings: the world, with or without a segment."""
+    return Settings(
+        index=IndexSettings(gallery_dir=work / "gallery", nprobe=nprobe, segment_dir=segment, segment_refresh_s=3600),
+        compat=CompatSettings(profile_dir=work / "profile"),
+    )
+
+
+async def measure(work: Path, segments: dict[float, Path], queries: int, items: int, nprobe: int) -> dict[str, Any]:
+    """Time every variant on the same queries, interleaved; rows of p50 / p99 and their ratios to compat."""
+    variants = {"compat": await Pipeline.build(settings(work, None, nprobe))}
+    for share, folder in segments.items():
+        variants[f"hybrid {share:.0%}"] = await Pipeline.build(settings(work, folder, nprobe))
+    texts = [CAPTION.format((i * 7919) % items) for i in range(queries)]
+    try:
+        for pipeline in variants.values():  # warm: every query's old row cached, every thread started
+            for text in texts[:20]:
+                await pipeline.search([Query(Modality.text, text)], k=10)
+        calls = {
+            name: (lambda i, p=pipeline: p.search([Query(Modality.text, texts[i])], k=10))
+            for name, pipeline in variants.items()
+        }
+        samples = await interleave(calls, queries)
+    finally:
+        for pipeline in variants.values():
+            await pipeline.aclose()
+    rows = []
+    base = percentiles(samples["compat"])
+    for name, times in samples.items():
+        stats = percentiles(times)
+        low, high = ratio_interval(times, samples["compat"], 0.5)
+        rows.append(
+            {
+                "variant": name,
+                **stats,
+                "p50_ratio": stats["p50_ms"] / base["p50_ms"],
+                "p50_ratio_95ci": f"{low:.3f}-{high:.3f}",
+                "p99_ratio": stats["p99_ms"] / base["p99_ms"],
+            }
+        )
+    return {"items": items, "queries": queries, "nprobe": nprobe, "rows": rows}
+
+
+def main() -> None:
+    """Parse flags, build what is missing, measure, print the table (and JSON with --json)."""
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--items", type=int, default=100_000)
+    parser.add_argument("--moved", default="0.1,0.5", help="Moved shares, comma-separated.")
+    parser.add_argument("--queries", type=int, default=300)
+    parser.add_argument("--nprobe", type=int, default=16)
+    parser.add_argument("--work", type=Path, default=ROOT / "loadtest" / "results" / "hybrid")
+    parser.add_argument("--json", action="store_true")
+    args = parser.parse_args()
+    work = args.work / f"{args.items}"
+    work.mkdir(parents=True, exist_ok=True)
+    segments = build(work, args.items, [float(s) for s in args.moved.split(",")])
+    result = asyncio.run(measure(work, segments, args.queries, args.items, args.nprobe))
+    print(json.dumps(result) if args.json else table(result["rows"]))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,102 @@
+"""After the cut-over (NOBACKFILL_OLD__BACKEND=none): the finished segment served alone, by the new model alone.
+
+Once every gallery item has moved, hybrid answers what `new` answers, and the old encoder, the old
+gallery and the compat profile serve no request.  The service then opens the segment as its only
+gallery (`SegmentGallery`), refuses a segment that is not complete or not the new model's, and
+carries a stand-in profile that only says the new model's id and width (`cutover_profile`); `new` is
+the one mode it serves.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from service.compat.profile import CompatProfile
+from service.encoders.identity import ModelIdentity
+from service.errors import ArtifactError
+from service.index.base import Exclusion, Hits
+from service.segment.reader import Indexing, Segment
+
+
+def open_finished(folder: Path, model: ModelIdentity, indexing: Indexing) -> Segment:
+    """The segment at `folder`, refused in one line unless it is `model`'s and holds every gallery item."""
+    segment = Segment.open(folder, indexing)
+    found = segment.meta.model
+    if not found.same_model(model):
+        raise ArtifactError(
+            f"segment {folder} holds rows of {found.backend} {found.model_id} (dim {found.dim}), not of the new "
+            f"model {model.backend} {model.model_id} (dim {model.dim})"
+        )
+    moved, total = segment.snapshot.count, segment.meta.gallery.ntotal
+    if moved < total:
+        raise ArtifactError(
+            f"segment {folder} holds {moved:,} of the gallery's {total:,} items ({moved / total:.1%}); "
+            "cut over (NOBACKFILL_OLD__BACKEND=none) once `nobackfill backfill status` says 100 %"
+        )
+    return segment
+
+
+def cutover_profile(model: ModelIdentity) -> CompatProfile:
+    """A stand-in profile for the new model alone: its id and width on both sides, no map, nothing fitted."""
+    return CompatProfile(
+        head="aligned",
+        old_model_id=model.model_id,
+        new_model_id=model.model_id,
+        old_dim=model.dim,
+        new_dim=model.dim,
+        alphas={},
+        params={},
+        fit_on="none: cut over to the new model",
+        folds=0,
+        fit_report={},
+        tensors={},
+        models={"old": model.as_dict(), "new": model.as_dict()},
+    )
+
+
+class SegmentGallery:
+    """A finished segment as the service's gallery (index/base.py's GalleryBackend)."""
+
+    backend = "segment"
+
+    def __init__(self, segment: Segment) -> None:
+        self.segment = segment
+        self.dim = segment.meta.dim
+        self.ntotal = segment.meta.gallery.ntotal
+        # The frozen gallery it replaced, by the fingerprint it was created beside.
+        self.fingerprint = f"segment:{segment.meta.gallery.fingerprint}"
+        self.meta: dict[str, Any] = {"old_model": segment.meta.model.as_dict()}
+
+    @property
+    def max_nprobe(self) -> int | None:
+        """No request nprobe: the segment's blocks search at index.segment_nprobe."""
+        return None
+
+    def search(
+        self,
+        queries: npt.ArrayLike,
+        k: int,
+        nprobe: int,  # noqa: ARG002 (the protocol's; the blocks search at index.segment_nprobe)
+        exclude: Exclusion | None = None,  # noqa: ARG002 (nothing is excluded after the cut-over)
+    ) -> Hits:
+        """Top-k over every block of the segment."""
+        return self.segment.snapshot.search(np.asarray(queries, dtype=np.float32), k)
+
+    def describe(self) -> dict[str, Any]:
+        """What /v1/info reports: the segment in place of the retired gallery."""
+        return {"backend": self.backend, "ntotal": self.ntotal, "dim": self.dim, **self.segment.describe()}
+
+    def problem(self) -> str | None:
+        """In memory: nothing can go away."""
+        return None
+
+    def probe(self) -> str | None:
+        """In memory: always answers."""
+        return None
+
+    def close(self) -> None:
+        """Nothing to release."""

@@ -1,0 +1,290 @@
+"""Encoders in child processes (`isolation: process`): same rows, failures that stay contained, no orphans.
+
+The child runs the configured backend itself (`python -m service.encoders.process`); these tests use
+the synthetic models (real torch, deterministic) so each child starts in a second or two.  The real
+MiniLM runs in a child in tests/system/test_real_serving_text.py, where `auto` puts it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import time
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+
+import numpy as np
+import psutil
+import pytest
+
+from service import metrics
+from service.encoders.batcher import MicroBatcher
+from service.encoders.process import ProcessEncoder, isolation_of
+from service.encoders.registry import create_encoder
+from service.errors import ArtifactError, EncoderFailed, EncoderProcessExited, EncoderTimeout, InputError
+from service.pipeline import Pipeline
+from service.settings import CacheSettings, CompatSettings, EncoderSettings, IndexSettings, Settings
+from tests.support.app import Running, start_app
+from tests.support.faulty_encoder import plugin_path
+from tests.support.world import World
+
+TEXTS = ["item-0000000007 caption-1", "item-0000000042 caption-2", "item-0000001234 caption-3"]
+
+
+def encoder_children() -> set[int]:
+    """Pids of this process's encoder children still running."""
+    found = set()
+    for child in psutil.Process().children(recursive=True):
+        try:
+            if "service.encoders.process" in child.cmdline() and child.status() != psutil.STATUS_ZOMBIE:
+                found.add(child.pid)
+        except psutil.NoSuchProcess:
+            continue
+    return found
+
+
+def wait_until_gone(pids: set[int], timeout_s: float = 10.0) -> set[int]:
+    """The pids of `pids` still running after up to timeout_s."""
+    deadline = time.monotonic() + timeout_s
+    while (left := pids & encoder_children()) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return left
+
+
+def settings_for(world: World, isolation: str) -> Settings:
+    """The synthetic world served with both encoders under `isolation`, no cache."""
+    return Settings(
+        old=EncoderSettings(backend="synthetic-old", device="cpu", isolation=isolation),
+        new=EncoderSettings(backend="synthetic-new", device="cpu", isolation=isolation),
+        index=IndexSettings(gallery_dir=world.gallery_dir, nprobe=8),
+        compat=CompatSettings(profile_dir=world.profile_dir),
+        cache=CacheSettings(lru_size=0),
+    )
+
+
+@pytest.fixture(scope="module")
+def child() -> Iterator[ProcessEncoder]:
+    """One synthetic-new encoder in a child process, shared by the tests that only read from it."""
+    encoder = ProcessEncoder(EncoderSettings(backend="synthetic-new", device="cpu"), "new")
+    yield encoder
+    encoder.close()
+
+
+def test_the_child_returns_the_rows_and_facts_of_the_same_encoder_in_process(child: ProcessEncoder) -> None:
+    local = create_encoder(EncoderSettings(backend="synthetic-new", device="cpu"), "new")
+    rows = child.encode(TEXTS)
+    assert rows.dtype == np.float32 and rows.shape == (3, local.dim)
+    np.testing.assert_array_equal(rows, local.encode(TEXTS))
+    assert (child.dim, child.model_id, child.device) == (local.dim, local.model_id, local.device)
+    assert child.pid is not None and child.pid != os.getpid()
+
+
+def test_ctrl_c_or_sigterm_to_the_process_group_leaves_the_child_to_its_parent(child: ProcessEncoder) -> None:
+    # The parent drains its requests first and then stops its children; they must not die under it.
+    assert child.pid is not None
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        os.kill(child.pid, sig)
+    time.sleep(0.3)
+    assert child.encode(TEXTS[:1]).shape == (1, child.dim)
+
+
+def test_a_child_killed_between_calls_is_replaced_before_the_next_call() -> None:
+    encoder = ProcessEncoder(EncoderSettings(backend="synthetic-old", device="cpu"), "old")
+    try:
+        before = encoder.encode(TEXTS)
+        first_pid = encoder.pid
+        assert first_pid is not None
+        os.kill(first_pid, signal.SIGKILL)
+        # Dead and reapable, not only dying: a zombie leader whose other threads still exit is not yet.
+        while os.waitid(os.P_PID, first_pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is None:
+            time.sleep(0.01)
+        np.testing.assert_array_equal(encoder.encode(TEXTS), before)  # no call of its was in flight: none fails
+        assert encoder.pid not in (None, first_pid)
+    finally:
+        encoder.close()
+    assert encoder.pid is None
+    with pytest.raises(EncoderProcessExited, match="stopped"):
+        encoder.encode(TEXTS)
+
+
+def test_a_child_that_cannot_build_its_encoder_refuses_with_the_childs_message(tmp_path: Path) -> None:
+    missing = tmp_path / "no-model-here"
+    before = encoder_children()
+    with pytest.raises(InputError, match=f"model folder {missing} does not exist"):
+        ProcessEncoder(EncoderSettings(backend="sentence-transformers", path=str(missing)), "old")
+    assert encoder_children() == before
+
+
+@pytest.fixture
+def hang_load_plugin(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Encoder children find backend `faulty-hang-load` (tests/support/faulty_encoder.py), loading FAULTY_LOAD_S."""
+    monkeypatch.setenv("PYTHONPATH", plugin_path(tmp_path / "plugin"))
+    # Far longer than any deadline below: were a hung load waited for, the test would see it load instead.
+    monkeypatch.setenv("FAULTY_LOAD_S", "60")
+
+
+@pytest.mark.usefixtures("hang_load_plugin")
+def test_a_child_that_hangs_while_loading_is_killed_at_the_load_deadline() -> None:
+    before = encoder_children()
+    hung = EncoderSettings(backend="faulty-hang-load", device="cpu", load_timeout_s=1.0)
+    with pytest.raises(EncoderFailed, match=r"within 1 s \(NOBACKFILL_NEW__LOAD_TIMEOUT_S\); it was killed"):
+        ProcessEncoder(hung, "new")
+    assert encoder_children() == before  # killed and reaped: not even a zombie is left
+
+
+@pytest.mark.usefixtures("hang_load_plugin")
+async def test_a_start_that_hangs_while_loading_fails_in_one_line_and_leaves_no_child(world: World) -> None:
+    settings = settings_for(world, "thread")
+    settings.new = EncoderSettings(backend="faulty-hang-load", device="cpu", isolation="process", load_timeout_s=1.0)
+    before = encoder_children()
+    with pytest.raises(EncoderFailed) as refused:
+        await Pipeline.build(settings)
+    assert refused.value.message == (
+        "new encoder (NOBACKFILL_NEW__BACKEND=faulty-hang-load): the encoder process did not load the model "
+        "within 1 s (NOBACKFILL_NEW__LOAD_TIMEOUT_S); it was killed"
+    )
+    assert encoder_children() == before
+
+
+@pytest.mark.usefixtures("hang_load_plugin")
+async def test_an_interrupt_while_the_child_is_replaced_keeps_the_timed_out_batch_off_the_new_child(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("FAULTY_LOAD_S", "0")
+    monkeypatch.setenv("FAULTY_HANG_S", "3600")  # a batch marked !hang never returns in the child
+    encoder = ProcessEncoder(EncoderSettings(backend="faulty-hang-load", device="cpu"), "new")
+    batcher = MicroBatcher([encoder], max_batch_size=8, max_wait_ms=0, name="new", timeout_s=0.5)
+    await batcher.start()
+    try:
+        expected = await batcher.encode(TEXTS)
+        before, dead_pid = restarts("new"), encoder.pid
+        assert dead_pid is not None
+        monkeypatch.setenv("FAULTY_LOAD_S", "2")  # the replacement loads for longer than the batcher waits
+        os.kill(dead_pid, signal.SIGKILL)
+        while os.waitid(os.P_PID, dead_pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is None:
+            await asyncio.sleep(0.01)
+        # The call finds its child dead and waits for a new one; the batcher gives up and interrupts it
+        # while no child is there to kill.  Sent to the new child, the batch would hang it for good.
+        with pytest.raises(EncoderTimeout):
+            await batcher.encode([f"!hang {TEXTS[0]}"])
+        assert batcher.problem() is not None  # the replica is stuck in that call until the new child is ready
+        for _ in range(300):  # bounded: the load takes 2 s and a synthetic model's start a few more
+            if batcher.problem() is None:
+                break
+            await asyncio.sleep(0.1)
+        assert batcher.problem() is None, "the replica stayed stuck: the timed-out batch ran on the new child"
+        np.testing.assert_array_equal(await batcher.encode(TEXTS), expected)
+        assert encoder.pid not in (None, dead_pid) and restarts("new") == before + 1
+    finally:
+        encoder.interrupt()  # were the batch running on the new child, this ends it so the test can stop
+        await batcher.stop()
+        encoder.close()
+
+
+def test_what_the_model_raises_in_the_child_is_raised_here() -> None:
+    encoder = ProcessEncoder(EncoderSettings(backend="external", dim=8, model_id="clients-encode"), "old")
+    try:
+        with pytest.raises(InputError, match="takes precomputed embeddings"):
+            encoder.encode(["some text"])
+        assert encoder.pid is not None  # the child lives on: a raising model is not a dead process
+    finally:
+        encoder.close()
+
+
+def test_auto_puts_the_built_in_model_backends_in_a_process() -> None:
+    for backend, expected in (
+        ("sentence-transformers", "process"),
+        ("clip", "process"),
+        ("synthetic-new", "thread"),
+        ("external", "thread"),
+        ("my-plugin", "thread"),
+    ):
+        assert isolation_of(EncoderSettings(backend=backend)) == expected, backend
+    assert isolation_of(EncoderSettings(backend="clip", isolation="thread")) == "thread"
+    assert isolation_of(EncoderSettings(backend="synthetic-new", isolation="process")) == "process"
+
+
+@pytest.fixture
+async def isolated(world: World) -> AsyncIterator[Running]:
+    """The synthetic world served over HTTP with both encoders in child processes."""
+    async for running in start_app(settings_for(world, "process")):
+        yield running
+
+
+async def test_served_from_child_processes_answers_as_in_process(world: World, isolated: Running) -> None:
+    info = (await isolated.client.get("/v1/info")).json()
+    assert info["old_model"]["isolation"] == info["new_model"]["isolation"] == "process"
+    pipeline = isolated.pipeline
+    assert {pipeline.old.replicas[0].pid, pipeline.new.replicas[0].pid} <= encoder_children()
+    body = {"queries": [{"text": t} for t in TEXTS], "k": 10, "mode": "slerp"}
+    from_children = (await isolated.client.post("/v1/search", json=body)).json()["results"]
+    async for running in start_app(settings_for(world, "thread")):
+        in_process = (await running.client.post("/v1/search", json=body)).json()["results"]
+    assert [r["ids"] for r in from_children] == [r["ids"] for r in in_process]
+    np.testing.assert_allclose(
+        [r["scores"] for r in from_children], [r["scores"] for r in in_process], rtol=0, atol=1e-6
+    )
+
+
+def restarts(role: str) -> float:
+    """nobackfill_encoder_process_restarts_total of one encoder."""
+    return metrics.REGISTRY.get_sample_value("nobackfill_encoder_process_restarts_total", {"encoder": role}) or 0.0
+
+
+async def ready_again(running: Running) -> None:
+    """Wait (bounded) until /readyz is 200: a replica whose child is being replaced is not ready."""
+    for _ in range(200):
+        if (await running.client.get("/readyz")).status_code == 200:
+            return
+        await asyncio.sleep(0.05)
+
+
+async def test_a_child_dead_or_stuck_mid_call_fails_that_request_only_and_is_replaced(world: World) -> None:
+    settings = settings_for(world, "process")
+    settings.old.isolation = "thread"  # one child to start, not two
+    # 300 ms a text: one is still running 0.1 s in, 40 (12 s) outlive the timeout, which leaves a
+    # killed child the time to be replaced within its call.
+    settings.new = EncoderSettings(
+        backend="synthetic-new",
+        device="cpu",
+        isolation="process",
+        timeout_s=6.0,
+        simulated_cost_per_item_ms=300,
+        max_batch_size=64,
+    )
+    async for running in start_app(settings):
+        new = running.pipeline.new.replicas[0]
+        # Killed during its call (an OOM kill, a crash): that request is a 500, the next one is served.
+        before, dead_pid = restarts("new"), new.pid
+        request = asyncio.create_task(running.search(queries=[{"text": TEXTS[0]}], k=5))
+        await asyncio.sleep(0.1)
+        os.kill(dead_pid, signal.SIGKILL)
+        failed = await request
+        assert failed.status_code == 500 and failed.json()["error"]["code"] == "encoder_failed"
+        assert restarts("new") == before + 1 and new.pid not in (None, dead_pid)
+        served = await running.search(queries=[{"text": TEXTS[0]}], k=5)
+        assert served.status_code == 200, served.text
+        # Stuck past the timeout: a 504, and the child is killed, not left to finish its 12 s.
+        stuck_pid = new.pid
+        slow = await running.search(queries=[{"text": TEXTS[i % 3]} for i in range(40)], k=5)
+        assert slow.status_code == 504 and slow.json()["error"]["code"] == "encoder_timeout"
+        assert wait_until_gone({stuck_pid}) == set()
+        await ready_again(running)
+        served = await running.search(queries=[{"text": TEXTS[0]}], k=5)
+        assert served.status_code == 200, served.text
+        assert new.pid not in (None, stuck_pid) and restarts("new") == before + 2
+
+
+async def test_no_encoder_process_outlives_the_service_or_a_refused_start(world: World) -> None:
+    before = encoder_children()
+    async for running in start_app(settings_for(world, "process")):
+        pids = {replica.pid for b in (running.pipeline.old, running.pipeline.new) for replica in b.replicas}
+        assert len(pids) == 2 and pids <= encoder_children()
+    assert wait_until_gone(pids) == set()
+    # The old encoder's 768-d rows do not fit the 512-d gallery: the start is refused after both children started.
+    mismatched = settings_for(world, "process")
+    mismatched.old = EncoderSettings(backend="synthetic-new", device="cpu", isolation="process")
+    with pytest.raises(ArtifactError, match="768-d"):
+        await Pipeline.build(mismatched)
+    assert wait_until_gone(encoder_children() - before) == set()

@@ -1,0 +1,38 @@
+"""Searching the frozen gallery without the moved items: faiss' id selector and the over-fetch fallback agree."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from service.index.base import Exclusion, excluding_by_overfetch
+from service.index.gallery import Gallery
+from tests.support.world import World
+
+
+def test_selector_and_overfetch_drop_exactly_the_excluded_ids(world: World) -> None:
+    gallery = Gallery.load(world.gallery_dir)
+    rng = np.random.default_rng(0)
+    queries = rng.standard_normal((8, gallery.dim)).astype(np.float32)
+    queries /= np.linalg.norm(queries, axis=1, keepdims=True)
+    _, top = gallery.search(queries, 40, 16)
+    moved = np.unique(np.concatenate([top[:, :25].ravel(), rng.integers(0, gallery.ntotal, 500)]))
+    exclusion = Exclusion(moved)
+    scores, ids = gallery.search(queries, 10, 16, exclude=exclusion)
+    assert not np.isin(ids, moved).any()
+    wide_s, wide_i = gallery.search(queries, 400, 16)
+    for row in range(len(queries)):
+        kept = ~np.isin(wide_i[row], moved)
+        assert ids[row].tolist() == wide_i[row][kept][:10].tolist()
+        np.testing.assert_allclose(scores[row], wide_s[row][kept][:10], rtol=1e-6)
+    over_s, over_i = excluding_by_overfetch(gallery.search, queries, 10, 16, exclusion)
+    assert (over_i == ids).all()
+    np.testing.assert_allclose(over_s, scores, rtol=1e-6)
+
+
+def test_excluding_everything_leaves_padding() -> None:
+    def search(q: np.ndarray, k: int, _nprobe: int) -> tuple[np.ndarray, np.ndarray]:
+        ids = np.tile(np.arange(k), (len(q), 1)) % 5  # a gallery of five items
+        return np.ones((len(q), k), np.float32), np.where(np.arange(k) < 5, ids, -1)
+
+    scores, ids = excluding_by_overfetch(search, np.zeros((2, 3), np.float32), 4, 1, Exclusion(np.arange(5)))
+    assert (ids == -1).all() and np.isneginf(scores).all()

@@ -1,0 +1,57 @@
+"""`nobackfill` from a test: in this process (same parsing, exit code, error line) or as a subprocess."""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+NOBACKFILL = [sys.executable, "-m", "service.cli"]
+
+
+@dataclass(frozen=True)
+class Done:
+    """Exit code and output of one in-process `nobackfill` run."""
+
+    returncode: int
+    stdout: str
+    stderr: str
+
+
+def cli(*args: str | int | Path) -> Done:
+    """Run `nobackfill ARGS` in this process through service.cli.main (exit code 2 on our errors)."""
+    from service.cli import main as cli_main
+
+    out, err = io.StringIO(), io.StringIO()
+    code: int | str | None = 0
+    argv = sys.argv
+    sys.argv = ["nobackfill", *map(str, args)]
+    try:
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            cli_main()
+    except SystemExit as exc:
+        code = exc.code
+    finally:
+        sys.argv = argv
+    return Done(code if isinstance(code, int) else 1, out.getvalue(), err.getvalue())
+
+
+def run_cli(*args: str | Path, check: bool = True) -> subprocess.CompletedProcess[str]:
+    """Run `nobackfill ARGS` as a user would; fail the test with its output if `check` and it fails."""
+    done = subprocess.run([*NOBACKFILL, *map(str, args)], capture_output=True, text=True, check=False)
+    if check and done.returncode != 0:
+        pytest.fail(f"nobackfill {' '.join(map(str, args))} exited {done.returncode}:\n{done.stderr}")
+    return done
+
+
+def write_pairs(path: Path, rows: list[dict[str, Any] | str]) -> Path:
+    """A pairs JSONL file; strings are written verbatim."""
+    path.write_text("\n".join(r if isinstance(r, str) else json.dumps(r) for r in rows) + "\n", encoding="utf-8")
+    return path

@@ -1,0 +1,44 @@
+"""The session's synthetic world (gallery + support set + profile, built through the CLI) and the real one's size."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from service.settings import CompatSettings, IndexSettings, Settings
+from tests.support.cli import run_cli
+
+WORLD_GALLERY_SIZE = 20_000
+WORLD_SUPPORT_SIZE = 4_000
+CAPTION = "item-{:010d} caption-1"  # the text query of world item i: CAPTION.format(i)
+REAL_VOCAB_LIMIT = 3000  # ~2,000 frequent words and the single characters: distils in a few seconds
+
+
+@dataclass(frozen=True)
+class World:
+    """Artifacts of a small synthetic upgrade: gallery, support set, profile."""
+
+    gallery_dir: Path
+    support_dir: Path
+    profile_dir: Path
+
+
+def build_world(root: Path) -> World:
+    """A 20k-item gallery and a profile fitted on a disjoint 4k support set, under `root` (reused if complete)."""
+    world = World(root / "gallery", root / "support", root / "profile")
+    if (world.profile_dir / "profile.json").exists():
+        return world
+    run_cli("gallery", "build", "--size", WORLD_GALLERY_SIZE, "--out", world.gallery_dir, "--nlist", 64)
+    run_cli("synth", "support", "--n", WORLD_SUPPORT_SIZE, "--out", world.support_dir)
+    run_cli("fit", world.support_dir, "--out", world.profile_dir, "--folds", 3)
+    return world
+
+
+def make_settings(world: World, **overrides: Any) -> Settings:
+    """Settings that point at the world (nprobe 16), with other sections overridden."""
+    return Settings(
+        index=IndexSettings(gallery_dir=world.gallery_dir, nprobe=16),
+        compat=CompatSettings(profile_dir=world.profile_dir),
+        **overrides,
+    )
