@@ -1,6 +1,6 @@
 """The served latency with a throttled `backfill run` on the same box, against none, phases alternating.
 
-    .venv/bin/python loadtest/bench_backfill_share.py --items 100000 --rate 1000 --threads 1 --qps 40 --phase-s 20
+    .venv/bin/python loadtest/bench_backfill_share.py --items 100000 --rate 1000 --threads 1 --nice 10 --phase-s 20
 
 Uses the synthetic world bench_hybrid.py builds (its gallery, item store and profile; built here
 when missing).  Starts `nobackfill serve` on it (no segment: the backfill shares the CPU, not the
@@ -60,7 +60,7 @@ def main() -> None:
     parser.add_argument("--items", type=int, default=100_000)
     parser.add_argument("--rate", type=float, default=2000.0, help="backfill --rate (items/s)")
     parser.add_argument("--threads", type=int, default=1, help="backfill --threads (torch CPU threads)")
-    parser.add_argument("--nice", type=int, default=0, help="run the backfill under `nice -n N`")
+    parser.add_argument("--nice", type=int, default=0, help="backfill --nice (its CPU priority below the service's)")
     parser.add_argument("--qps", type=float, default=40.0)
     parser.add_argument("--phase-s", type=float, default=20.0)
     parser.add_argument("--work", type=Path, default=ROOT / "loadtest" / "results" / "hybrid")
@@ -95,7 +95,7 @@ def main() -> None:
                     segment = Path(scratch) / "segment"
                     shutil.rmtree(segment, ignore_errors=True)
                     command = [
-                        "nice", "-n", str(args.nice), *NOBACKFILL, "backfill", "run", "--segment", str(segment),
+                        *NOBACKFILL, "backfill", "run", "--nice", str(args.nice), "--segment", str(segment),
                         "--input", str(work / "items"), "--gallery", str(work / "gallery"), "--backend",
                         "synthetic-new", "--order", "random", "--rate", str(args.rate), "--threads", str(args.threads),
                         "--json",

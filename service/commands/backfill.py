@@ -50,9 +50,17 @@ def run(
     ),
     device: str = typer.Option("auto", "--device", help="auto, cpu, cuda:0, ..."),
     threads: int | None = typer.Option(None, "--threads", min=1, help="Torch CPU threads (default: all usable cores)."),
+    nice: int = typer.Option(
+        0, "--nice", min=0, max=19, help="Lower this run's CPU priority by N, below a service on the same box."
+    ),
     as_json: bool = typer.Option(False, "--json", help="Print the run's summary as JSON."),
 ) -> None:
     """Re-encode gallery items with the new model into the segment; resumable, throttled, in the chosen order."""
+    import os
+
+    # With --nice, below the service's priority: on a shared box its requests then preempt the backfill's
+    # bursts (encoding, a shard's sha256).  docs/backfill.md has the served p99 with and without.
+    os.nice(nice)
     from service.backfill.run import Order, RunOptions, describe_report, run_backfill
     from service.backfill.sources import open_items
     from service.bulk.encode import load_encoder
