@@ -19,6 +19,7 @@ import numpy as np
 import pytest
 
 from service.compat.io import Split, load_split
+from service.encoders.synthetic import SyntheticNewEncoder, SyntheticOldEncoder
 from tests.support.app import Running, start_app
 from tests.support.cli import NOBACKFILL, Done, cli, run_cli
 from tests.support.servers import (
@@ -137,6 +138,18 @@ def two_modality_splits(tmp_path_factory: pytest.TempPathFactory) -> dict[str, S
 
 
 # -- models ------------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="session")
+def old() -> SyntheticOldEncoder:
+    """The simulated old model (tests/unit/test_synthetic.py, tests/integration/test_synth_cli.py)."""
+    return SyntheticOldEncoder()
+
+
+@pytest.fixture(scope="session")
+def new() -> SyntheticNewEncoder:
+    """The simulated new model."""
+    return SyntheticNewEncoder()
 
 
 @pytest.fixture(scope="session")

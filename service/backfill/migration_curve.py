@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import io
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -10,6 +9,7 @@ from typing import Any
 from service.backfill.evaluate import Spaces, curve, gain_share, hot_order, move_order, zipf_weights
 from service.compat.calibration import IDENTITY
 from service.errors import InputError
+from service.plots import png_of, pyplot
 from service.vocabulary import Merge
 
 
@@ -75,26 +75,16 @@ def score_curve(
 
 def plot_curves(curves: Mapping[str, list[dict[str, Any]]], title: str) -> bytes:
     """R@1 and R@10 against the moved share for each named curve, with interval bands, as PNG bytes."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = pyplot()
     fig, axes = plt.subplots(1, 2, figsize=(11, 4), dpi=100)
-    try:
-        for ax, k in zip(axes, (1, 10), strict=True):
-            for name, rows in curves.items():
-                x = [100 * r["fraction"] for r in rows]
-                ax.plot(x, [r[f"recall@{k}"] for r in rows], "o-", label=name)
-                ax.fill_between(x, [r[f"ci@{k}"][0] for r in rows], [r[f"ci@{k}"][1] for r in rows], alpha=0.2)
-            ax.set_xlabel("items moved into the segment (%)")
-            ax.set_ylabel(f"R@{k}")
-            ax.grid(True, alpha=0.3)
-            ax.legend()
-        fig.suptitle(title, fontsize=9)
-        fig.tight_layout()
-        buf = io.BytesIO()
-        fig.savefig(buf, format="png", bbox_inches="tight")
-        return buf.getvalue()
-    finally:
-        plt.close(fig)
+    for ax, k in zip(axes, (1, 10), strict=True):
+        for name, rows in curves.items():
+            x = [100 * r["fraction"] for r in rows]
+            ax.plot(x, [r[f"recall@{k}"] for r in rows], "o-", label=name)
+            ax.fill_between(x, [r[f"ci@{k}"][0] for r in rows], [r[f"ci@{k}"][1] for r in rows], alpha=0.2)
+        ax.set_xlabel("items moved into the segment (%)")
+        ax.set_ylabel(f"R@{k}")
+        ax.grid(True, alpha=0.3)
+        ax.legend()
+    fig.suptitle(title, fontsize=9)
+    return png_of(fig)

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from service.plots import png_of, pyplot
+
 
 def fmt(x: Any) -> str:
     """Table cell text: 4 decimals for floats, '-' for missing."""
@@ -73,46 +75,32 @@ def recall_table(report: dict[str, Any], title: str) -> Any:
 
 def plot_png(panels: list[tuple[dict[str, Any], str]]) -> bytes:
     """Per (report, title): support R@1 (and the criterion's score) vs alpha with standard-error bars, as PNG."""
-    import io
-
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = pyplot()
     ncols = max(1 + (_criterion_score(rep) != "recall@1") for rep, _ in panels)
     fig, axes = plt.subplots(len(panels), ncols, figsize=(6 * ncols, 4 * len(panels)), dpi=100, squeeze=False)
-    try:
-        for row, (report, title) in zip(axes, panels, strict=True):
-            score = _criterion_score(report)
-            keys = ["recall@1"] + ([score] if score != "recall@1" else [])
-            for ax in row[len(keys) :]:
-                ax.set_visible(False)
-            for ax, key in zip(row, keys, strict=False):
-                for mode, style in zip(report["support_recall"], ("o-", "s--", "^-."), strict=False):
-                    rows = report["support_recall"][mode]
-                    se = [r.get(_SE_OF[key], 0.0) for r in rows]
-                    bars = ax.errorbar(
-                        [r["alpha"] for r in rows], [r[key] for r in rows], yerr=se, fmt=style, capsize=3
-                    )
-                    color = bars.lines[0].get_color()
-                    best = report["chosen"][mode]
-                    ax.axvline(best["alpha"], linestyle=":", alpha=0.5, color=color)
-                    ax.plot([], [], style, color=color, label=f"{mode} (chosen {best['alpha']:.1f})")
-                without = report.get("query_pairs", {}).get("curve_r1_without")
-                if without and key == "recall@1":  # what the query pairs did: the same folds, R without them
-                    ax.plot(report["alpha_grid"], without, "x:", color="grey", label="slerp, R without query pairs")
-                ax.set_xlabel("alpha (0 = old query, 1 = mapped new query)")
-                ax.set_ylabel(f"support {key} ({report['selection']}), ± 1 s.e.")
-                ax.set_title(f"{title}\n{report.get('criterion_text', 'arg-max of R@1')}", fontsize=9)
-                ax.grid(True, alpha=0.3)
-                ax.legend()
-        fig.tight_layout()
-        buf = io.BytesIO()
-        fig.savefig(buf, format="png", bbox_inches="tight")
-        return buf.getvalue()
-    finally:
-        plt.close(fig)
+    for row, (report, title) in zip(axes, panels, strict=True):
+        score = _criterion_score(report)
+        keys = ["recall@1"] + ([score] if score != "recall@1" else [])
+        for ax in row[len(keys) :]:
+            ax.set_visible(False)
+        for ax, key in zip(row, keys, strict=False):
+            for mode, style in zip(report["support_recall"], ("o-", "s--", "^-."), strict=False):
+                rows = report["support_recall"][mode]
+                se = [r.get(_SE_OF[key], 0.0) for r in rows]
+                bars = ax.errorbar([r["alpha"] for r in rows], [r[key] for r in rows], yerr=se, fmt=style, capsize=3)
+                color = bars.lines[0].get_color()
+                best = report["chosen"][mode]
+                ax.axvline(best["alpha"], linestyle=":", alpha=0.5, color=color)
+                ax.plot([], [], style, color=color, label=f"{mode} (chosen {best['alpha']:.1f})")
+            without = report.get("query_pairs", {}).get("curve_r1_without")
+            if without and key == "recall@1":  # what the query pairs did: the same folds, R without them
+                ax.plot(report["alpha_grid"], without, "x:", color="grey", label="slerp, R without query pairs")
+            ax.set_xlabel("alpha (0 = old query, 1 = mapped new query)")
+            ax.set_ylabel(f"support {key} ({report['selection']}), ± 1 s.e.")
+            ax.set_title(f"{title}\n{report.get('criterion_text', 'arg-max of R@1')}", fontsize=9)
+            ax.grid(True, alpha=0.3)
+            ax.legend()
+    return png_of(fig)
 
 
 def query_pairs_line(report: dict[str, Any]) -> str:

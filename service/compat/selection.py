@@ -375,32 +375,12 @@ class MultiFit:
     reports: dict[str, dict[str, Any]]
 
 
-def fit(
-    split: Split,
-    *,
-    fit_on: FitOn = FitOn.both,
-    folds: int = 5,
-    same_set: bool = False,
-    max_eval_queries: int = MAX_EVAL_QUERIES,
-    seed: int = 0,
-    criterion: str = DEFAULT_CRITERION,
-    eval_gallery: EvalGallery = DEFAULT_EVAL_GALLERY,
-    query_pairs: Sequence[tuple[F32, F32]] = (),
-    query_pairs_weight: float = 1.0,
-) -> FitResult:
-    """Fit R on the support split and choose the SLERP / NLERP weights and the adaptive (a, b, c_ref)."""
-    multi = fit_modalities(
-        {"text": split},
-        fit_on=fit_on,
-        folds=folds,
-        same_set=same_set,
-        max_eval_queries=max_eval_queries,
-        seed=seed,
-        criterion=criterion,
-        eval_gallery=eval_gallery,
-        query_pairs=query_pairs,
-        query_pairs_weight=query_pairs_weight,
-    )
+def fit(split: Split, **options: Any) -> FitResult:
+    """Fit R on the support split and choose the SLERP / NLERP weights and the adaptive (a, b, c_ref).
+
+    fit_modalities for one split: `options` are its keyword arguments.
+    """
+    multi = fit_modalities({"text": split}, **options)
     return FitResult(rotation=multi.rotation, params=multi.params["text"], report=multi.reports["text"])
 
 

@@ -15,7 +15,6 @@ from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 import numpy as np
-import psutil
 import pytest
 
 from service import metrics
@@ -27,21 +26,10 @@ from service.pipeline import Pipeline
 from service.settings import CacheSettings, CompatSettings, EncoderSettings, IndexSettings, Settings
 from tests.support.app import Running, start_app
 from tests.support.faulty_encoder import plugin_path
+from tests.support.servers import encoder_children
 from tests.support.world import World
 
 TEXTS = ["item-0000000007 caption-1", "item-0000000042 caption-2", "item-0000001234 caption-3"]
-
-
-def encoder_children() -> set[int]:
-    """Pids of this process's encoder children still running."""
-    found = set()
-    for child in psutil.Process().children(recursive=True):
-        try:
-            if "service.encoders.process" in child.cmdline() and child.status() != psutil.STATUS_ZOMBIE:
-                found.add(child.pid)
-        except psutil.NoSuchProcess:
-            continue
-    return found
 
 
 def wait_until_gone(pids: set[int], timeout_s: float = 10.0) -> set[int]:

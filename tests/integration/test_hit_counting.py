@@ -5,8 +5,6 @@ from __future__ import annotations
 import os
 import uuid
 from collections import Counter
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
@@ -16,26 +14,19 @@ import redis
 from service import metrics
 from service.backfill.hits import read_hits
 from service.settings import CompatSettings, IndexSettings, Settings, TrafficSettings
-from tests.support.app import Running, start_app
+from tests.support.app import Running, serving
 from tests.support.world import World
 
 QUERIES = [{"text": f"item-{i:010d} caption-1"} for i in (5, 50, 500, 5_000)]
 
 
-@asynccontextmanager
-async def serving(world: World, **traffic: Any) -> AsyncIterator[Running]:
-    """The app on the session's world with these traffic settings, shut down (hits flushed) on the way out."""
-    settings = Settings(
+def traffic_settings(world: World, **traffic: Any) -> Settings:
+    """The session's world with these traffic settings."""
+    return Settings(
         index=IndexSettings(gallery_dir=world.gallery_dir),
         compat=CompatSettings(profile_dir=world.profile_dir),
         traffic=TrafficSettings(**traffic),
     )
-    app = start_app(settings)
-    running = await anext(app)
-    try:
-        yield running
-    finally:
-        await app.aclose()
 
 
 async def returned_ids(service: Running, rounds: int) -> Counter[int]:
@@ -50,7 +41,7 @@ async def returned_ids(service: Running, rounds: int) -> Counter[int]:
 
 
 async def test_returned_ids_are_counted_in_the_local_folder(world: World, tmp_path: Path) -> None:
-    async with serving(world, hit_rate=1.0, hits_dir=tmp_path / "hits") as service:
+    async with serving(traffic_settings(world, hit_rate=1.0, hits_dir=tmp_path / "hits")) as service:
         seen = await returned_ids(service, rounds=3)
     ids, counts = read_hits(str(tmp_path / "hits"))
     assert dict(zip(ids.tolist(), counts.tolist(), strict=True)) == {i: float(c) for i, c in seen.items()}
@@ -59,7 +50,7 @@ async def test_returned_ids_are_counted_in_the_local_folder(world: World, tmp_pa
 async def test_returned_ids_are_counted_in_redis(world: World) -> None:
     url = os.environ.get("NOBACKFILL_TEST_REDIS_URL", "redis://127.0.0.1:6379/15")
     key = f"nobackfill:test-hits:{uuid.uuid4().hex}"
-    async with serving(world, hit_rate=1.0, redis_url=url, hits_key=key) as service:
+    async with serving(traffic_settings(world, hit_rate=1.0, redis_url=url, hits_key=key)) as service:
         seen = await returned_ids(service, rounds=2)
     ids, counts = read_hits(url, key)
     redis.Redis.from_url(url).delete(key)
@@ -69,7 +60,7 @@ async def test_returned_ids_are_counted_in_redis(world: World) -> None:
 async def test_with_redis_down_searches_go_on_and_the_counts_are_dropped(world: World) -> None:
     failed = metrics.HITS.labels(event="failed")
     before = failed._value.get()
-    async with serving(world, hit_rate=1.0, redis_url="redis://127.0.0.1:1/0") as service:
+    async with serving(traffic_settings(world, hit_rate=1.0, redis_url="redis://127.0.0.1:1/0")) as service:
         seen = await returned_ids(service, rounds=2)
     assert sum(seen.values()) == 2 * len(QUERIES) * 5
     assert failed._value.get() - before == pytest.approx(sum(seen.values()))

@@ -11,19 +11,19 @@ from __future__ import annotations
 import asyncio
 import json
 import shutil
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
-from conftest import WORLD_GALLERY_SIZE, Running, World, cli, start_app
 
 from service.errors import ArtifactError, SettingsError
 from service.segment.layout import SHARDS, shard_names
 from service.segment.reader import Segment
 from service.settings import CompatSettings, EncoderSettings, IndexSettings, Settings
+from tests.support.app import Running, serving
+from tests.support.cli import cli
+from tests.support.world import WORLD_GALLERY_SIZE, World
 
 CAPTION = "item-{:010d} caption-1"
 QUERY_ITEMS = [3, 77, 512, 1_999, 4_242, 9_001, 12_345, 19_998]
@@ -73,17 +73,6 @@ def full_segment(world: World, items: Path, tmp_path_factory: pytest.TempPathFac
     segment = tmp_path_factory.mktemp("full") / "segment"
     backfill(world, items, segment, "--fraction", 1.0, "--shard-size", 5_000)
     return segment
-
-
-@asynccontextmanager
-async def serving(settings: Settings) -> AsyncIterator[Running]:
-    """The app running on `settings`, shut down on the way out even when an assertion failed inside."""
-    app = start_app(settings)
-    running = await anext(app)
-    try:
-        yield running
-    finally:
-        await app.aclose()
 
 
 async def search(service: Running, mode: str, k: int = 10) -> list[dict[str, Any]]:

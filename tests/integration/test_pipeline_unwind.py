@@ -16,7 +16,6 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import psutil
 import pytest
 from pydantic import ValidationError
 
@@ -37,23 +36,12 @@ from service.settings import (
 from service.traffic.local import LocalPairStore
 from service.vocabulary import Modality
 from tests.support.app import start_app
+from tests.support.servers import encoder_children
 from tests.support.world import World
 
 # Threads the pipeline's parts start: batcher workers, spawners of encoder children, the search pool, the sampler.
 PART_THREADS = ("encoder-", "spawn-", "nobackfill-search", "nobackfill-traffic")
 TEXT = "item-0000000042 caption-1"
-
-
-def encoder_children() -> set[int]:
-    """Pids of this process's encoder children still running."""
-    found = set()
-    for child in psutil.Process().children(recursive=True):
-        try:
-            if "service.encoders.process" in child.cmdline() and child.status() != psutil.STATUS_ZOMBIE:
-                found.add(child.pid)
-        except psutil.NoSuchProcess:
-            continue
-    return found
 
 
 def children_left(before: set[int], timeout_s: float = 10.0) -> set[int]:

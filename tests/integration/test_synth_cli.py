@@ -5,36 +5,18 @@ The encoders themselves, the regime and the registry: tests/unit/test_synthetic.
 
 from __future__ import annotations
 
-import hashlib
 import subprocess
 import sys
 from pathlib import Path
 
 import numpy as np
 import numpy.typing as npt
-import pytest
 
 from service.encoders.synthetic import SyntheticNewEncoder, SyntheticOldEncoder
 from tests.support.cli import NOBACKFILL
+from tests.support.world import digest
 
 Rows = npt.NDArray[np.float32]
-
-
-@pytest.fixture(scope="module")
-def old() -> SyntheticOldEncoder:
-    """The simulated old model."""
-    return SyntheticOldEncoder()
-
-
-@pytest.fixture(scope="module")
-def new() -> SyntheticNewEncoder:
-    """The simulated new model."""
-    return SyntheticNewEncoder()
-
-
-def digest(rows: Rows) -> str:
-    """sha256 of the raw float32 bytes: equal digests mean bit-identical embeddings."""
-    return hashlib.sha256(np.ascontiguousarray(rows, dtype=np.float32).tobytes()).hexdigest()
 
 
 def test_bit_identical_across_processes(old: SyntheticOldEncoder, new: SyntheticNewEncoder) -> None:

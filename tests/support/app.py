@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from typing import Any
 
@@ -35,3 +36,14 @@ async def start_app(settings: Any) -> AsyncIterator[Running]:
         transport = httpx.ASGITransport(app=app)
         async with httpx.AsyncClient(transport=transport, base_url="http://test") as client:
             yield Running(app, client)
+
+
+@asynccontextmanager
+async def serving(settings: Any) -> AsyncIterator[Running]:
+    """start_app as a context manager: shut down on the way out, even when an assertion failed inside."""
+    app = start_app(settings)
+    running = await anext(app)
+    try:
+        yield running
+    finally:
+        await app.aclose()

@@ -14,6 +14,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import httpx
+import psutil
 import pytest
 import redis
 
@@ -139,3 +140,15 @@ def serve_process(world: World, *args: str, env: dict[str, str] | None = None) -
     # uvicorn shuts down gracefully, then re-raises SIGTERM so the exit status still tells why.
     assert process.returncode in (0, -signal.SIGTERM), output.decode()
     assert b"Application shutdown complete" in output
+
+
+def encoder_children() -> set[int]:
+    """Pids of this process's encoder children still running."""
+    found = set()
+    for child in psutil.Process().children(recursive=True):
+        try:
+            if "service.encoders.process" in child.cmdline() and child.status() != psutil.STATUS_ZOMBIE:
+                found.add(child.pid)
+        except psutil.NoSuchProcess:
+            continue
+    return found

@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import hashlib
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+import numpy as np
+import numpy.typing as npt
 
 from service.settings import CompatSettings, IndexSettings, Settings
 from tests.support.cli import run_cli
@@ -42,3 +46,8 @@ def make_settings(world: World, **overrides: Any) -> Settings:
         compat=CompatSettings(profile_dir=world.profile_dir),
         **overrides,
     )
+
+
+def digest(rows: npt.NDArray[np.float32]) -> str:
+    """sha256 of the raw float32 bytes: equal digests mean bit-identical embeddings."""
+    return hashlib.sha256(np.ascontiguousarray(rows, dtype=np.float32).tobytes()).hexdigest()

@@ -9,7 +9,6 @@ beats both old->old and Procrustes alone.  Checked on 10^4 items here; the 10^5 
 
 from __future__ import annotations
 
-import hashlib
 from dataclasses import dataclass
 
 import numpy as np
@@ -30,26 +29,10 @@ from service.encoders.synthetic import (
 )
 from service.errors import InputError
 from service.settings import EncoderSettings
+from tests.support.world import digest
 
 SUPPORT_BASE = 10**12
 Rows = npt.NDArray[np.float32]
-
-
-@pytest.fixture(scope="module")
-def old() -> SyntheticOldEncoder:
-    """The simulated old model."""
-    return SyntheticOldEncoder()
-
-
-@pytest.fixture(scope="module")
-def new() -> SyntheticNewEncoder:
-    """The simulated new model."""
-    return SyntheticNewEncoder()
-
-
-def digest(rows: Rows) -> str:
-    """sha256 of the raw float32 bytes: equal digests mean bit-identical embeddings."""
-    return hashlib.sha256(np.ascontiguousarray(rows, dtype=np.float32).tobytes()).hexdigest()
 
 
 # --------------------------------------------------------------------------- the Encoder protocol
