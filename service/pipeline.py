@@ -6,9 +6,14 @@
                             at once, each behind its   for all-zero encoder rows)           only)
                             own micro-batcher)
 
+Beside a new-model segment (index.segment_dir) the search is hybrid (query/hybrid.py); after the
+cut-over (old.backend none) the finished segment is the gallery (segment/cutover.py) and the new model
+serves both roles (docs/backfill.md).
+
 build() acquires every part through one AsyncExitStack: encoders (possibly child processes), gallery,
-profile, cache, traffic sampler, search pool, batchers.  A refusal or an exception at any step releases
-everything acquired before it, last first, and aclose() is the same stack unwinding.
+profile, segment, item store, cache, traffic sampler, hit counter, search pool, batchers.  A refusal or
+an exception at any step releases everything acquired before it, last first, and aclose() is the same
+stack unwinding.
 """
 
 from __future__ import annotations
