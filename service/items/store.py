@@ -189,8 +189,9 @@ class ItemStore:
             uri = f"{(self.folder / DB_NAME).resolve().as_uri()}?mode=ro&immutable=1"
             try:
                 db = sqlite3.connect(uri, uri=True, check_same_thread=False)
-                # Pages through a memory map instead of read() calls: 0.9 -> 0.7 ms per 300 random ids at
-                # 10^7 items (loadtest/bench_items.py); the page cache holds one copy for every process.
+                # Pages through a memory map instead of read() calls: faster random lookups (the session that
+                # chose it measured 0.9 -> 0.7 ms per 300 ids at 10^7 items; docs/benchmarks.md has a later
+                # run), and the page cache holds one copy for every process.
                 db.execute(f"PRAGMA mmap_size={_MMAP_BYTES}")
             except sqlite3.Error as exc:
                 raise ArtifactError(f"item store {self.folder}: cannot open {DB_NAME} ({exc})") from exc
