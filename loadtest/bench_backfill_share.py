@@ -87,6 +87,8 @@ def main() -> None:
             except httpx.HTTPError:
                 pass
             time.sleep(0.5)
+        else:
+            raise RuntimeError("the service did not become ready in 60 s")
         asyncio.run(_paced(url, args.qps, 3.0, args.items))  # warm-up, not counted
         with tempfile.TemporaryDirectory() as scratch:
             for phase in ("no backfill", "backfill --rate") * 2:

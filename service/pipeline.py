@@ -179,12 +179,17 @@ async def _acquire_encoders(stack: AsyncExitStack, settings: Settings) -> tuple[
     return old.result(), new.result()
 
 
+def _indexing(settings: Settings) -> Indexing:
+    """How the segment's blocks are indexed (index.segment_ivf_rows, index.segment_nprobe)."""
+    return Indexing(settings.index.segment_ivf_rows, settings.index.segment_nprobe)
+
+
 def _finished_segment(settings: Settings, new: Encoder) -> tuple[GalleryBackend, CompatProfile]:
     """After the cut-over: the finished segment as the gallery, and the new model's stand-in profile."""
     assert settings.index.segment_dir is not None  # Settings refuses a cut-over without a segment
     model = identity_of(new, settings.new.backend)
-    indexing = Indexing(settings.index.segment_ivf_rows, settings.index.segment_nprobe)
-    return SegmentGallery(open_finished(settings.index.segment_dir, model, indexing)), cutover_profile(model)
+    segment = open_finished(settings.index.segment_dir, model, _indexing(settings))
+    return SegmentGallery(segment), cutover_profile(model)
 
 
 async def _acquire_artifacts(
@@ -238,9 +243,8 @@ async def _acquire_segment(
         segment = gallery.segment
     else:
         model = identity_of(new, settings.new.backend)
-        indexing = Indexing(settings.index.segment_ivf_rows, settings.index.segment_nprobe)
         beside = GalleryRef(gallery.fingerprint, gallery.ntotal)
-        segment = await asyncio.to_thread(Segment.beside, folder, model, beside, indexing)
+        segment = await asyncio.to_thread(Segment.beside, folder, model, beside, _indexing(settings))
     _record_segment(segment)
     # Its own threads: a hybrid search waits on the segment's search from a search pool thread.
     pool = ThreadPoolExecutor(search_pool_size(settings.index), thread_name_prefix="nobackfill-segment")

@@ -19,18 +19,13 @@ from service.compat.profile import CompatProfile
 from service.encoders.identity import ModelIdentity
 from service.errors import ArtifactError
 from service.index.base import Exclusion, Hits
-from service.segment.reader import Indexing, Segment
+from service.segment.reader import Indexing, Segment, check_served
 
 
 def open_finished(folder: Path, model: ModelIdentity, indexing: Indexing) -> Segment:
     """The segment at `folder`, refused in one line unless it is `model`'s and holds every gallery item."""
     segment = Segment.open(folder, indexing)
-    found = segment.meta.model
-    if not found.same_model(model):
-        raise ArtifactError(
-            f"segment {folder} holds rows of {found.backend} {found.model_id} (dim {found.dim}), not of the new "
-            f"model {model.backend} {model.model_id} (dim {model.dim})"
-        )
+    check_served(segment.meta, model, segment.meta.gallery, folder)  # the gallery it replaced is gone: model only
     moved, total = segment.snapshot.count, segment.meta.gallery.ntotal
     if moved < total:
         raise ArtifactError(

@@ -226,10 +226,7 @@ class Segment:
         if not (self.folder / SEGMENT_JSON).is_file():
             return False
         found = read_segment_meta(self.folder)
-        try:
-            check_same(found, self.meta.model, self.meta.gallery, self.folder)
-        except InputError as exc:
-            raise ArtifactError(exc.message) from exc
+        check_served(found, self.meta.model, self.meta.gallery, self.folder)
         self.meta, self.created = found, True
         log.info("segment %s: found (%s)", self.folder, found.model.model_id)
         return True
@@ -249,6 +246,14 @@ class Segment:
             "ivf_blocks": sum(1 for block in snap.blocks if block.index.ntotal >= self.indexing.ivf_rows),
             "refused_shards": dict(self.refused),
         }
+
+
+def check_served(meta: SegmentMeta, model: ModelIdentity, gallery: GalleryRef, folder: Path) -> None:
+    """layout.check_same for a segment the service opens: another model or gallery is an ArtifactError line."""
+    try:
+        check_same(meta, model, gallery, folder)
+    except InputError as exc:
+        raise ArtifactError(exc.message) from exc
 
 
 def _member(ids: I64, sorted_set: I64) -> npt.NDArray[np.bool_]:
