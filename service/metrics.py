@@ -8,7 +8,7 @@ Names carry the `nobackfill_` prefix and their unit; every label has a small, fi
     nobackfill_requests_total{route, mode, status}        counter    route = route template, never a raw path
     nobackfill_request_duration_seconds{route}            histogram  whole request, middleware to response
     nobackfill_stage_duration_seconds{stage}              histogram  cache_lookup|old_encode|new_encode|
-                                                                     queue_wait|transform|search
+                                                                     queue_wait|transform|search|cascade
     nobackfill_requests_in_flight                         gauge      queries being served (a request of N counts N)
     nobackfill_encoder_batch_size{encoder}                histogram  encoder = old|new (the batcher's name)
     nobackfill_encoder_batch_duration_seconds{encoder}    histogram  one encoder.encode call on its worker
@@ -33,6 +33,15 @@ Names carry the `nobackfill_` prefix and their unit; every label has a small, fi
     nobackfill_hybrid_hits_total{source}                  counter    old|segment: where hybrid results came from
     nobackfill_backfill_coverage_ratio                    gauge      share of the gallery in the new-model segment
     nobackfill_segment_shards{state}                      gauge      loaded|refused shards of the segment
+    nobackfill_cascade_candidates_total{source}           counter    segment|pending|encoded|kept: where a
+                                                                     re-ranked candidate's new row came from,
+                                                                     or kept (its stage-1 place)
+    nobackfill_cascade_encode_failures_total{reason}      counter    missing_item|encoder_failed|timeout|zero_row
+    nobackfill_cascade_encoded_per_query                  histogram  candidates encoded on the path per query
+    nobackfill_cascade_skipped_total{reason}              counter    new_encoder (down: stage 1 answered alone)
+    nobackfill_cascade_segment_rows_total{outcome}        counter    published|already_moved|dropped rows the
+                                                                     cascade wrote into the segment
+    nobackfill_segment_write_failures_total               counter    cascade shard writes that failed (retried)
     nobackfill_build_info / _profile_info / _gallery_info info
 
 Cache events: `hit` and `miss` count keys (a lookup that failed or was skipped returns misses, so
@@ -92,7 +101,7 @@ BATCH_SIZE_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)
 # Residual angle between two unit vectors lies in [0, pi]; finer steps where real upgrades land.
 ANGLE_BUCKETS_RAD = (0.05, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.8, 1.0, 1.2, 1.4, math.pi / 2, 2.0, 2.5, math.pi)
 
-STAGES = ("cache_lookup", "old_encode", "new_encode", "queue_wait", "transform", "search")
+STAGES = ("cache_lookup", "old_encode", "new_encode", "queue_wait", "transform", "search", "cascade")
 CACHE_EVENTS = ("hit", "miss", "corrupt", "error", "write_error", "skipped")
 
 REQUESTS = Counter(
@@ -235,6 +244,46 @@ SEGMENT_SHARDS = Gauge(
     multiprocess_mode="max",
     registry=REGISTRY,
 )
+CASCADE_SOURCES = ("segment", "pending", "encoded", "kept")
+CASCADE_CANDIDATES = Counter(
+    "nobackfill_cascade_candidates_total",
+    "Cascade candidates by where their new-model row came from (segment, pending: encoded but not yet "
+    "published, encoded: on the request's path), or kept: no row, so its stage-1 place.",
+    ["source"],
+    registry=REGISTRY,
+)
+CASCADE_FAILURE_REASONS = ("missing_item", "encoder_failed", "timeout", "zero_row")
+CASCADE_ENCODE_FAILURES = Counter(
+    "nobackfill_cascade_encode_failures_total",
+    "Candidates the cascade could not encode (they keep their stage-1 place): no item in the store, the "
+    "encoder failed, no row within cascade.encode_timeout_s, or an all-zero row.",
+    ["reason"],
+    registry=REGISTRY,
+)
+CASCADE_ENCODED = Histogram(
+    "nobackfill_cascade_encoded_per_query",
+    "Candidates encoded on the request's path, per query (at most cascade.encode_budget).",
+    buckets=(0, 1, 2, 5, 10, 20, 50, 100, 200, 500, 1000),
+    registry=REGISTRY,
+)
+CASCADE_SKIPPED = Counter(
+    "nobackfill_cascade_skipped_total",
+    "Queries whose cascade was skipped: new_encoder (the new encoder is down; stage 1 answered alone).",
+    ["reason"],
+    registry=REGISTRY,
+)
+CASCADE_SEGMENT_ROWS = Counter(
+    "nobackfill_cascade_segment_rows_total",
+    "Rows the cascade encoded and handed to the segment: published, already_moved (another writer was "
+    "first), dropped (more pending than cascade.max_pending).",
+    ["outcome"],
+    registry=REGISTRY,
+)
+SEGMENT_WRITE_FAILURES = Counter(
+    "nobackfill_segment_write_failures_total",
+    "Shard writes of the cascade's rows that failed (the rows stay pending and are retried).",
+    registry=REGISTRY,
+)
 BUILD_INFO = Info("nobackfill_build", "Service version and build.", registry=INFO_REGISTRY)
 PROFILE_INFO = Info("nobackfill_profile", "The compat profile being served.", registry=INFO_REGISTRY)
 GALLERY_INFO = Info("nobackfill_gallery", "The frozen gallery being searched.", registry=INFO_REGISTRY)
@@ -254,6 +303,13 @@ for _source in ("old", "segment"):
     HYBRID_HITS.labels(source=_source)
 for _state in ("loaded", "refused"):
     SEGMENT_SHARDS.labels(state=_state)
+for _source in CASCADE_SOURCES:
+    CASCADE_CANDIDATES.labels(source=_source)
+for _reason in CASCADE_FAILURE_REASONS:
+    CASCADE_ENCODE_FAILURES.labels(reason=_reason)
+CASCADE_SKIPPED.labels(reason="new_encoder")
+for _outcome in ("published", "already_moved", "dropped"):
+    CASCADE_SEGMENT_ROWS.labels(outcome=_outcome)
 # The encoder alerts (deploy/prometheus/alerts.yml) take increase() of these: a series that first
 # appears at 1 shows no increase, so the first failure or restart would pass unseen.
 for _encoder in Role:

@@ -44,6 +44,7 @@ from service.errors import InputError, NobackfillError, Overloaded
 from service.index.base import GalleryBackend
 from service.index.factory import create_gallery
 from service.items.store import ItemStore, open_beside
+from service.query.cascade import Cascade
 from service.query.embedding import CacheWriteBack, Embedder
 from service.query.hybrid import SegmentSearch
 from service.query.job import Query, QueryResult, SearchJob, SearchOutcome
@@ -52,9 +53,10 @@ from service.query.validation import default_mode, served_modes, validate
 from service.segment.cutover import SegmentGallery, cutover_profile, open_finished
 from service.segment.layout import GalleryRef
 from service.segment.reader import Indexing, Segment
+from service.segment.writer import SegmentWriter
 from service.settings import NO_MODEL, EncoderSettings, Settings
 from service.traffic.sampler import TrafficSampler, create_sampler
-from service.vocabulary import Merge, Role
+from service.vocabulary import Merge, Mode, Role
 
 __all__ = ["Pipeline", "Query", "QueryResult", "SearchOutcome", "cache_model_key", "default_mode"]
 
@@ -280,6 +282,23 @@ def _record_segment(segment: Segment) -> None:
     metrics.SEGMENT_SHARDS.labels(state="refused").set(len(segment.refused))
 
 
+def _acquire_writer(
+    stack: AsyncExitStack, settings: Settings, segment: SegmentSearch | None, items: ItemStore | None
+) -> SegmentWriter | None:
+    """The cascade's segment writer: with a segment folder and an item store to encode from, unless turned off.
+
+    Closed (what waits published) after the batchers stop, so rows of calls they finish still land.
+    """
+    cascade = settings.cascade
+    if segment is None or items is None or not cascade.write_segment or settings.cut_over:
+        return None
+    writer = SegmentWriter(
+        segment.segment, shard_rows=cascade.shard_rows, flush_s=cascade.flush_s, max_pending=cascade.max_pending
+    )
+    _on_unwind(stack, "the segment writer", partial(asyncio.to_thread, writer.close))
+    return writer
+
+
 async def _started_batcher(
     stack: AsyncExitStack, replicas: list[Encoder], settings: EncoderSettings, name: str
 ) -> MicroBatcher:
@@ -316,6 +335,7 @@ class Pipeline:
         segment: SegmentSearch | None = None,
         hits: HitCounter | None = None,
         items: ItemStore | None = None,
+        cascade: Cascade | None = None,
     ) -> None:
         self.settings = settings
         self.old = old
@@ -330,6 +350,7 @@ class Pipeline:
         self.segment = segment  # None without index.segment_dir
         self.hits = hits  # None at traffic.hit_rate 0
         self.items = items  # the gallery's raw items (index.item_store), read-only; None without one
+        self.cascade = cascade  # None where mode cascade is not served
         self.embedder = Embedder(old, new, cache, write_back, settings.compat.concurrent_encoders)
         self.in_flight = 0
         self.draining = False
@@ -348,6 +369,7 @@ class Pipeline:
             segment = await _acquire_segment(stack, settings, new_encoder, gallery)
             items = _in_thread(stack, "the item store", partial(_open_items, settings, gallery), _close_items)
             await _all_done(items)
+            writer = _acquire_writer(stack, settings, segment, items.result())
             cache = create_cache(settings.cache, cache_model_key(old_encoder), old_encoder.dim)
             _on_unwind(stack, "the cache", cache.aclose)
             write_back = CacheWriteBack(cache)
@@ -359,6 +381,19 @@ class Pipeline:
             _on_unwind(stack, "the search pool", partial(asyncio.to_thread, pool.shutdown, True))
             new = await _started_batcher(stack, new_replicas, settings.new, "new")
             old = new if settings.cut_over else await _started_batcher(stack, old_replicas, settings.old, "old")
+            cascade = None
+            if Mode.cascade in served_modes(settings, profile):
+                knobs = settings.cascade
+                cascade = Cascade(
+                    knobs.candidates,
+                    knobs.encode_budget,
+                    knobs.encode_timeout_s,
+                    new,
+                    pool,
+                    segment.segment if segment is not None else None,
+                    writer,
+                    items.result(),
+                )
             pipeline = cls(
                 settings,
                 old,
@@ -373,6 +408,7 @@ class Pipeline:
                 segment=segment,
                 hits=hits,
                 items=items.result(),
+                cascade=cascade,
             )
             _on_unwind(stack, "the pipeline", pipeline._stop_taking_work)  # the first thing aclose() does
             metrics.PROFILE_INFO.info({"profile_id": profile.profile_id, "head": profile.head})
@@ -422,18 +458,30 @@ class Pipeline:
         """Answer a batch of queries; raises InputError subclasses for bad input, Overloaded when full."""
         profile = self.profile  # one profile for the whole request, even if a reload lands meanwhile
         mode = mode or default_mode(self.settings, profile)
-        job = SearchJob(queries, k, mode, alpha, self.default_nprobe() if nprobe is None else nprobe, profile)
+        cascade = self._cascade_for(mode)
+        depth = cascade.depth(k) if cascade is not None else k
+        nprobe = self.default_nprobe() if nprobe is None else nprobe
+        job = SearchJob(queries, k, mode, alpha, nprobe, profile, depth=depth)
         served = served_modes(self.settings, profile)
         validate(job, self.settings.api, self.gallery.max_nprobe, self.old.encoder, self.new.encoder, served)
         with self._admitted(len(queries)):
             await self.embedder.embed(job)
             results = await self._transform_and_search(job)
+            if cascade is not None:
+                await cascade.rerank(job, results)
         if self.traffic is not None and job.reads.blends:
             # A blending answer read both embeddings: hand them to the sampler (a queue put, never a wait).
             self.traffic.offer_queries(queries, job.old, job.new)
         if self.hits is not None:  # which items users get, for backfill --order hot (a queue put, never a wait)
             self.hits.offer(_returned_ids(results, job.k))
         return SearchOutcome(results, job.timings)
+
+    def _cascade_for(self, mode: str) -> Cascade | None:
+        """The cascade when this mode re-ranks: cascade always, hybrid with an item store (cascade.in_hybrid)."""
+        if self.cascade is None:
+            return None
+        in_hybrid = mode == Mode.hybrid and self.settings.cascade.in_hybrid and self.items is not None
+        return self.cascade if mode == Mode.cascade or in_hybrid else None
 
     @contextmanager
     def _admitted(self, n: int) -> Iterator[None]:
@@ -498,6 +546,19 @@ class Pipeline:
             "modes": served_modes(self.settings, profile),
             **({"segment": self._segment_info(profile)} if self.segment is not None else {}),
             **({"items": self._items_info()} if self.items is not None else {}),
+            **({"cascade": self._cascade_info()} if self.cascade is not None else {}),
+        }
+
+    def _cascade_info(self) -> dict[str, Any]:
+        """/v1/info's cascade block: how many candidates, the encode budget, whether hybrid re-ranks, the writer."""
+        knobs = self.settings.cascade
+        writer = self.cascade.writer if self.cascade is not None else None
+        return {
+            "candidates": knobs.candidates,
+            "encode_budget": knobs.encode_budget if self.items is not None else 0,
+            "in_hybrid": knobs.in_hybrid and self.items is not None,
+            "writes_segment": writer is not None,
+            "pending_rows": writer.pending if writer is not None else 0,
         }
 
     def _items_info(self) -> dict[str, Any]:

@@ -147,6 +147,27 @@ class IndexSettings(Section):
     item_store: Path | None = None
 
 
+class CascadeSettings(Section):
+    """The re-rank cascade (docs/backfill.md): stage-1 candidates re-ranked by the new query against their new rows."""
+
+    # How many of stage 1's hits are re-ranked (the requested k, when larger, wins).
+    candidates: int = Field(50, ge=1, le=1000)
+    # Per query: at most this many candidates with no row in the segment are encoded from the item store
+    # on the request's path; the others keep their stage-1 order below the re-ranked ones.
+    encode_budget: int = Field(10, ge=0, le=1000)
+    # A request waits this long for its candidates' encodings; later ones still reach the segment.
+    encode_timeout_s: float = Field(2.0, gt=0)
+    # With an item store, hybrid re-ranks too (mode cascade always does).
+    in_hybrid: bool = True
+    # Candidates encoded on the path are published into index.segment_dir (a lazy, traffic-ordered
+    # backfill): a shard once shard_rows wait or flush_s has passed since the first of them.
+    write_segment: bool = True
+    shard_rows: int = Field(1024, ge=1)
+    flush_s: float = Field(2.0, gt=0)
+    # Rows waiting to be published; past it new ones are dropped (counted), e.g. while the disk is full.
+    max_pending: int = Field(100_000, ge=1)
+
+
 class CompatSettings(Section):
     """The compatibility profile and the default head."""
 
@@ -240,6 +261,7 @@ class Settings(BaseSettings):
     compat: CompatSettings = CompatSettings()
     api: ApiSettings = ApiSettings()
     traffic: TrafficSettings = TrafficSettings()
+    cascade: CascadeSettings = CascadeSettings()
 
     @property
     def cut_over(self) -> bool:

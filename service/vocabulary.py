@@ -112,6 +112,9 @@ class Mode(Word):
     # gallery's unmoved items merged with the new query over the segment, or the segment alone.
     hybrid = "hybrid"
     new = "new"
+    # The re-rank cascade (query/cascade.py): the compatible (or hybrid) search's top candidates,
+    # re-ranked by the new query against their new-model rows.
+    cascade = "cascade"
 
     @property
     def reads_old(self) -> bool:
@@ -167,6 +170,8 @@ MODE_READS: dict[Mode, Reads] = {
     # hybrid: the head's mode (whose alpha a request may set) over the gallery, the new query over the segment.
     Mode.hybrid: Reads(old=True, new=True, alpha=True),
     Mode.new: Reads(old=False, new=True, alpha=False),
+    # cascade: stage 1 is the head's mode (or hybrid), stage 2 reads the new query alone.
+    Mode.cascade: Reads(old=True, new=True, alpha=True),
 }
 
 HEAD_FAMILY: dict[Head, HeadFamily] = {
@@ -200,6 +205,8 @@ ADAPTER_HEADS = heads_of(HeadFamily.adapter)
 CLASS_HEADS = heads_of(HeadFamily.classes)
 # Modes served only beside a new-model segment, by heads whose new query is an embedding (not logits).
 SEGMENT_MODES = (Mode.hybrid, Mode.new)
+# Modes whose stage 1 is the head's compatible search, possibly beside the segment.
+STAGED_MODES = (Mode.compare, Mode.hybrid, Mode.cascade)
 # Modes whose weight a request may set (an explicit alpha).
 ALPHA_MODES = tuple(mode for mode in Mode if mode.takes_alpha)
 # Procrustes modes with a fitted weight per modality (slerp / nlerp: alpha; adaptive: a, b, c_ref).

@@ -20,10 +20,11 @@ RATE = "$__rate_interval"
 SEARCH = 'route="/v1/search"'
 
 
-def quantile(q: float, metric: str, by: str = "") -> str:
-    """histogram_quantile of a histogram's buckets, summed over instances (and grouped `by`)."""
+def quantile(q: float, metric: str, by: str = "", where: str = "") -> str:
+    """histogram_quantile of a histogram's buckets (those matching `where`), summed over instances (grouped `by`)."""
     labels = ", ".join(["le", *([by] if by else [])])
-    return f"histogram_quantile({q}, sum by ({labels}) (rate({metric}_bucket[{RATE}])))"
+    selector = f"{{{where}}}" if where else ""
+    return f"histogram_quantile({q}, sum by ({labels}) (rate({metric}_bucket{selector}[{RATE}])))"
 
 
 def panel(
@@ -281,7 +282,8 @@ ROWS: list[tuple[str, list[dict[str, Any]]]] = [
                 "zero with the local FAISS gallery (docs/scale-out.md).",
             ),
         ],
-    ),    (
+    ),
+    (
         "Migration (new-model segment)",
         [
             panel(
@@ -305,6 +307,59 @@ ROWS: list[tuple[str, list[dict[str, Any]]]] = [
                 "short",
                 width=8,
                 description="Shards searched (loaded) and refused as damaged (each refusal is one log line).",
+            ),
+        ],
+    ),
+    (
+        "Re-rank cascade",
+        [
+            panel(
+                "Cascade candidates by row source",
+                [(f"sum by (source) (rate(nobackfill_cascade_candidates_total[{RATE}]))", "{{source}}")],
+                "ops",
+                width=6,
+                description="Stage-1 candidates re-ranked with a new-model row from the segment, from rows "
+                "encoded but not yet published (pending), or encoded on the request's path; kept: no row, so "
+                "they keep their stage-1 place (docs/backfill.md).",
+            ),
+            panel(
+                "Candidates encoded per query",
+                [
+                    (quantile(0.5, "nobackfill_cascade_encoded_per_query"), "p50"),
+                    (quantile(0.99, "nobackfill_cascade_encoded_per_query"), "p99"),
+                ],
+                "short",
+                width=6,
+                description="The encode budget used: candidates encoded on the request's path per query (at most "
+                "NOBACKFILL_CASCADE__ENCODE_BUDGET). It falls as the segment fills.",
+            ),
+            panel(
+                "Cascade stage latency",
+                [
+                    (quantile(0.5, "nobackfill_stage_duration_seconds", where='stage="cascade"'), "p50"),
+                    (quantile(0.99, "nobackfill_stage_duration_seconds", where='stage="cascade"'), "p99"),
+                ],
+                "s",
+                width=6,
+                description="The cascade stage: row lookups, encoding on the path (bounded by "
+                "NOBACKFILL_CASCADE__ENCODE_TIMEOUT_S) and the re-rank.",
+            ),
+            panel(
+                "Cascade failures, skips and segment writes",
+                [
+                    (
+                        f"sum by (reason) (rate(nobackfill_cascade_encode_failures_total[{RATE}]))",
+                        "not encoded: {{reason}}",
+                    ),
+                    (f"sum by (reason) (rate(nobackfill_cascade_skipped_total[{RATE}]))", "skipped: {{reason}}"),
+                    (f"sum by (outcome) (rate(nobackfill_cascade_segment_rows_total[{RATE}]))", "rows: {{outcome}}"),
+                    (f"sum(rate(nobackfill_segment_write_failures_total[{RATE}]))", "shard writes failed"),
+                ],
+                "ops",
+                width=6,
+                description="Candidates the cascade could not encode (they keep their stage-1 place), queries whose "
+                "cascade was skipped (the new encoder down: stage 1 answered with the old model), and the rows it "
+                "handed to the segment: published, already moved by another writer, or dropped.",
             ),
         ],
     ),

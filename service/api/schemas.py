@@ -67,6 +67,9 @@ class QueryResultOut(BaseModel):
     fallback: Literal["old", "new", "none"] | None = None
     # hybrid / new: how many of the ids came from the new-model segment (the rest from the frozen gallery).
     segment_hits: int | None = None
+    # cascade (and hybrid with an item store): the first `reranked` ids were re-ranked by the new query
+    # (their scores are new-model cosines); the rest keep their stage-1 order and scores.
+    reranked: int | None = None
 
 
 class SearchResponse(BaseModel):

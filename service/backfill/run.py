@@ -2,7 +2,8 @@
 
     plan (order)          given: the source's order; random: a seeded permutation; hot: the hit counts'
                           order (hottest first), then the rest in the seeded random order
-    skip what moved       the ids already in the segment's shards (any writer's) are never encoded again
+    skip what moved       the ids already in the segment's shards (any writer's) are never encoded again,
+                          nor those another writer (the service's cascade) publishes while the run goes
     goal                  --fraction F: until the segment holds ceil(F x gallery items); --limit N: N more
     encode                batch_size items per encoder call; all-zero rows (no known token) stay in the
                           old gallery and are counted
@@ -37,8 +38,8 @@ from service.encoders.identity import ModelIdentity
 from service.errors import InputError
 from service.segment.layout import (
     GalleryRef,
+    MovedIds,
     create_segment,
-    moved_ids,
     remove_abandoned,
     write_shard,
 )
@@ -81,6 +82,7 @@ class RunReport:
     shards: list[str] = field(default_factory=list)
     seconds: float = 0.0
     moved_before: int = 0
+    moved_meanwhile: int = 0  # planned items another writer moved while this run went
     interrupted: bool = False
 
     @property
@@ -139,7 +141,8 @@ def run_backfill(
     create_segment(segment_dir, model, gallery)
     remove_abandoned(segment_dir)
     report = RunReport()
-    moved = moved_ids(segment_dir)
+    others = MovedIds(segment_dir)  # read again before each batch: the service (cascade) may be writing too
+    moved = others.update()
     report.moved_before = len(moved)
     order = plan(ids, options.order, options.seed, hot)
     todo = order[~np.isin(order, moved)][: goal(gallery.ntotal, len(moved), options.fraction, options.limit)]
@@ -179,17 +182,21 @@ def run_backfill(
     bar = tqdm(total=len(todo), unit="item", desc="backfill", disable=not options.progress, file=sys.stderr)
     try:
         for start in range(0, len(todo), options.batch_size):
-            batch = todo[start : start + options.batch_size]
-            rows, usable = _encode(encoder, source, batch)
-            report.zero_rows += int((~usable).sum())
-            if usable.any():
-                buffer_ids.append(batch[usable])
-                buffer_rows.append(rows[usable])
-                buffered += int(usable.sum())
+            planned = todo[start : start + options.batch_size]
+            others.update()
+            batch = planned[~others.contains(planned)]  # another writer (the service) moved some meanwhile
+            report.moved_meanwhile += len(planned) - len(batch)
+            if len(batch):
+                rows, usable = _encode(encoder, source, batch)
+                report.zero_rows += int((~usable).sum())
+                if usable.any():
+                    buffer_ids.append(batch[usable])
+                    buffer_rows.append(rows[usable])
+                    buffered += int(usable.sum())
             if buffered >= options.shard_size:
                 publish()
-            bar.update(len(batch))
-            _throttle(started, start + len(batch), options.rate)
+            bar.update(len(planned))
+            _throttle(started, start + len(planned), options.rate)
         publish()
         written()
     except KeyboardInterrupt:
@@ -233,6 +240,7 @@ def describe_report(report: RunReport, total: int) -> dict[str, Any]:
         "seconds": round(report.seconds, 2),
         "items_per_s": round(report.rate, 1),
         "moved_before": report.moved_before,
+        "moved_meanwhile": report.moved_meanwhile,
         "gallery_items": total,
         "interrupted": report.interrupted,
     }

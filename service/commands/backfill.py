@@ -1,4 +1,4 @@
-"""`nobackfill backfill run|status`: move gallery items into the new-model segment at the operator's pace.
+"""`nobackfill backfill run|status|curve|cascade`: move gallery items into the new-model segment, and score it offline.
 
 Thin over service/backfill/: cheap checks first (segment, gallery, items, profile), then the model
 loads, then the run (run.py).  Every refusal is one `error:` line and exit 2.
@@ -247,3 +247,52 @@ def curve(
             f"{share:.2f}",
         )
     Console(soft_wrap=True).print(table)
+
+
+@app.command("cascade")
+def cascade(
+    profile_dir: Path = typer.Argument(..., help="Compat profile folder (its head's query is stage 1)."),
+    test_dir: Path = typer.Argument(..., help="Test folder with old AND new targets (new_target.npy)."),
+    candidates: str = typer.Option("10,20,50,100", "--candidates", help="Stage-1 candidates N to score, rising."),
+    budget: int | None = typer.Option(
+        None, "--budget", min=0, help="Re-rank only the first B candidates (new encodes per query; default: all N)."
+    ),
+    modality: str | None = typer.Option(None, "--modality", help="Modality whose weights to use (default: the first)."),
+    seed: int = typer.Option(0, "--seed", help="Seed of the bootstrap."),
+    as_json: bool = typer.Option(False, "--json", help="Print the result as JSON."),
+) -> None:
+    """Re-rank cascade: R@1 / R@10 of the top N old hits re-ranked by the new model (offline, exact)."""
+    from service.backfill.rerank_eval import score_cascade
+    from service.errors import InputError
+
+    try:
+        sizes = [int(c) for c in candidates.split(",") if c.strip()]
+    except ValueError:
+        raise InputError(f"--candidates must be integers separated by commas, got {candidates!r}") from None
+    result = score_cascade(profile_dir, test_dir, sizes, budget=budget, modality=modality, seed=seed)
+    if as_json:
+        typer.echo(json.dumps(result))
+        return
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title=result["title"], caption=f"{result['caption']}; {result['seconds']} s")
+    for column in ("search", "N", "B", "stage-1 recall@N", "R@1", "95 % interval", "R@10", "95 % interval"):
+        table.add_column(column, justify="right")
+    references = (("compatible alone (stage 1)", result["compatible"]), ("re-indexed (ceiling)", result["reindexed"]))
+    for name, ref in references:
+        table.add_row(name, "", "", "", *_recall_cells(ref))
+    for row in result["rows"]:
+        stage1 = "{:.4f} [{:.4f}, {:.4f}]".format(row["stage1_recall"], *row["stage1_ci"])
+        table.add_row("cascade", str(row["candidates"]), str(row["budget"]), stage1, *_recall_cells(row))
+    Console(soft_wrap=True).print(table)
+
+
+def _recall_cells(row: dict[str, Any]) -> list[str]:
+    """R@1, its interval, R@10, its interval, as table cells."""
+    return [
+        f"{row['recall@1']:.4f}",
+        "[{:.4f}, {:.4f}]".format(*row["ci@1"]),
+        f"{row['recall@10']:.4f}",
+        "[{:.4f}, {:.4f}]".format(*row["ci@10"]),
+    ]

@@ -9,14 +9,16 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Awaitable
 
 from service.cache import EmbeddingCache
 from service.cache.base import usable_rows
 from service.compat.rows import normalize_rows
 from service.encoders.base import Embeddings
 from service.encoders.batcher import MicroBatcher
+from service.errors import NobackfillError, NotReady
 from service.query.job import SearchJob
-from service.vocabulary import Modality
+from service.vocabulary import Modality, Mode
 
 
 class CacheWriteBack:
@@ -80,14 +82,39 @@ class Embedder:
             need_old = False
         started = time.perf_counter()
         # Enqueued now, before the cache lookup, so the new encoder starts at once.
-        new_rows = self.new.submit(inputs, modality) if need_new else None
+        new_rows = self._submit_new(job, modality, rows, inputs) if need_new else None
         try:
             if need_old:
                 await self._old_rows(job, modality, rows, inputs)
         finally:
             if new_rows is not None:
-                job.new[rows] = await new_rows
+                await self._new_rows(job, rows, new_rows)
                 job.record("new_encode", time.perf_counter() - started)
+
+    def _submit_new(
+        self, job: SearchJob, modality: Modality, rows: list[int], inputs: list[str]
+    ) -> Awaitable[Embeddings] | None:
+        """Start the new encoder; a cascade with the new encoder down goes on without it (None)."""
+        tolerant = job.mode == Mode.cascade
+        try:
+            if tolerant and self.new.problem() is not None:
+                raise NotReady(f"encoder {self.new.name!r}: {self.new.problem()}")
+            return self.new.submit(inputs, modality)
+        except NobackfillError:
+            if not tolerant:
+                raise
+            _failed(job, rows)
+            return None
+
+    @staticmethod
+    async def _new_rows(job: SearchJob, rows: list[int], new_rows: Awaitable[Embeddings]) -> None:
+        """The new rows into the job; for a cascade a failure leaves them zero (stage 1 then answers with old)."""
+        try:
+            job.new[rows] = await new_rows
+        except NobackfillError:
+            if job.mode != Mode.cascade:
+                raise
+            _failed(job, rows)
 
     async def _old_rows(self, job: SearchJob, modality: Modality, rows: list[int], inputs: list[str]) -> None:
         """Old rows from the cache, the misses from the old encoder (and back into the cache)."""
@@ -107,3 +134,10 @@ class Embedder:
             job.cache_status[rows[j]] = "miss" if caching else "off"
         if caching:
             self.write_back.write(modality, miss_inputs, encoded)
+
+
+def _failed(job: SearchJob, rows: list[int]) -> None:
+    """Mark rows whose new encoder failed: zero (no direction), so the old endpoint answers them alone."""
+    job.new[rows] = 0.0
+    for i in rows:
+        job.new_failed[i] = True

@@ -40,22 +40,22 @@ class SegmentSearch:
     def new_only(self, job: SearchJob) -> Merged:
         """`new`: the new embeddings over the segment alone (raw cosines)."""
         snapshot = self.segment.snapshot
-        scores, ids = snapshot.search(normalize_rows(job.new), job.k)
+        scores, ids = snapshot.search(normalize_rows(job.new), job.depth)
         return _padded(Merged(scores, ids, ids >= 0))
 
     def hybrid(self, job: SearchJob, batch: F32, gallery: GalleryBackend) -> Merged:
         """Both searches at once, then the merge per query modality (each has its own calibration)."""
         snapshot = self.segment.snapshot
         usable = np.any(job.new != 0, axis=1)
-        beside = self.pool.submit(snapshot.search, normalize_rows(job.new[usable]), job.k)
+        beside = self.pool.submit(snapshot.search, normalize_rows(job.new[usable]), job.depth)
         old_s, old_i = _old_side(job, batch, gallery, snapshot, usable)
-        new_s = np.full((len(batch), job.k), -np.inf, dtype=np.float32)
-        new_i = np.full((len(batch), job.k), -1, dtype=np.int64)
+        new_s = np.full((len(batch), job.depth), -np.inf, dtype=np.float32)
+        new_i = np.full((len(batch), job.depth), -1, dtype=np.int64)
         new_s[usable], new_i[usable] = beside.result()
         out = Merged(old_s.copy(), old_i.copy(), np.zeros(old_s.shape, dtype=bool))
         for modality, rows in _by_modality(job):
             score_map = job.profile.score_map(modality) if self.method == Merge.calibrated else None
-            part = merge((old_s[rows], old_i[rows]), (new_s[rows], new_i[rows]), job.k, self.method, score_map)
+            part = merge((old_s[rows], old_i[rows]), (new_s[rows], new_i[rows]), job.depth, self.method, score_map)
             out.scores[rows], out.ids[rows], out.from_segment[rows] = part.scores, part.ids, part.from_segment
         from_segment = int(out.from_segment.sum())
         metrics.HYBRID_HITS.labels(source="segment").inc(from_segment)
@@ -74,12 +74,12 @@ def _old_side(
 ) -> tuple[F32, I64]:
     """The old gallery's top-k: moved items skipped where the segment answers for them, kept where it cannot."""
     if usable.all():
-        return gallery.search(batch, job.k, job.nprobe, exclude=snapshot.exclusion)
-    scores = np.full((len(batch), job.k), -np.inf, dtype=np.float32)
-    ids = np.full((len(batch), job.k), -1, dtype=np.int64)
+        return gallery.search(batch, job.depth, job.nprobe, exclude=snapshot.exclusion)
+    scores = np.full((len(batch), job.depth), -np.inf, dtype=np.float32)
+    ids = np.full((len(batch), job.depth), -1, dtype=np.int64)
     for rows, exclusion in ((usable, snapshot.exclusion), (~usable, None)):
         if rows.any():
-            scores[rows], ids[rows] = gallery.search(batch[rows], job.k, job.nprobe, exclude=exclusion)
+            scores[rows], ids[rows] = gallery.search(batch[rows], job.depth, job.nprobe, exclude=exclusion)
     return scores, ids
 
 

@@ -43,6 +43,7 @@ class QueryResult:
     overlap: float | None = None
     fallback: str | None = None  # which endpoint answered alone after an all-zero encoder row (old | new | none)
     segment_hits: int | None = None  # hybrid / new: how many of the ids came from the new-model segment
+    reranked: int | None = None  # cascade: how many of the first ids were re-ranked in the new space
 
 
 @dataclass
@@ -67,10 +68,16 @@ class SearchJob:
     alpha: float | None
     nprobe: int
     profile: CompatProfile
+    depth: int = 0  # hits stage 1 returns (0: k); the cascade asks for more, re-ranks them and cuts to k
     timings: dict[str, float] = field(default_factory=dict)
     old: Embeddings = field(init=False)
     new: Embeddings = field(init=False)
     cache_status: list[str] = field(init=False)
+    new_failed: list[bool] = field(init=False)  # the new encoder failed for this row (a cascade answers without it)
+
+    def __post_init__(self) -> None:
+        """Stage 1 returns k hits unless asked for more."""
+        self.depth = self.depth or self.k
 
     @property
     def reads(self) -> Mode:
@@ -83,6 +90,7 @@ class SearchJob:
         self.old = np.zeros((n, self.profile.old_dim), dtype=np.float32)
         self.new = np.zeros((n, self.profile.new_dim), dtype=np.float32)
         self.cache_status = ["off"] * n
+        self.new_failed = [False] * n
 
     def record(self, name: str, elapsed: float) -> None:
         """Add a stage's seconds to the request's timings (ms) and the stage histogram."""

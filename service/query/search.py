@@ -23,7 +23,7 @@ from service.query.fallback import Route, groups, routes
 from service.query.hybrid import SegmentSearch
 from service.query.job import QueryResult, SearchJob
 from service.settings import IndexSettings
-from service.vocabulary import Mode
+from service.vocabulary import STAGED_MODES, Mode
 
 
 def search_pool_size(settings: IndexSettings) -> int:
@@ -53,18 +53,19 @@ def transform_and_search(
     if job.mode == Mode.new:
         return _segment_only(job, _needed(segment))
     compare = job.mode == Mode.compare
-    head_mode = job.profile.head if job.mode in (Mode.compare, Mode.hybrid) else job.mode
+    head_mode = job.profile.head if job.mode in STAGED_MODES else job.mode
+    beside = job.mode == Mode.hybrid or (job.mode == Mode.cascade and segment is not None)
     plan = routes(job, head_mode)
     with job.stage("transform"):
         rows = _transform(job, plan, head_mode)
     batch = np.concatenate([rows.batch, normalize_rows(job.old)]) if compare else rows.batch  # zero old: no results
     from_segment = None
     with job.stage("search"):
-        if job.mode == Mode.hybrid:
+        if beside:
             merged = _needed(segment).hybrid(job, batch, gallery)
             scores, ids, from_segment = merged.scores, merged.ids, merged.from_segment.sum(axis=1).tolist()
         else:
-            scores, ids = gallery.search(batch, job.k, job.nprobe)
+            scores, ids = gallery.search(batch, job.depth, job.nprobe)
     id_lists, score_lists = ids.tolist(), scores.tolist()
     results = []
     for i, ((row_mode, fallback), alpha, theta) in enumerate(zip(plan, rows.alphas, rows.thetas, strict=True)):
@@ -73,7 +74,7 @@ def transform_and_search(
             QueryResult(
                 ids=id_lists[i] if found else [],
                 scores=score_lists[i] if found else [],
-                mode=job.mode if job.mode == Mode.hybrid and fallback is None else row_mode,
+                mode=job.mode if job.mode in (Mode.hybrid, Mode.cascade) and fallback is None else row_mode,
                 alpha=alpha,
                 cache=job.cache_status[i],
                 theta=None if math.isnan(theta) else theta,
@@ -81,7 +82,7 @@ def transform_and_search(
                 segment_hits=from_segment[i] if from_segment is not None and found else None,
             )
         )
-        if fallback is not None:
+        if fallback is not None and not job.new_failed[i]:  # a failed new encoder is the cascade's count
             metrics.ZERO_EMBEDDING_FALLBACKS.labels(answered_by=fallback).inc()
     if compare:
         _add_old_side(job, results, id_lists[len(results) :], score_lists[len(results) :])

@@ -16,15 +16,19 @@ from service.vocabulary import CLASS_HEADS, SEGMENT_MODES, Mode
 
 
 def served_modes(settings: Settings, profile: CompatProfile) -> list[str]:
-    """What a request may ask for: the profile's modes, then hybrid and new beside a segment; new alone after cut-over.
+    """What a request may ask for: the profile's modes, hybrid and new beside a segment, cascade beside a segment or
+    an item store (where new-model rows of the items come from); new alone after the cut-over.
 
-    The segment holds new-model embeddings, so a head whose new query is logits (psp, lsp) has no segment modes.
+    The segment holds new-model embeddings, so a head whose new query is logits (psp, lsp) has neither.
     """
     if settings.cut_over:
         return [Mode.new]
+    if profile.head in CLASS_HEADS:
+        return list(profile.modes())
     segment = settings.index.segment_dir is not None
-    beside = list(SEGMENT_MODES) if segment and profile.head not in CLASS_HEADS else []
-    return [*profile.modes(), *beside]
+    beside = list(SEGMENT_MODES) if segment else []
+    cascade = [Mode.cascade] if segment or settings.index.item_store is not None else []
+    return [*profile.modes(), *beside, *cascade]
 
 
 def default_mode(settings: Settings, profile: CompatProfile) -> str:
@@ -38,6 +42,8 @@ def default_mode(settings: Settings, profile: CompatProfile) -> str:
     mode = settings.compat.default_mode or (Mode.hybrid if Mode.hybrid in served else profile.head)
     if mode not in {*served, Mode.compare}:
         hint = "; hybrid and new need NOBACKFILL_INDEX__SEGMENT_DIR" if mode in SEGMENT_MODES else ""
+        if mode == Mode.cascade:
+            hint = "; cascade needs NOBACKFILL_INDEX__ITEM_STORE or NOBACKFILL_INDEX__SEGMENT_DIR"
         raise ArtifactError(
             f"default mode {mode!r} is not served by profile {profile.profile_id} (it serves {', '.join(served)}){hint}"
         )
@@ -60,6 +66,8 @@ def validate(
     if job.mode != Mode.compare and job.mode not in served:
         needs_segment = job.mode in SEGMENT_MODES and Mode.new not in served
         hint = " (hybrid and new need a new-model segment: NOBACKFILL_INDEX__SEGMENT_DIR)" if needs_segment else ""
+        if job.mode == Mode.cascade:
+            hint = " (cascade needs NOBACKFILL_INDEX__ITEM_STORE or NOBACKFILL_INDEX__SEGMENT_DIR)"
         raise UnsupportedMode(f"mode {job.mode!r} is not served by this profile; it serves {', '.join(served)}{hint}")
     if job.mode == Mode.compare and Mode.old not in served:
         raise UnsupportedMode(f"mode 'compare' needs a profile that serves 'old'; this one serves {', '.join(served)}")

@@ -285,5 +285,34 @@ def shard_ids(folder: Path, name: str) -> npt.NDArray[np.int64] | None:
 
 def moved_ids(folder: Path) -> npt.NDArray[np.int64]:
     """Sorted distinct ids of every intact published shard: what a writer never encodes again."""
-    parts = [ids for name in shard_names(folder) if (ids := shard_ids(folder, name)) is not None]
-    return np.unique(np.concatenate(parts)) if parts else np.zeros(0, dtype=np.int64)
+    return MovedIds(folder).update()
+
+
+class MovedIds:
+    """The moved ids of a segment that other writers keep adding to; update() reads only the shards published since."""
+
+    def __init__(self, folder: Path) -> None:
+        self.folder = folder
+        self.ids = np.zeros(0, dtype=np.int64)  # sorted, distinct
+        self._seen: set[str] = set()
+
+    def update(self) -> npt.NDArray[np.int64]:
+        """Read the shards not seen yet (a damaged one is skipped, and read again next time); the sorted ids."""
+        parts = [self.ids]
+        for name in shard_names(self.folder):
+            if name in self._seen:
+                continue
+            ids = shard_ids(self.folder, name)
+            if ids is not None:
+                parts.append(ids)
+                self._seen.add(name)
+        if len(parts) > 1:
+            self.ids = np.unique(np.concatenate(parts))
+        return self.ids
+
+    def contains(self, ids: npt.NDArray[np.int64]) -> npt.NDArray[np.bool_]:
+        """Which of `ids` had moved at the last update (a bisection each: cheap at millions of moved ids)."""
+        if not len(self.ids):
+            return np.zeros(len(ids), dtype=bool)
+        pos = np.minimum(np.searchsorted(self.ids, ids), len(self.ids) - 1)
+        return np.asarray(self.ids[pos] == ids)

@@ -83,15 +83,26 @@ class Block:
 
     index: Any
     ids: I64
+    by_id: I64  # row numbers in ascending id order, so an id's row is found by bisection
 
     @classmethod
     def of(cls, vectors: F32, ids: I64, indexing: Indexing | None = None) -> Block:
         """A block over these rows (copied into faiss), indexed as `indexing` says."""
-        return cls((indexing or Indexing()).index_of(vectors), ids)
+        return cls((indexing or Indexing()).index_of(vectors), ids, np.argsort(ids, kind="stable"))
 
     def vectors(self) -> F32:
         """The block's rows back out of faiss (for a merge)."""
         return np.asarray(self.index.reconstruct_n(0, self.index.ntotal), dtype=np.float32)
+
+    def rows_of(self, ids: I64) -> tuple[npt.NDArray[np.bool_], F32]:
+        """Which of `ids` this block holds, and their rows (in the order of the found ones)."""
+        sorted_ids = self.ids[self.by_id]
+        pos = np.minimum(np.searchsorted(sorted_ids, ids), len(sorted_ids) - 1)
+        found = sorted_ids[pos] == ids
+        rows = self.by_id[pos[found]]
+        if not len(rows):
+            return found, np.zeros((0, self.index.d), dtype=np.float32)
+        return found, np.asarray(self.index.reconstruct_batch(rows), dtype=np.float32)
 
 
 @dataclass(frozen=True)
@@ -135,6 +146,16 @@ class Snapshot:
     def contains(self, ids: I64) -> npt.NDArray[np.bool_]:
         """Which of `ids` have moved."""
         return _member(ids, self.moved)
+
+    def rows_of(self, ids: I64) -> tuple[npt.NDArray[np.bool_], F32]:
+        """Which of `ids` have moved, and the new-model row of each (zero where not moved): what the cascade reads."""
+        found = np.zeros(len(ids), dtype=bool)
+        rows = np.zeros((len(ids), self.dim), dtype=np.float32)
+        for block in self.blocks:  # an id is in one block at most (refresh keeps its first row)
+            hit, vectors = block.rows_of(ids)
+            rows[hit] = vectors
+            found |= hit
+        return found, rows
 
 
 def _merge_smallest(blocks: list[Block], indexing: Indexing) -> list[Block]:

@@ -27,8 +27,9 @@ def test_every_mode_says_what_it_reads_and_every_head_its_family_and_modes() -> 
     assert set(HEAD_FAMILY) == set(Head) == set(HEAD_MODES)
     assert {head for family in HeadFamily for head in heads_of(family)} == set(Head)
     served = {mode for modes in HEAD_MODES.values() for mode in modes}
-    # compare is the pipeline's, served with the head beside old; hybrid and new are served beside a segment
-    assert served == set(Mode) - {Mode.compare, *SEGMENT_MODES}
+    # compare is the pipeline's, served with the head beside old; hybrid and new are served beside a segment,
+    # cascade beside a segment or an item store
+    assert served == set(Mode) - {Mode.compare, *SEGMENT_MODES, Mode.cascade}
 
 
 def test_reads_follow_from_the_table() -> None:

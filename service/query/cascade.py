@@ -1,0 +1,229 @@
+"""The re-rank cascade: stage 1's top candidates re-ranked by the new query against their new-model rows.
+
+    stage 1 (search.py)   the head's compatible search, or hybrid beside a segment: the top
+                          max(k, cascade.candidates) hits
+    rows                  each candidate's new-model row: from the segment's snapshot, else from the
+                          rows encoded but not published yet (segment/writer.py), else encoded from
+                          the item store on the request's path: the first cascade.encode_budget such
+                          candidates of each query, in stage-1 order.  Each item is its own entry of
+                          the new encoder's batcher, so concurrent requests share batches and a bad
+                          item fails alone; the request waits cascade.encode_timeout_s at most.
+    re-rank               the candidates with a row first, by new query . row (cosines); below them
+                          the others in their stage-1 order, with their stage-1 scores
+    write                 rows encoded on the path go to the segment writer (rows that arrive after
+                          the timeout too): the next query finds them, and the segment fills with
+                          what users get, with no backfill job
+A candidate with no item in the store, an encoder failure, a timeout or an all-zero row keeps its
+stage-1 place (counted); the request still answers.  A query whose new embedding is all-zero or
+failed was answered by stage 1 alone (fallback), and is not re-ranked.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Awaitable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from functools import partial
+from pathlib import Path
+
+import numpy as np
+import numpy.typing as npt
+
+from service import metrics
+from service.bulk.inputs import image_b64
+from service.compat.rows import normalize_rows
+from service.encoders.base import Embeddings
+from service.encoders.batcher import MicroBatcher
+from service.errors import NobackfillError
+from service.items.store import ItemStore
+from service.query.job import QueryResult, SearchJob
+from service.segment.reader import Segment
+from service.segment.writer import SegmentWriter
+
+log = logging.getLogger("nobackfill.cascade")
+
+F32 = npt.NDArray[np.float32]
+I64 = npt.NDArray[np.int64]
+
+
+@dataclass
+class _Rows:
+    """The new-model rows known for a request's candidates, keyed by gallery id, and where each came from."""
+
+    rows: dict[int, F32] = field(default_factory=dict)
+    source: dict[int, str] = field(default_factory=dict)  # segment | pending | encoded
+
+
+@dataclass(frozen=True)
+class Cascade:
+    """The cascade's settings and what it reads: the new batcher, the segment, its writer, the item store."""
+
+    candidates: int
+    budget: int
+    timeout_s: float
+    new: MicroBatcher
+    pool: ThreadPoolExecutor  # lookups and the re-rank run here, never on the event loop
+    segment: Segment | None = None
+    writer: SegmentWriter | None = None
+    items: ItemStore | None = None
+
+    def depth(self, k: int) -> int:
+        """How many hits stage 1 returns for a request of k."""
+        return max(k, self.candidates)
+
+    async def rerank(self, job: SearchJob, results: list[QueryResult]) -> None:
+        """Re-rank each usable result's candidates in place and cut it to job.k (see the module docstring)."""
+        with job.stage("cascade"):
+            loop = asyncio.get_running_loop()
+            usable = [i for i, r in enumerate(results) if r.fallback is None and r.ids and job.new[i].any()]
+            known = await loop.run_in_executor(self.pool, self._known, results, usable)
+            wanted = self._to_encode(results, usable, known)
+            if len(wanted):
+                await self._encode(wanted, known)
+            await loop.run_in_executor(self.pool, self._reorder, job, results, usable, known)
+
+    def _known(self, results: list[QueryResult], usable: list[int]) -> _Rows:
+        """Rows already at hand for the candidates: the segment's, then the writer's pending ones."""
+        known = _Rows()
+        if not usable:
+            return known
+        ids = np.unique(np.array([x for i in usable for x in results[i].ids if x >= 0], dtype=np.int64))
+        for source, lookup in (("segment", self._segment_rows), ("pending", self._pending_rows)):
+            missing = ids[[int(x) not in known.rows for x in ids.tolist()]]
+            found, rows = lookup(missing)
+            for gallery_id, row in zip(missing[found].tolist(), rows[found], strict=True):
+                known.rows[gallery_id], known.source[gallery_id] = row, source
+        return known
+
+    def _segment_rows(self, ids: I64) -> tuple[npt.NDArray[np.bool_], F32]:
+        """Rows of the segment's current snapshot."""
+        if self.segment is None or not len(ids):
+            return np.zeros(len(ids), dtype=bool), np.zeros((len(ids), 0), dtype=np.float32)
+        return self.segment.snapshot.rows_of(ids)
+
+    def _pending_rows(self, ids: I64) -> tuple[npt.NDArray[np.bool_], F32]:
+        """Rows encoded earlier and not published yet."""
+        if self.writer is None or not len(ids):
+            return np.zeros(len(ids), dtype=bool), np.zeros((len(ids), 0), dtype=np.float32)
+        return self.writer.rows_of(ids)
+
+    def _to_encode(self, results: list[QueryResult], usable: list[int], known: _Rows) -> I64:
+        """Per query, its first `budget` candidates with no row, in stage-1 order; each id once per request."""
+        if self.items is None or self.budget == 0:
+            return np.zeros(0, dtype=np.int64)
+        wanted: dict[int, None] = {}
+        for i in usable:
+            missing = [x for x in results[i].ids if x >= 0 and x not in known.rows]
+            wanted.update(dict.fromkeys(missing[: self.budget]))
+        return np.fromiter(wanted, dtype=np.int64, count=len(wanted))
+
+    async def _encode(self, ids: I64, known: _Rows) -> None:
+        """Encode the items of `ids` through the new batcher, waiting timeout_s at most; usable rows join `known`."""
+        assert self.items is not None
+        if self.new.problem() is not None:  # down: do not queue behind it, stage 1's order stands
+            metrics.CASCADE_ENCODE_FAILURES.labels(reason="encoder_failed").inc(len(ids))
+            return
+        loop = asyncio.get_running_loop()
+        values = await loop.run_in_executor(self.pool, self._values, ids)
+        calls: dict[int, asyncio.Future[Embeddings]] = {}
+        for gallery_id, value in zip(ids.tolist(), values, strict=True):
+            if value is None:
+                metrics.CASCADE_ENCODE_FAILURES.labels(reason="missing_item").inc()
+                continue
+            try:
+                calls[gallery_id] = asyncio.ensure_future(self._submit(value))
+            except NobackfillError:  # the batcher stopped meanwhile
+                metrics.CASCADE_ENCODE_FAILURES.labels(reason="encoder_failed").inc()
+        if not calls:
+            return
+        done, late = await asyncio.wait(calls.values(), timeout=self.timeout_s)
+        encoded: dict[int, F32] = {}
+        for gallery_id, call in calls.items():
+            if call in late:
+                metrics.CASCADE_ENCODE_FAILURES.labels(reason="timeout").inc()
+                call.add_done_callback(partial(self._arrived_late, gallery_id))
+            elif (row := self._usable(call)) is not None:
+                encoded[gallery_id] = row
+        for gallery_id, row in encoded.items():
+            known.rows[gallery_id], known.source[gallery_id] = row, "encoded"
+        self._write(encoded)
+
+    def _submit(self, value: str) -> Awaitable[Embeddings]:
+        """One item as its own batcher entry (a failure then fails this item alone)."""
+        assert self.items is not None
+        return self.new.submit([value], self.items.modality)
+
+    def _values(self, ids: I64) -> list[str | None]:
+        """The items to encode: texts, or images read from their paths as the encoder takes them (None: missing)."""
+        assert self.items is not None
+        values = self.items.get_many(ids)
+        if self.items.modality != "image":
+            return values
+        out: list[str | None] = []
+        for value in values:
+            try:
+                out.append(None if value is None else image_b64(Path(value)))
+            except (OSError, NobackfillError):
+                out.append(None)
+        return out
+
+    @staticmethod
+    def _usable(call: asyncio.Future[Embeddings]) -> F32 | None:
+        """The unit row of a finished call, or None (counted) when it failed or is all-zero."""
+        if call.cancelled() or call.exception() is not None:
+            metrics.CASCADE_ENCODE_FAILURES.labels(reason="encoder_failed").inc()
+            return None
+        row = call.result()[0]
+        if not row.any():
+            metrics.CASCADE_ENCODE_FAILURES.labels(reason="zero_row").inc()
+            return None
+        unit: F32 = normalize_rows(row[None])[0]
+        return unit
+
+    def _arrived_late(self, gallery_id: int, call: asyncio.Future[Embeddings]) -> None:
+        """A row that came after its request stopped waiting still goes to the segment."""
+        if not call.cancelled() and call.exception() is None and call.result()[0].any():
+            self._write({gallery_id: normalize_rows(call.result()[0][None])[0]})
+
+    def _write(self, encoded: dict[int, F32]) -> None:
+        """Hand rows encoded on the path to the segment writer (none without a segment folder)."""
+        if self.writer is not None and encoded:
+            ids = np.fromiter(encoded, dtype=np.int64, count=len(encoded))
+            self.writer.add(ids, np.stack(list(encoded.values())))
+
+    def _reorder(self, job: SearchJob, results: list[QueryResult], usable: list[int], known: _Rows) -> None:
+        """Each usable result: candidates with a row by new cosine, then the rest in stage-1 order; all cut to k."""
+        queries = normalize_rows(job.new)
+        for i, result in enumerate(results):
+            if i in usable:
+                _reorder_one(result, queries[i], known)
+            elif job.new_failed[i]:
+                metrics.CASCADE_SKIPPED.labels(reason="new_encoder").inc()
+            result.ids, result.scores = result.ids[: job.k], result.scores[: job.k]
+            if i in usable:
+                result.reranked = min(result.reranked or 0, job.k)
+                if result.segment_hits is not None:  # hybrid's count, of the hits that are left
+                    result.segment_hits = sum(known.source.get(x) == "segment" for x in result.ids)
+
+
+def _reorder_one(result: QueryResult, query: F32, known: _Rows) -> None:
+    """One result's re-rank (before the cut to k), its counts, and how many of its hits were re-ranked."""
+    ids = result.ids
+    with_row = [j for j, x in enumerate(ids) if x in known.rows]
+    kept = [j for j, x in enumerate(ids) if x not in known.rows]
+    for j in with_row:
+        metrics.CASCADE_CANDIDATES.labels(source=known.source[ids[j]]).inc()
+    metrics.CASCADE_CANDIDATES.labels(source="kept").inc(len(kept))
+    metrics.CASCADE_ENCODED.observe(sum(known.source[ids[j]] == "encoded" for j in with_row))
+    ranked: list[int] = []
+    scores: dict[int, float] = {}
+    if with_row:
+        cosines = np.stack([known.rows[ids[j]] for j in with_row]) @ query
+        ranked = [with_row[o] for o in np.argsort(-cosines, kind="stable").tolist()]  # a tie keeps stage 1's order
+        scores = dict(zip(with_row, cosines.tolist(), strict=True))
+    order = ranked + kept
+    result.ids = [ids[j] for j in order]
+    result.scores = [scores.get(j, result.scores[j]) for j in order]
+    result.reranked = len(ranked)
