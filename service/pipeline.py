@@ -44,7 +44,7 @@ from service.errors import InputError, NobackfillError, Overloaded
 from service.index.base import GalleryBackend
 from service.index.factory import create_gallery
 from service.items.store import ItemStore, open_beside
-from service.query.cascade import Cascade
+from service.query.cascade import Cascade, Rerank
 from service.query.embedding import CacheWriteBack, Embedder
 from service.query.hybrid import SegmentSearch
 from service.query.job import Query, QueryResult, SearchJob, SearchOutcome
@@ -126,6 +126,20 @@ def _returned_ids(results: list[QueryResult], k: int) -> npt.NDArray[np.int64]:
     for row, result in enumerate(results):
         ids[row, : len(result.ids)] = result.ids
     return ids
+
+
+def _stage_one(
+    job: SearchJob, gallery: GalleryBackend, segment: SegmentSearch | None, cascade: Cascade | None
+) -> tuple[list[QueryResult], Rerank | None]:
+    """transform_and_search, then the cascade's row lookups; re-ranked here already when nothing is to be encoded."""
+    results = transform_and_search(job, gallery, segment)
+    if cascade is None:
+        return results, None
+    rerank = cascade.prepare(job, results)
+    if len(rerank.wanted):
+        return results, rerank
+    cascade.finish(job, results, rerank)
+    return results, None
 
 
 def _model_info(batcher: MicroBatcher, settings: EncoderSettings) -> dict[str, Any]:
@@ -466,9 +480,10 @@ class Pipeline:
         validate(job, self.settings.api, self.gallery.max_nprobe, self.old.encoder, self.new.encoder, served)
         with self._admitted(len(queries)):
             await self.embedder.embed(job)
-            results = await self._transform_and_search(job)
-            if cascade is not None:
-                await cascade.rerank(job, results)
+            results, rerank = await self._transform_and_search(job, cascade)
+            if cascade is not None and rerank is not None:  # candidates to encode: the loop's part, then the re-rank
+                await cascade.encode(job, rerank)
+                cascade.finish(job, results, rerank)
         if self.traffic is not None and job.reads.blends:
             # A blending answer read both embeddings: hand them to the sampler (a queue put, never a wait).
             self.traffic.offer_queries(queries, job.old, job.new)
@@ -497,10 +512,12 @@ class Pipeline:
             self.in_flight -= n
             metrics.IN_FLIGHT.dec(n)
 
-    async def _transform_and_search(self, job: SearchJob) -> list[QueryResult]:
-        """transform_and_search on the search pool, in this task's context (as asyncio.to_thread would)."""
+    async def _transform_and_search(
+        self, job: SearchJob, cascade: Cascade | None
+    ) -> tuple[list[QueryResult], Rerank | None]:
+        """_stage_one on the search pool, in this task's context (as asyncio.to_thread would)."""
         context = contextvars.copy_context()
-        work = partial(context.run, transform_and_search, job, self.gallery, self.segment)
+        work = partial(context.run, _stage_one, job, self.gallery, self.segment, cascade)
         return await asyncio.get_running_loop().run_in_executor(self.search_pool, work)
 
     # -- profile hot swap -------------------------------------------------------------------------

@@ -23,6 +23,7 @@ def segment_status(folder: Path, hits: tuple[I64, F64] | None = None) -> dict[st
     meta = read_segment_meta(folder)
     shards: list[dict[str, Any]] = []
     parts: list[I64] = []
+    by_writer: dict[str, list[I64]] = {}
     for name in shard_names(folder):
         entry: dict[str, Any] = {"name": name}
         try:
@@ -34,6 +35,7 @@ def segment_status(folder: Path, hits: tuple[I64, F64] | None = None) -> dict[st
             shards.append(entry)
             continue
         parts.append(ids)
+        by_writer.setdefault(str(info.get("writer")), []).append(ids)
         model = info.get("model", {})
         entry.update(
             count=int(len(ids)),
@@ -50,6 +52,8 @@ def segment_status(folder: Path, hits: tuple[I64, F64] | None = None) -> dict[st
         "gallery": meta.gallery.as_dict(),
         "moved": int(len(moved)),
         "coverage": len(moved) / total,
+        # Items each writer moved (backfill: the bulk job; service-cascade: traffic); one moved by two counts for both.
+        "moved_by_writer": {writer: int(len(np.unique(np.concatenate(p)))) for writer, p in sorted(by_writer.items())},
         "shards": shards,
         "damaged_shards": sum("damaged" in s for s in shards),
     }

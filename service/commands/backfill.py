@@ -179,6 +179,9 @@ def status(
         f"in {len(report['shards'])} shard(s)"
         + (f", {report['damaged_shards']} damaged" if report["damaged_shards"] else "")
     )
+    if report["moved_by_writer"]:
+        parts = ", ".join(f"{writer} {count:,}" for writer, count in report["moved_by_writer"].items())
+        typer.echo(f"  moved by: {parts} (service-cascade: traffic, through the re-rank cascade)")
     share = report.get("hits", {}).get("share_on_moved")
     typer.echo(
         "  recent hits on moved items: "

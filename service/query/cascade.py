@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections import Counter
 from collections.abc import Awaitable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -49,22 +50,29 @@ I64 = npt.NDArray[np.int64]
 
 
 @dataclass
-class _Rows:
-    """The new-model rows known for a request's candidates, keyed by gallery id, and where each came from."""
+class Rerank:
+    """One request's cascade under way: the results it re-ranks, the rows at hand, and the ids still to encode."""
 
-    rows: dict[int, F32] = field(default_factory=dict)
+    usable: list[int]  # results re-ranked: stage 1 answered them with a usable new query
+    rows: dict[int, F32] = field(default_factory=dict)  # gallery id -> unit new-model row
     source: dict[int, str] = field(default_factory=dict)  # segment | pending | encoded
+    wanted: I64 = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
 
 
 @dataclass(frozen=True)
 class Cascade:
-    """The cascade's settings and what it reads: the new batcher, the segment, its writer, the item store."""
+    """The cascade's settings and what it reads: the new batcher, the segment, its writer, the item store.
+
+    prepare() and finish() run on the search pool right after stage 1, in the same call: a request whose
+    candidates all have rows (or that encodes nothing) costs no extra thread hop; encode() runs on the
+    event loop, through the batcher.
+    """
 
     candidates: int
     budget: int
     timeout_s: float
     new: MicroBatcher
-    pool: ThreadPoolExecutor  # lookups and the re-rank run here, never on the event loop
+    pool: ThreadPoolExecutor  # item lookups run here, never on the event loop
     segment: Segment | None = None
     writer: SegmentWriter | None = None
     items: ItemStore | None = None
@@ -73,29 +81,41 @@ class Cascade:
         """How many hits stage 1 returns for a request of k."""
         return max(k, self.candidates)
 
-    async def rerank(self, job: SearchJob, results: list[QueryResult]) -> None:
-        """Re-rank each usable result's candidates in place and cut it to job.k (see the module docstring)."""
+    def prepare(self, job: SearchJob, results: list[QueryResult]) -> Rerank:
+        """The rows at hand for every candidate (segment, then pending) and, per query, the first `budget` without."""
         with job.stage("cascade"):
-            loop = asyncio.get_running_loop()
-            usable = [i for i, r in enumerate(results) if r.fallback is None and r.ids and job.new[i].any()]
-            known = await loop.run_in_executor(self.pool, self._known, results, usable)
-            wanted = self._to_encode(results, usable, known)
-            if len(wanted):
-                await self._encode(wanted, known)
-            await loop.run_in_executor(self.pool, self._reorder, job, results, usable, known)
+            plan = Rerank([i for i, r in enumerate(results) if r.fallback is None and r.ids and job.new[i].any()])
+            if not plan.usable:
+                return plan
+            ids = np.unique(np.array([x for i in plan.usable for x in results[i].ids if x >= 0], dtype=np.int64))
+            for source, lookup in (("segment", self._segment_rows), ("pending", self._pending_rows)):
+                missing = ids[[int(x) not in plan.rows for x in ids.tolist()]]
+                found, rows = lookup(missing)
+                for gallery_id, row in zip(missing[found].tolist(), rows[found], strict=True):
+                    plan.rows[gallery_id], plan.source[gallery_id] = row, source
+            plan.wanted = self._to_encode(results, plan)
+            return plan
 
-    def _known(self, results: list[QueryResult], usable: list[int]) -> _Rows:
-        """Rows already at hand for the candidates: the segment's, then the writer's pending ones."""
-        known = _Rows()
-        if not usable:
-            return known
-        ids = np.unique(np.array([x for i in usable for x in results[i].ids if x >= 0], dtype=np.int64))
-        for source, lookup in (("segment", self._segment_rows), ("pending", self._pending_rows)):
-            missing = ids[[int(x) not in known.rows for x in ids.tolist()]]
-            found, rows = lookup(missing)
-            for gallery_id, row in zip(missing[found].tolist(), rows[found], strict=True):
-                known.rows[gallery_id], known.source[gallery_id] = row, source
-        return known
+    async def encode(self, job: SearchJob, plan: Rerank) -> None:
+        """Encode the wanted candidates (the event loop's part of the cascade)."""
+        if len(plan.wanted):
+            with job.stage("cascade"):
+                await self._encode(plan.wanted, plan)
+
+    def finish(self, job: SearchJob, results: list[QueryResult], plan: Rerank) -> None:
+        """Each usable result: candidates with a row by new cosine, then the rest in stage-1 order; all cut to k."""
+        with job.stage("cascade"):
+            queries = normalize_rows(job.new)
+            for i, result in enumerate(results):
+                if i in plan.usable:
+                    _reorder_one(result, queries[i], plan)
+                elif job.new_failed[i]:
+                    metrics.CASCADE_SKIPPED.labels(reason="new_encoder").inc()
+                result.ids, result.scores = result.ids[: job.k], result.scores[: job.k]
+                if i in plan.usable:
+                    result.reranked = min(result.reranked or 0, job.k)
+                    if result.segment_hits is not None:  # hybrid's count, of the hits that are left
+                        result.segment_hits = sum(plan.source.get(x) == "segment" for x in result.ids)
 
     def _segment_rows(self, ids: I64) -> tuple[npt.NDArray[np.bool_], F32]:
         """Rows of the segment's current snapshot."""
@@ -109,18 +129,18 @@ class Cascade:
             return np.zeros(len(ids), dtype=bool), np.zeros((len(ids), 0), dtype=np.float32)
         return self.writer.rows_of(ids)
 
-    def _to_encode(self, results: list[QueryResult], usable: list[int], known: _Rows) -> I64:
+    def _to_encode(self, results: list[QueryResult], plan: Rerank) -> I64:
         """Per query, its first `budget` candidates with no row, in stage-1 order; each id once per request."""
         if self.items is None or self.budget == 0:
             return np.zeros(0, dtype=np.int64)
         wanted: dict[int, None] = {}
-        for i in usable:
-            missing = [x for x in results[i].ids if x >= 0 and x not in known.rows]
+        for i in plan.usable:
+            missing = [x for x in results[i].ids if x >= 0 and x not in plan.rows]
             wanted.update(dict.fromkeys(missing[: self.budget]))
         return np.fromiter(wanted, dtype=np.int64, count=len(wanted))
 
-    async def _encode(self, ids: I64, known: _Rows) -> None:
-        """Encode the items of `ids` through the new batcher, waiting timeout_s at most; usable rows join `known`."""
+    async def _encode(self, ids: I64, plan: Rerank) -> None:
+        """Encode the items of `ids` through the new batcher, waiting timeout_s at most; usable rows join the plan's."""
         assert self.items is not None
         if self.new.problem() is not None:  # down: do not queue behind it, stage 1's order stands
             metrics.CASCADE_ENCODE_FAILURES.labels(reason="encoder_failed").inc(len(ids))
@@ -147,7 +167,7 @@ class Cascade:
             elif (row := self._usable(call)) is not None:
                 encoded[gallery_id] = row
         for gallery_id, row in encoded.items():
-            known.rows[gallery_id], known.source[gallery_id] = row, "encoded"
+            plan.rows[gallery_id], plan.source[gallery_id] = row, "encoded"
         self._write(encoded)
 
     def _submit(self, value: str) -> Awaitable[Embeddings]:
@@ -193,34 +213,21 @@ class Cascade:
             ids = np.fromiter(encoded, dtype=np.int64, count=len(encoded))
             self.writer.add(ids, np.stack(list(encoded.values())))
 
-    def _reorder(self, job: SearchJob, results: list[QueryResult], usable: list[int], known: _Rows) -> None:
-        """Each usable result: candidates with a row by new cosine, then the rest in stage-1 order; all cut to k."""
-        queries = normalize_rows(job.new)
-        for i, result in enumerate(results):
-            if i in usable:
-                _reorder_one(result, queries[i], known)
-            elif job.new_failed[i]:
-                metrics.CASCADE_SKIPPED.labels(reason="new_encoder").inc()
-            result.ids, result.scores = result.ids[: job.k], result.scores[: job.k]
-            if i in usable:
-                result.reranked = min(result.reranked or 0, job.k)
-                if result.segment_hits is not None:  # hybrid's count, of the hits that are left
-                    result.segment_hits = sum(known.source.get(x) == "segment" for x in result.ids)
 
-
-def _reorder_one(result: QueryResult, query: F32, known: _Rows) -> None:
+def _reorder_one(result: QueryResult, query: F32, plan: Rerank) -> None:
     """One result's re-rank (before the cut to k), its counts, and how many of its hits were re-ranked."""
     ids = result.ids
-    with_row = [j for j, x in enumerate(ids) if x in known.rows]
-    kept = [j for j, x in enumerate(ids) if x not in known.rows]
-    for j in with_row:
-        metrics.CASCADE_CANDIDATES.labels(source=known.source[ids[j]]).inc()
+    with_row = [j for j, x in enumerate(ids) if x in plan.rows]
+    kept = [j for j, x in enumerate(ids) if x not in plan.rows]
+    sources = Counter(plan.source[ids[j]] for j in with_row)
+    for source, n in sources.items():
+        metrics.CASCADE_CANDIDATES.labels(source=source).inc(n)
     metrics.CASCADE_CANDIDATES.labels(source="kept").inc(len(kept))
-    metrics.CASCADE_ENCODED.observe(sum(known.source[ids[j]] == "encoded" for j in with_row))
+    metrics.CASCADE_ENCODED.observe(sources["encoded"])
     ranked: list[int] = []
     scores: dict[int, float] = {}
     if with_row:
-        cosines = np.stack([known.rows[ids[j]] for j in with_row]) @ query
+        cosines = np.stack([plan.rows[ids[j]] for j in with_row]) @ query
         ranked = [with_row[o] for o in np.argsort(-cosines, kind="stable").tolist()]  # a tie keeps stage 1's order
         scores = dict(zip(with_row, cosines.tolist(), strict=True))
     order = ranked + kept

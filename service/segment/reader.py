@@ -79,16 +79,16 @@ class Indexing:
 
 @dataclass(frozen=True)
 class Block:
-    """Rows searched together: one inner-product index (flat or IVF) and the gallery id of each row."""
+    """Rows searched together: one inner-product index (flat or IVF) and the gallery id of each row, ascending."""
 
     index: Any
-    ids: I64
-    by_id: I64  # row numbers in ascending id order, so an id's row is found by bisection
+    ids: I64  # sorted, so an id's row is found by bisection
 
     @classmethod
     def of(cls, vectors: F32, ids: I64, indexing: Indexing | None = None) -> Block:
-        """A block over these rows (copied into faiss), indexed as `indexing` says."""
-        return cls((indexing or Indexing()).index_of(vectors), ids, np.argsort(ids, kind="stable"))
+        """A block over these rows (copied into faiss in id order), indexed as `indexing` says."""
+        order = np.argsort(ids, kind="stable")
+        return cls((indexing or Indexing()).index_of(vectors[order]), ids[order])
 
     def vectors(self) -> F32:
         """The block's rows back out of faiss (for a merge)."""
@@ -96,13 +96,11 @@ class Block:
 
     def rows_of(self, ids: I64) -> tuple[npt.NDArray[np.bool_], F32]:
         """Which of `ids` this block holds, and their rows (in the order of the found ones)."""
-        sorted_ids = self.ids[self.by_id]
-        pos = np.minimum(np.searchsorted(sorted_ids, ids), len(sorted_ids) - 1)
-        found = sorted_ids[pos] == ids
-        rows = self.by_id[pos[found]]
-        if not len(rows):
+        pos = np.minimum(np.searchsorted(self.ids, ids), len(self.ids) - 1)
+        found = self.ids[pos] == ids
+        if not found.any():
             return found, np.zeros((0, self.index.d), dtype=np.float32)
-        return found, np.asarray(self.index.reconstruct_batch(rows), dtype=np.float32)
+        return found, np.asarray(self.index.reconstruct_batch(pos[found]), dtype=np.float32)
 
 
 @dataclass(frozen=True)

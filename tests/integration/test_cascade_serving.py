@@ -11,6 +11,7 @@ the cascade and the answer is stage 1's, with the old model alone.
 from __future__ import annotations
 
 import asyncio
+import json
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -163,7 +164,9 @@ async def test_encoded_candidates_fill_the_segment_and_the_next_query_reads_them
     assert on_disk.count == moved
     status = cli("backfill", "status", segment, "--json")
     assert status.returncode == 0, status.stderr
-    assert '"writer": "service-cascade"' in status.stdout
+    report = json.loads(status.stdout)
+    assert report["moved"] == moved and report["moved_by_writer"] == {"service-cascade": moved}
+    assert "moved by: service-cascade" in cli("backfill", "status", segment).stdout
 
 
 async def test_a_missing_item_or_a_failed_or_zero_encoding_keeps_its_stage_one_place(
