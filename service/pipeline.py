@@ -482,7 +482,7 @@ class Pipeline:
             await self.embedder.embed(job)
             results, rerank = await self._transform_and_search(job, cascade)
             if cascade is not None and rerank is not None:  # candidates to encode: the loop's part, then the re-rank
-                await cascade.encode(job, rerank)
+                await cascade.encode(rerank)
                 cascade.finish(job, results, rerank)
         if self.traffic is not None and job.reads.blends:
             # A blending answer read both embeddings: hand them to the sampler (a queue put, never a wait).

@@ -22,9 +22,11 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections import Counter
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Iterator
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
@@ -57,6 +59,16 @@ class Rerank:
     rows: dict[int, F32] = field(default_factory=dict)  # gallery id -> unit new-model row
     source: dict[int, str] = field(default_factory=dict)  # segment | pending | encoded
     wanted: I64 = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
+    seconds: float = 0.0  # the cascade's time so far, over its parts: recorded once, as the stage "cascade"
+
+    @contextmanager
+    def timed(self) -> Iterator[None]:
+        """Add the time of one part to the cascade's."""
+        start = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.seconds += time.perf_counter() - start
 
 
 @dataclass(frozen=True)
@@ -83,8 +95,8 @@ class Cascade:
 
     def prepare(self, job: SearchJob, results: list[QueryResult]) -> Rerank:
         """The rows at hand for every candidate (segment, then pending) and, per query, the first `budget` without."""
-        with job.stage("cascade"):
-            plan = Rerank([i for i, r in enumerate(results) if r.fallback is None and r.ids and job.new[i].any()])
+        plan = Rerank([i for i, r in enumerate(results) if r.fallback is None and r.ids and job.new[i].any()])
+        with plan.timed():
             if not plan.usable:
                 return plan
             ids = np.unique(np.array([x for i in plan.usable for x in results[i].ids if x >= 0], dtype=np.int64))
@@ -96,15 +108,15 @@ class Cascade:
             plan.wanted = self._to_encode(results, plan)
             return plan
 
-    async def encode(self, job: SearchJob, plan: Rerank) -> None:
+    async def encode(self, plan: Rerank) -> None:
         """Encode the wanted candidates (the event loop's part of the cascade)."""
         if len(plan.wanted):
-            with job.stage("cascade"):
+            with plan.timed():
                 await self._encode(plan.wanted, plan)
 
     def finish(self, job: SearchJob, results: list[QueryResult], plan: Rerank) -> None:
         """Each usable result: candidates with a row by new cosine, then the rest in stage-1 order; all cut to k."""
-        with job.stage("cascade"):
+        with plan.timed():
             queries = normalize_rows(job.new)
             for i, result in enumerate(results):
                 if i in plan.usable:
@@ -116,6 +128,7 @@ class Cascade:
                     result.reranked = min(result.reranked or 0, job.k)
                     if result.segment_hits is not None:  # hybrid's count, of the hits that are left
                         result.segment_hits = sum(plan.source.get(x) == "segment" for x in result.ids)
+        job.record("cascade", plan.seconds)
 
     def _segment_rows(self, ids: I64) -> tuple[npt.NDArray[np.bool_], F32]:
         """Rows of the segment's current snapshot."""
@@ -146,7 +159,12 @@ class Cascade:
             metrics.CASCADE_ENCODE_FAILURES.labels(reason="encoder_failed").inc(len(ids))
             return
         loop = asyncio.get_running_loop()
-        values = await loop.run_in_executor(self.pool, self._values, ids)
+        try:
+            values = await loop.run_in_executor(self.pool, self._values, ids)
+        except Exception as exc:  # an unreadable store: stage 1's order stands, the request still answers
+            log.error("cascade: reading %d items from the item store failed: %r", len(ids), exc)
+            metrics.CASCADE_ENCODE_FAILURES.labels(reason="missing_item").inc(len(ids))
+            return
         calls: dict[int, asyncio.Future[Embeddings]] = {}
         for gallery_id, value in zip(ids.tolist(), values, strict=True):
             if value is None:

@@ -100,6 +100,8 @@ async def test_with_every_candidate_encoded_the_cascade_is_stage_one_reranked_in
         assert info["cascade"]["encode_budget"] == 20 and info["cascade"]["writes_segment"] is False
         stage1 = await search(service, "slerp", k=20)
         cascade = await search(service, "cascade", k=10)
+        debug = await service.search(queries=queries()[:1], k=10, mode="cascade", debug=True)
+        assert debug.json()["results"][0]["timings_ms"]["cascade"] > 0
     for i, (one, two) in enumerate(zip(stage1, cascade, strict=True)):
         assert two["mode"] == "cascade" and two["reranked"] == 10
         assert two["ids"] == reranked(one["ids"], CAPTION.format(QUERY_ITEMS[i]), new)[:10]
