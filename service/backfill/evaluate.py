@@ -13,7 +13,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import numpy.typing as npt
@@ -22,8 +23,12 @@ from service.compat.calibration import IDENTITY, ScoreMap
 from service.compat.io import Split
 from service.compat.metrics import relevance
 from service.compat.procrustes import normalize_rows
+from service.errors import InputError
 from service.segment.merge import RRF_K
 from service.vocabulary import Merge
+
+if TYPE_CHECKING:
+    from service.compat.profile import CompatProfile
 
 F32 = npt.NDArray[np.float32]
 I64 = npt.NDArray[np.int64]
@@ -162,3 +167,23 @@ def gain_share(rows: list[dict[str, Any]], key: str = "recall@1") -> list[float]
     """Per row, the share of the whole migration's gain reached: (R - R at 0 %) / (R at 100 % - R at 0 %)."""
     start, end = rows[0][key], rows[-1][key]
     return [(r[key] - start) / (end - start) if end != start else 0.0 for r in rows]
+
+
+def compatible_queries(
+    profile_dir: Path, test_dir: Path, modality: str | None, needs: str
+) -> tuple[CompatProfile, str, Split, F32]:
+    """A profile, the modality scored (default: its first), a test split with new targets, the split's served queries.
+
+    `needs` says why new_target.npy is required, for the refusal.
+    """
+    from service.compat.heads import transform_in_chunks
+    from service.compat.io import load_split
+    from service.compat.profile import load_profile
+
+    profile = load_profile(profile_dir)
+    modality = modality or (sorted(profile.alphas) or ["text"])[0]
+    split = load_split(test_dir, old_dim=profile.old_dim, new_dim=profile.new_dim)
+    if split.new_target is None:
+        raise InputError(f"{test_dir}: no new_target.npy; {needs}")
+    served = transform_in_chunks(profile, profile.head, split.old_query, split.new_query, modality).queries
+    return profile, modality, split, served

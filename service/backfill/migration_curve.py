@@ -6,7 +6,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from service.backfill.evaluate import Spaces, curve, gain_share, hot_order, move_order, zipf_weights
+from service.backfill.evaluate import Spaces, compatible_queries, curve, gain_share, hot_order, move_order, zipf_weights
 from service.compat.calibration import IDENTITY
 from service.errors import InputError
 from service.plots import png_of, pyplot
@@ -26,28 +26,21 @@ def score_curve(
     seed: int = 0,
 ) -> dict[str, Any]:
     """The curve's rows, each row's share of the gain, and a title and caption saying how it was made."""
-    from service.compat.heads import transform_in_chunks
-    from service.compat.io import load_split
-    from service.compat.profile import load_profile
-
     if not Merge.has(merge):
         raise InputError(f"--merge must be one of {', '.join(Merge)}, got {merge!r}")
     if order not in ("random", "hot"):
         raise InputError(f"--order must be random or hot, got {order!r}")
     if not fractions or any(not 0.0 <= f <= 1.0 for f in fractions) or list(fractions) != sorted(fractions):
         raise InputError(f"--fractions must rise within [0, 1], got {list(fractions)}")
-    profile = load_profile(profile_dir)
-    modality = modality or (sorted(profile.alphas) or ["text"])[0]
-    split = load_split(test_dir, old_dim=profile.old_dim, new_dim=profile.new_dim)
-    if split.new_target is None:
-        raise InputError(f"{test_dir}: no new_target.npy; the curve needs the targets through both models")
+    profile, modality, split, served = compatible_queries(
+        profile_dir, test_dir, modality, "the curve needs the targets through both models"
+    )
     score_map = profile.score_map(modality)
     if Merge(merge) == Merge.calibrated and score_map is None:
         raise InputError(
             f"profile {profile.profile_id} has no calibration for {modality} queries: refit it with `nobackfill fit` "
             "on a support set with new_target.npy, or pass --merge raw / rrf"
         )
-    served = transform_in_chunks(profile, profile.head, split.old_query, split.new_query, modality).queries
     spaces = Spaces.of(split, served)
     weights = zipf_weights(len(spaces.served), zipf, seed) if zipf is not None else None
     if order == "hot":

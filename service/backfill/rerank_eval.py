@@ -24,7 +24,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from service.backfill.evaluate import BOOTSTRAP, Spaces
+from service.backfill.evaluate import BOOTSTRAP, Spaces, compatible_queries
 from service.errors import InputError
 
 I64 = npt.NDArray[np.int64]
@@ -141,23 +141,16 @@ def score_cascade(
     seed: int = 0,
 ) -> dict[str, Any]:
     """Load a profile and a test split, and score the cascade at each N against both references."""
-    from service.compat.heads import transform_in_chunks
-    from service.compat.io import load_split
-    from service.compat.profile import load_profile
-
     started = time.perf_counter()
     if not candidates or any(c < 1 for c in candidates) or list(candidates) != sorted(set(candidates)):
         raise InputError(f"--candidates must be rising positive integers, got {list(candidates)}")
     if budget is not None and budget < 0:
         raise InputError(f"--budget must be 0 or more, got {budget}")
-    profile = load_profile(profile_dir)
-    modality = modality or (sorted(profile.alphas) or ["text"])[0]
-    split = load_split(test_dir, old_dim=profile.old_dim, new_dim=profile.new_dim)
-    if split.new_target is None:
-        raise InputError(f"{test_dir}: no new_target.npy; the cascade re-ranks by the targets' new-model rows")
+    profile, modality, split, served = compatible_queries(
+        profile_dir, test_dir, modality, "the cascade re-ranks by the targets' new-model rows"
+    )
     if candidates[-1] > len(split.old_target):
         raise InputError(f"--candidates {candidates[-1]} is more than the {len(split.old_target):,} targets")
-    served = transform_in_chunks(profile, profile.head, split.old_query, split.new_query, modality).queries
     spaces = Spaces.of(split, served)
     del split, served  # at 10^6 targets the raw rows are gigabytes beside the unit ones
     plans = plans_of(candidates, budget)

@@ -111,6 +111,10 @@ def test_the_cli_scores_a_fitted_profile_and_refuses_n_above_the_targets(
     assert table.returncode == 0 and "re-indexed" in table.stdout and "cascade" in table.stdout
     refused = cli("backfill", "cascade", profile, standin_test_split, "--candidates", "10,601")
     assert refused.returncode == 2 and refused.stderr.strip() == "error: --candidates 601 is more than the 600 targets"
+    # `backfill curve` loads the same way: its ends are the cascade's two references.
+    curve = json.loads(cli("backfill", "curve", profile, standin_test_split, "--merge", "raw", "--json").stdout)
+    ends = [curve["rows"][0]["recall@1"], curve["rows"][-1]["recall@1"]]
+    assert ends == [result["compatible"]["recall@1"], result["reindexed"]["recall@1"]]
 
 
 @pytest.mark.parametrize("candidates", ["10,x", "20,10", "0"])
