@@ -28,7 +28,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from loadtest.bench_hybrid import CAPTION, build  # noqa: E402
-from loadtest.benchlib import interleave, percentiles, ratio_interval, table  # noqa: E402
+from loadtest.benchlib import interleave, ratio_rows, table  # noqa: E402
 from service.pipeline import Pipeline  # noqa: E402
 from service.query.job import Query  # noqa: E402
 from service.settings import CascadeSettings, CompatSettings, EncoderSettings, IndexSettings, Settings  # noqa: E402
@@ -79,20 +79,9 @@ async def measure(work: Path, full: Path, args: argparse.Namespace) -> dict[str,
     finally:
         for pipeline, _ in variants.values():
             await pipeline.aclose()
-    base = samples["compat"]
-    rows = []
-    for name, times in samples.items():
-        stats = percentiles(times)
-        low, high = ratio_interval(times, base, 0.5)
-        rows.append(
-            {
-                "variant": name,
-                **stats,
-                "p50_ratio": stats["p50_ms"] / percentiles(base)["p50_ms"],
-                "p50_ratio_95ci": f"{low:.3f}-{high:.3f}",
-                "p99_ratio": stats["p99_ms"] / percentiles(base)["p99_ms"],
-            }
-        )
+    rows = ratio_rows(samples, {name: name for name in samples}, base="compat", floor="compat")
+    for row in rows:
+        row.pop("p50_ratio_vs_bare")  # the base is the floor here
     return {
         "items": args.items,
         "queries": args.queries,
