@@ -202,6 +202,27 @@ def fit(
         _print_modalities(outcome, wrote)
     else:
         _print_procrustes(outcome, wrote)
+    for line in _small_data_lines(outcome):
+        _warn(line)
+
+
+def _small_data_lines(outcome: FitOutcome) -> list[str]:
+    """What a small support set or a zero weight means for the served profile, said out loud."""
+    from service.compat.uncertainty import few_queries_line
+    from service.vocabulary import BLEND_MODES
+
+    profile, lines = outcome.profile, []
+    for modality, report in outcome.reports.items():
+        queries = report.get("support_queries")
+        if isinstance(queries, int) and (line := few_queries_line(queries, f"the {modality} support set")):
+            lines.append(line + "; the chosen weight may be noise")
+        if profile.head in BLEND_MODES and profile.alphas.get(modality) == 0.0:
+            lines.append(
+                f"alpha 0 for {modality} queries: the {profile.head} head serves the old query unchanged (old->old), "
+                "so this profile answers as the old system did; on this support the mapped new query did not help "
+                "(more support pairs, or the adapter head, may)"
+            )
+    return lines
 
 
 def _calibration_lines(profile: CompatProfile) -> list[str]:
@@ -310,9 +331,11 @@ def _print_classes(outcome: FitOutcome, wrote: str) -> None:
 
 
 _CAPTIONS = {
-    HeadFamily.procrustes: "compatible: R@1 strictly above old->old; pfr/nfr vs old->old at R@1; "
-    "oracle = best alpha on this test set, an upper bound, not deployable",
-    HeadFamily.adapter: "compatible: R@1 strictly above old->old; pfr/nfr vs old->old at R@1",
+    HeadFamily.procrustes: "differences from old->old in points with 95 % paired bootstrap intervals; compatible: "
+    "the interval is above 0 (below: not compatible; across: not distinguishable); ARR@10 = R@10 / new->new's; "
+    "pfr/nfr vs old->old at R@1; oracle = best alpha on this test set, an upper bound, not deployable",
+    HeadFamily.adapter: "differences from old->old in points with 95 % paired bootstrap intervals; compatible: the "
+    "interval is above 0 (below: not compatible; across: not distinguishable); pfr/nfr vs old->old at R@1",
     HeadFamily.classes: "gallery = the old model's {head} features of old_target; compatible / pfr / nfr vs old->old, "
     "except new-logits: vs old-logits (raw normalised logits on both sides, the baseline {head} replaces)",
 }
@@ -324,10 +347,13 @@ def evaluate(
     query_modality: str | None = typer.Option(
         None, help="Modality whose weights to use (default: the profile's only fitted modality)."
     ),
-    as_json: bool = typer.Option(False, "--json", help="Print only a JSON list of rows."),
+    as_json: bool = typer.Option(False, "--json", help="Print only a JSON list of rows (every figure and interval)."),
     strict: bool = typer.Option(False, help="Refuse all-zero rows instead of dropping their pairs."),
+    judge: str = typer.Option(
+        "recall@10", "--judge", help="Metric `compatible` is judged on: recall@1, recall@5, recall@10, mrr@10, ndcg@10."
+    ),
 ) -> None:
-    """Compare every head the profile has with old->old (and new->new) on a test split, with flips."""
+    """Compare every head the profile has with old->old (and new->new) on a test split: intervals, verdicts, flips."""
     from service.compat.io import load_split
     from service.compat.profile import load_profile
     from service.errors import InputError
@@ -345,12 +371,15 @@ def evaluate(
     if line is not None:
         _warn(f"{line} (--strict refuses them)")
 
-    from service.compat.evaluation import COLUMNS
     from service.compat.evaluation import evaluate as run_eval
+    from service.compat.uncertainty import few_queries_line
 
-    rows = run_eval(profile, split, modality)
+    rows = run_eval(profile, split, modality, judge)
+    few = few_queries_line(len(split.old_query), str(test_dir))
+    if few is not None:
+        _warn(few)
     if as_json:
-        typer.echo(json.dumps([{c: r[c] for c in COLUMNS} for r in rows]))
+        typer.echo(json.dumps(rows))
         return
     from rich.console import Console
 
@@ -358,4 +387,4 @@ def evaluate(
     if split.zero_rows:
         caption += f"; {split.zero_rows_line()}"
     title = f"profile {profile.profile_id} ({profile.head}) on {test_dir} ({modality} queries)"
-    Console().print(render.eval_table(rows, title, caption))
+    Console(soft_wrap=True).print(render.eval_table(rows, title, caption))

@@ -133,14 +133,36 @@ def adapter_verdict(report: dict[str, Any]) -> list[str]:
 
 
 def eval_table(rows: list[dict[str, Any]], title: str, caption: str | None) -> Any:
-    """Rich table of evaluation rows, one column per COLUMNS key."""
+    """Rich table of evaluation rows: the metrics, the differences from old->old with 95 % intervals, the verdicts."""
     from rich.table import Table
 
-    from service.compat.evaluation import COLUMNS
+    from service.compat.uncertainty import describe
 
+    def interval(row: dict[str, Any], metric: str) -> str:
+        return describe(row["vs_old"][metric]) if row.get("vs_old") else "-"
+
+    def kept(row: dict[str, Any]) -> str:
+        part = (row.get("retention") or {}).get("arr@10")
+        return "-" if not part else "{:.3f} [{:.3f}, {:.3f}]".format(part["value"], part["low"], part["high"])
+
+    judged = next((r["judged_on"] for r in rows if r.get("judged_on")), "recall@10").replace("recall", "R")
+    columns: list[tuple[str, Any]] = [
+        ("method", lambda r: r["method"]),
+        ("alpha", lambda r: fmt(r["alpha"])),
+        *((m.replace("recall", "R"), lambda r, m=m: fmt(r[m])) for m in ("recall@1", "recall@5", "recall@10")),
+        ("MRR@10", lambda r: fmt(r["mrr@10"])),
+        ("nDCG@10", lambda r: fmt(r["ndcg@10"])),
+        ("R@1 vs old (pt) [95 %]", lambda r: interval(r, "recall@1")),
+        ("R@10 vs old (pt) [95 %]", lambda r: interval(r, "recall@10")),
+        (f"compatible ({judged})", lambda r: fmt(r["compatible"])),
+        ("compatible (R@1)", lambda r: fmt(r["compatible@1"])),
+        ("ARR@10 [95 %]", kept),
+        ("pfr", lambda r: fmt(r["pfr"])),
+        ("nfr", lambda r: fmt(r["nfr"])),
+    ]
     table = Table(title=title, caption=caption)
-    for c in COLUMNS:
-        table.add_column(c.replace("recall", "R"), justify="left" if c == "method" else "right")
+    for header, _ in columns:
+        table.add_column(header, justify="left" if header == "method" else "right")
     for r in rows:
-        table.add_row(*[fmt(r[c]) for c in COLUMNS])
+        table.add_row(*[cell(r) for _, cell in columns])
     return table

@@ -12,12 +12,17 @@ the head), and the raw-logit baseline the heads replace: old-logits (normalised 
 gallery of normalised old logits, its reference) and new-logits (the new model's logits of the old
 classes, through class_map, against that same raw gallery; its compatible / pfr / nfr are against
 old-logits, not against old).
-Every upgraded row goes through heads.transform, exactly as the service does.  `compatible` is
-Recall@1 strictly above the reference; pfr / nfr are flips against the reference at Recall@1.
+Every upgraded row goes through heads.transform, exactly as the service does.  Each upgraded row
+carries its differences from the reference (R@1/5/10, MRR@10, nDCG@10) with 95 % paired bootstrap
+intervals (uncertainty.py), and `compatible` is three-valued on the judged metric (R@10 unless told):
+compatible when the whole interval is above 0, not compatible below, else not distinguishable;
+`compatible@1` is the same on R@1.  Where the split has new targets, ARR@10 and nDCG@10 retention
+(against new->new) come with their intervals.  pfr / nfr are flips against the reference at Recall@1.
 """
 
 from __future__ import annotations
 
+from functools import partial
 from typing import Any
 
 import numpy as np
@@ -27,14 +32,15 @@ from service.compat import psp
 from service.compat.arcsearch import summarise_blends
 from service.compat.heads import transform_in_chunks
 from service.compat.io import Split
-from service.compat.metrics import KS, flip_rates, is_compatible, ranks, recall_at_k, relevance
+from service.compat.metrics import KS, flip_rates, ranks, recall_at_k, relevance
 from service.compat.procrustes import normalize_rows
 from service.compat.profile import CompatProfile
 from service.compat.selection import ALPHA_GRID, slerp_lambda
+from service.compat.uncertainty import METRICS, per_query, retention, summary
 from service.errors import InputError
 from service.vocabulary import HeadFamily, Mode
 
-COLUMNS = ("method", "alpha", "recall@1", "recall@5", "recall@10", "compatible", "pfr", "nfr")
+JUDGE = "recall@10"  # the metric `compatible` is judged on unless told: R@1 alone flips on a handful of queries
 
 
 def slerp_curve(
@@ -62,29 +68,39 @@ def _row(
     rank: npt.NDArray[np.int64],
     against: npt.NDArray[np.int64],
     reference: bool = False,
+    ceiling: npt.NDArray[np.int64] | None = None,
+    judge: str = JUDGE,
 ) -> dict[str, Any]:
-    """One table row, flips counted against the ranks `against`; a reference row has no `compatible`."""
-    rec = recall_at_k(rank, KS)
+    """One row: its metrics, flips against the ranks `against`, and (not for a reference row) its differences
+    from them with intervals, its verdicts and, given the re-indexed ranks `ceiling`, its retention."""
+    means = {metric: float(values.mean()) if len(values) else 0.0 for metric, values in per_query(rank).items()}
     pfr, nfr = flip_rates(against < 1, rank < 1)
+    judged: dict[str, Any] = {"vs_old": None, "compatible": None, "compatible@1": None}
+    if not reference:
+        judged = summary(rank, against, judge)
     return {
         "method": method,
         "alpha": alpha,
-        **{f"recall@{k}": rec[k] for k in KS},
-        "compatible": None if reference else is_compatible(rec[1], recall_at_k(against, KS)[1]),
+        **{metric: means[metric] for metric in METRICS},
+        **judged,
+        "judged_on": None if reference else judge,
+        "retention": None if reference or ceiling is None else retention(rank, ceiling),
         "pfr": pfr,
         "nfr": nfr,
     }
 
 
-def evaluate(profile: CompatProfile, split: Split, modality: str) -> list[dict[str, Any]]:
-    """Score every method of the profile's head family on the test split; returns rows keyed by COLUMNS."""
+def evaluate(profile: CompatProfile, split: Split, modality: str, judge: str = JUDGE) -> list[dict[str, Any]]:
+    """Score every method of the profile's head family on the test split (see the module docstring)."""
+    if judge not in METRICS:
+        raise InputError(f"--judge must be one of {', '.join(METRICS)}, got {judge!r}")
     if split.old_dim != profile.old_dim or split.new_dim != profile.new_dim:
         raise InputError(
             f"{split.path}: dims old {split.old_dim} / new {split.new_dim} do not match the profile's "
             f"{profile.old_dim} / {profile.new_dim}"
         )
     if profile.family is HeadFamily.classes:
-        return _evaluate_classes(profile, split)
+        return _evaluate_classes(profile, split, judge)
     targets = normalize_rows(split.old_target)
     rel = relevance(split.query_ids, split.target_ids)
 
@@ -94,14 +110,16 @@ def evaluate(profile: CompatProfile, split: Split, modality: str) -> list[dict[s
 
     _, old_rank = run("old")
     rows = [_row("old", 0.0, old_rank, old_rank, reference=True)]
+    new_rank = None
     if split.new_target is not None:
         new_rank = ranks(normalize_rows(split.new_query), normalize_rows(split.new_target), rel)
         rows.append(_row("new", None, new_rank, old_rank, reference=True))
+    upgraded = partial(_row, against=old_rank, ceiling=new_rank, judge=judge)
     if profile.family is HeadFamily.adapter:
         for mode in profile.modes():
             if mode != Mode.old:
                 used, rank = run(mode)
-                rows.append(_row(mode, used, rank, old_rank))
+                rows.append(upgraded(mode, used, rank))
         return rows
     for method, mode, alpha in (
         ("aligned", Mode.aligned, None),
@@ -111,14 +129,14 @@ def evaluate(profile: CompatProfile, split: Split, modality: str) -> list[dict[s
         ("adaptive", Mode.adaptive, None),
     ):
         used, rank = run(mode, alpha)
-        rows.append(_row(method, used, rank, old_rank))
+        rows.append(upgraded(method, used, rank))
     oracle = _oracle_alpha(profile, split, targets)
     used, rank = run("slerp", oracle)
-    rows.append(_row("oracle", used, rank, old_rank))
+    rows.append(upgraded("oracle", used, rank))
     return rows
 
 
-def _evaluate_classes(profile: CompatProfile, split: Split) -> list[dict[str, Any]]:
+def _evaluate_classes(profile: CompatProfile, split: Split, judge: str) -> list[dict[str, Any]]:
     """Rows of a psp / lsp profile: its head and the raw-logit baseline, each against its own gallery."""
     head: psp.Mode = "psp" if profile.head == "psp" else "lsp"
     rel = relevance(split.query_ids, split.target_ids)
@@ -126,16 +144,17 @@ def _evaluate_classes(profile: CompatProfile, split: Split) -> list[dict[str, An
     gallery = psp.gallery_features(split.old_target, head, top_k)
     old_rank = ranks(psp.gallery_features(split.old_query, head, top_k), gallery, rel)
     rows = [_row("old", 0.0, old_rank, old_rank, reference=True)]
+    new_rank = None
     if split.new_target is not None:
         new_gallery = psp.gallery_features(split.new_target, head, top_k)
         new_rank = ranks(psp.gallery_features(split.new_query, head, top_k), new_gallery, rel)
         rows.append(_row("new", None, new_rank, old_rank, reference=True))
     queries = transform_in_chunks(profile, head, None, split.new_query, "text").queries
-    rows.append(_row(head, 1.0, ranks(queries, gallery, rel), old_rank))
+    rows.append(_row(head, 1.0, ranks(queries, gallery, rel), old_rank, ceiling=new_rank, judge=judge))
     raw_gallery = normalize_rows(split.old_target)
     raw_old = ranks(normalize_rows(split.old_query), raw_gallery, rel)
     rows.append(_row("old-logits", None, raw_old, raw_old, reference=True))
     cols = np.arange(profile.old_classes) if profile.class_map is None else np.asarray(profile.class_map)
     raw_new = ranks(normalize_rows(split.new_query[:, cols]), raw_gallery, rel)
-    rows.append(_row("new-logits", None, raw_new, raw_old))
+    rows.append(_row("new-logits", None, raw_new, raw_old, judge=judge))
     return rows
