@@ -142,38 +142,53 @@ def profile_compare(
     query_modality: str | None = typer.Option(None, help="Modality to score (default: the current profile's one)."),
     as_json: bool = typer.Option(False, "--json", help="Print the comparison as one JSON object."),
     strict: bool = typer.Option(False, help="Refuse all-zero rows instead of dropping their pairs."),
+    max_nfr: float = typer.Option(
+        0.03, "--max-nfr", min=0.0, max=1.0, help="Share of the queries the current profile answers that may break."
+    ),
+    judge: str = typer.Option("recall@10", "--judge", help="Metric judged beside R@1 (recall@5, recall@10, ...)."),
 ) -> None:
-    """The rollout gate: exit 0 when the candidate is compatible and not worse than the current beyond noise, else 1."""
-    from service.compat.compare import compare
+    """The rollout gate. Exit 0 pass, 1 fail (worse, or breaks too much), 3 not enough data to tell, 4 refused."""
+    from service.compat.compare import EXIT_CODES, compare
     from service.compat.io import load_query_pairs, load_split
     from service.compat.profile import load_profile
+    from service.compat.uncertainty import METRICS
+    from service.errors import InputError
 
+    if judge not in METRICS:
+        raise InputError(f"--judge must be one of {', '.join(METRICS)}, got {judge!r}")
     cur, cand = load_profile(current), load_profile(candidate)
     test = load_split(test_dir, old_dim=cur.old_dim, new_dim=cur.new_dim, strict=strict)
     pairs = None
     if traffic is not None:
         loaded = load_query_pairs(traffic)
         pairs = (loaded.old, loaded.new)
-    result = compare(cur, cand, test, traffic=pairs, modality=query_modality)
+    result = compare(cur, cand, test, traffic=pairs, modality=query_modality, max_nfr=max_nfr, judge=judge)
+    if result["warning"]:
+        typer.echo(f"warning: {result['warning']}", err=True)
     if as_json:
         typer.echo(json.dumps(result, indent=2))
     else:
         _print_comparison(result)
-    if not result["passed"]:
-        raise typer.Exit(1)
+    if result["outcome"] != "pass":
+        raise typer.Exit(EXIT_CODES[result["outcome"]])
 
 
 def _print_comparison(result: dict[str, object]) -> None:
     """The comparison as a table and a few lines, ending with the verdict."""
     from rich.table import Table
 
+    from service.compat.uncertainty import describe
+
     r: dict[str, Any] = dict(result)
     console = render.console()  # the terminal's width, or 200 columns when piped: the table never wraps its cells
     if "current" in r:
         table = Table(title=f"profile compare on {r['test']} ({r['queries']} {r['modality']} queries)")
-        for col in ("profile", "head", "alpha", "R@1", "R@5", "R@10", "compatible", "pfr", "nfr"):
+        judged = r["judged_on"].replace("recall", "R")
+        columns = ("profile", "head", "alpha", "R@1", "R@5", "R@10", f"vs old {judged} (pt)", "vs old R@1 (pt)")
+        for col in (*columns, f"compatible ({judged} / R@1)", "pfr", "nfr"):
             table.add_column(col, justify="left" if col in ("profile", "head") else "right")
-        table.add_row("old->old", "old", "0", *(f"{r['old'][f'recall@{k}']:.4f}" for k in (1, 5, 10)), "-", "-", "-")
+        recalls = [f"{r['old'][f'recall@{k}']:.4f}" for k in (1, 5, 10)]
+        table.add_row("old->old", "old", "0", *recalls, "-", "-", "-", "-", "-")
         for name in ("current", "candidate"):
             p = r[name]
             alpha = "-" if p["alpha"] is None else f"{p['alpha']:.2f}"
@@ -183,7 +198,9 @@ def _print_comparison(result: dict[str, object]) -> None:
                 p["head"],
                 alpha,
                 *recalls,
-                "yes" if p["compatible"] else "no",
+                describe(p["vs_old"][r["judged_on"]]),
+                describe(p["vs_old"]["recall@1"]),
+                f"{p['compatible']} / {p['compatible@1']}",
                 f"{p['pfr']:.4f}",
                 f"{p['nfr']:.4f}",
             )
@@ -192,7 +209,8 @@ def _print_comparison(result: dict[str, object]) -> None:
         console.print(
             f"candidate - current: R@1 {d['recall@1']:+.4f} (paired standard error {d['se@1']:.4f}); it fixes "
             f"{d['fixed']} and breaks {d['broken']} queries at R@1 (sign test, P(this many broken | equally good) = "
-            f"{d['p_worse']:.2g}; worse beyond the noise below {r['p_worse']:g})"
+            f"{d['p_worse']:.2g}; worse beyond the noise below {r['p_worse']:g}); it breaks "
+            f"{d['nfr_vs_current']:.1%} of the queries (at most {r['max_nfr']:.0%})"
         )
     if "traffic" in r:
         t = r["traffic"]
@@ -204,8 +222,8 @@ def _print_comparison(result: dict[str, object]) -> None:
             f"traffic shadow ({t['pairs']} queries over {t['gallery']}): overlap@10 {t['overlap@10']:.3f} "
             f"(p5 {t['overlap@10_p5']:.2f}); residual angle, degrees: {angle_text or '-'}"
         )
-    if r["passed"]:
+    if r["outcome"] == "pass":
         console.print("PASS: the candidate is compatible and not worse than the current profile beyond the noise")
-    else:
-        for reason in r["reasons"]:
-            console.print(f"FAIL: {reason}")
+    label = {"fail": "FAIL", "undecided": "UNDECIDED", "refused": "REFUSED"}.get(r["outcome"], "")
+    for reason in r["reasons"]:
+        console.print(f"{label}: {reason}")

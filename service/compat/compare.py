@@ -1,16 +1,24 @@
 """`nobackfill profile compare` without the CLI: the rollout gate between the served profile and a candidate.
 
 Both profiles serve their own head (the mode the service answers with by default) on one labelled
-test split, by exact search against its old targets, exactly as `eval` scores them: R@1/5/10,
-`compatible` (R@1 strictly above old->old) and PFR / NFR against old->old, plus the flips between
-the two profiles.
+test split, by exact search against its old targets, exactly as `eval` scores them: R@1/5/10, the
+differences from old->old with 95 % paired bootstrap intervals and their verdicts (uncertainty.py),
+PFR / NFR against old->old, plus the flips between the two profiles.
+
+The outcome, one of four (the CLI's exit code in brackets):
+    refused (4)     the profiles serve different models: there is nothing to compare
+    fail (1)        the candidate is worse than old->old beyond the noise on the judged metric (R@10 by
+                    default) or on R@1; or worse than the current profile beyond the noise (below); or
+                    it breaks more than max_nfr of the queries (NFR against the current profile at R@1:
+                    a candidate that breaks what users had is not safe because it fixes more)
+    undecided (3)   none of that, but the test set cannot tell the candidate from old->old on either metric
+    pass (0)        better than old->old beyond the noise on the judged metric or on R@1, and none of the above
 
 The noise rule.  Both profiles answer the same queries, so the comparison is paired and only the
 queries they disagree on at R@1 carry information: b = queries the candidate breaks (current hit,
 candidate miss), c = queries it fixes.  If the two were equally good, each of those b + c queries
 would fall either way with probability 1/2, so b ~ Binomial(b + c, 1/2) (the exact one-sided
 McNemar / sign test).  The candidate is worse beyond the noise when P(B >= b) < P_WORSE (2.5 %).
-It passes when it is compatible, serves the same two models, and is not worse beyond the noise.
 The exact test, not mean(d) / se: with a handful of discordant queries (two nearly equal profiles)
 the normal approximation would call 4 broken and 0 fixed significant (z = -2) where the exact
 probability is 1/16.  The report also gives the R@1 difference and its paired standard error.
@@ -33,14 +41,20 @@ import torch
 
 from service.compat.heads import transform_in_chunks
 from service.compat.io import Split
-from service.compat.metrics import KS, flip_rates, is_compatible, ranks, recall_at_k, relevance
+from service.compat.metrics import KS, flip_rates, ranks, recall_at_k, relevance
 from service.compat.procrustes import normalize_rows
 from service.compat.profile import CompatProfile
 from service.compat.selection import angle_stats
+from service.compat.uncertainty import describe, few_queries_line, paired_differences, summary
 from service.errors import InputError
 from service.vocabulary import HeadFamily, Mode
 
 P_WORSE = 0.025
+# The share of queries the current profile answers at R@1 that a candidate may break.  A refit on more
+# data moves about 1 % of them; 3 % of users seeing a right answer turn wrong is a visible regression.
+MAX_NFR = 0.03
+JUDGE = "recall@10"
+EXIT_CODES = {"pass": 0, "fail": 1, "undecided": 3, "refused": 4}
 TOP = 10
 _CHUNK = 8192
 F32 = npt.NDArray[np.float32]
@@ -104,8 +118,10 @@ def compare(
     traffic: tuple[F32, F32] | None = None,
     modality: str | None = None,
     p_worse: float = P_WORSE,
+    max_nfr: float = MAX_NFR,
+    judge: str = JUDGE,
 ) -> dict[str, Any]:
-    """Score both profiles' heads on `test` (and traffic, when given); the verdict and why, JSON-ready.
+    """Score both profiles' heads on `test` (and traffic, when given); the outcome and why, JSON-ready.
 
     traffic: (old, new) query rows of exported traffic, for the shadow agreement.
     """
@@ -119,14 +135,16 @@ def compare(
         "queries": len(test.old_query),
         "modality": modality,
         "p_worse": p_worse,
+        "max_nfr": max_nfr,
+        "judged_on": judge,
+        "warning": few_queries_line(len(test.old_query), f"test set {test.path}"),
     }
     if mismatch is not None:
-        out.update(passed=False, reasons=[mismatch])
+        out.update(outcome="refused", passed=False, reasons=[mismatch])
         return out
     targets = normalize_rows(test.old_target)
     rel = relevance(test.query_ids, test.target_ids)
     old_rank = ranks(_queries(current, "old", test.old_query, test.new_query, modality), targets, rel)
-    old_r1 = recall_at_k(old_rank, KS)[1]
     rank: dict[str, npt.NDArray[np.int64]] = {}
     for name, p in (("current", current), ("candidate", candidate)):
         rank[name] = ranks(_queries(p, p.head, test.old_query, test.new_query, modality), targets, rel)
@@ -137,7 +155,7 @@ def compare(
             "head": p.head,
             "alpha": p.alphas.get(modality),
             **{f"recall@{k}": rec[k] for k in KS},
-            "compatible": is_compatible(rec[1], old_r1),
+            **summary(rank[name], old_rank, judge),
             "pfr": pfr,
             "nfr": nfr,
         }
@@ -146,32 +164,54 @@ def compare(
     se = float(d.std(ddof=1) / math.sqrt(len(d))) if len(d) > 1 else 0.0
     pfr, nfr = flip_rates(rank["current"] < 1, rank["candidate"] < 1)
     broken, fixed = int(np.sum(d < 0)), int(np.sum(d > 0))
-    p_value = sign_test_worse(broken, fixed)
     out["difference"] = {
         "recall@1": float(d.mean()),
         "se@1": se,
         "broken": broken,
         "fixed": fixed,
-        "p_worse": p_value,
+        "p_worse": sign_test_worse(broken, fixed),
         "pfr_vs_current": pfr,
         "nfr_vs_current": nfr,
+        "vs_current": paired_differences(rank["candidate"], rank["current"]),
     }
-    reasons = []
-    if not out["candidate"]["compatible"]:
-        reasons.append(
-            f"the candidate is not compatible: R@1 {out['candidate']['recall@1']:.4f} "
-            f"is not above old->old {old_r1:.4f}"
-        )
-    if p_value < p_worse:
-        reasons.append(
-            f"the candidate is worse beyond the noise: it breaks {broken} queries the current profile answers at "
-            f"R@1 and fixes {fixed} (R@1 {float(d.mean()):+.4f}); if they were equally good, a split this uneven "
-            f"has probability {p_value:.2g} < {p_worse:g}"
-        )
     if traffic is not None:
         out["traffic"] = shadow(current, candidate, traffic, targets, modality)
-    out.update(passed=not reasons, reasons=reasons)
+    outcome, reasons = _outcome(out, judge)
+    out.update(outcome=outcome, passed=outcome == "pass", reasons=reasons)
     return out
+
+
+def _outcome(out: dict[str, Any], judge: str) -> tuple[str, list[str]]:
+    """fail, undecided or pass, with the reasons (see the module docstring)."""
+    cand, d = out["candidate"], out["difference"]
+    verdicts = {judge: cand["compatible"], "recall@1": cand["compatible@1"]}
+    reasons = [
+        f"the candidate is worse than old->old beyond the noise at {metric}: "
+        f"{describe(cand['vs_old'][metric])} points (95 % interval)"
+        for metric, v in verdicts.items()
+        if v == "not compatible"
+    ]
+    if d["p_worse"] < out["p_worse"]:
+        reasons.append(
+            f"the candidate is worse beyond the noise: it breaks {d['broken']} queries the current profile answers "
+            f"at R@1 and fixes {d['fixed']} (R@1 {d['recall@1']:+.4f}); if they were equally good, a split this "
+            f"uneven has probability {d['p_worse']:.2g} < {out['p_worse']:g}"
+        )
+    if d["nfr_vs_current"] > out["max_nfr"]:
+        reasons.append(
+            f"the candidate breaks {d['broken']} of {out['queries']} queries ({d['nfr_vs_current']:.1%}) that the "
+            f"current profile answers at R@1, more than the {out['max_nfr']:.0%} allowed (--max-nfr): what users "
+            "had would change for the worse, whatever it fixes"
+        )
+    if reasons:
+        return "fail", reasons
+    if "compatible" not in verdicts.values():
+        where = "; ".join(f"{metric} {describe(cand['vs_old'][metric])}" for metric in verdicts)
+        return "undecided", [
+            f"not enough data to tell: on {out['queries']} queries the candidate's difference from old->old "
+            f"(points, 95 % interval: {where}) spans 0 at both metrics; a larger test set decides"
+        ]
+    return "pass", []
 
 
 def sign_test_worse(broken: int, fixed: int) -> float:

@@ -27,6 +27,7 @@ def profiles(tmp_path_factory: pytest.TempPathFactory, standin_test_split: Path)
         "root": root,
         "test": standin_test_split,  # 600 pairs, seed 2
         "traffic": write_split(root / "traffic", 500, world, seed=3, new_target=False),
+        "tiny_test": write_split(root / "tiny-test", 20, world, seed=7),
     }
     for name, args in (
         ("good", (support,)),
@@ -54,33 +55,53 @@ def test_sign_test_is_exact() -> None:
 
 def _compare(p: dict[str, Path], current: str, candidate: str, *extra: str | Path) -> tuple[int, dict[str, object]]:
     """Exit code and JSON of `profile compare`."""
-    done = cli("profile", "compare", p[current], p[candidate], p["test"], "--json", *extra)
-    assert done.returncode in (0, 1), done.stderr
+    done = cli("profile", "compare", p[current], p[candidate], p.get("test_for", p["test"]), "--json", *extra)
+    assert done.returncode in (0, 1, 3, 4), done.stderr
     return done.returncode, json.loads(done.stdout)
 
 
 def test_better_candidate_passes(profiles: dict[str, Path]) -> None:
     code, result = _compare(profiles, "loose", "good")
-    assert code == 0 and result["passed"] and result["reasons"] == []
-    assert result["candidate"]["compatible"] and not result["current"]["compatible"]
-    assert result["difference"]["recall@1"] > 0
+    assert code == 0 and result["passed"] and result["outcome"] == "pass" and result["reasons"] == []
+    assert result["candidate"]["compatible@1"] == "compatible"
+    assert result["current"]["compatible@1"] == "not compatible"
+    assert result["difference"]["recall@1"] > 0 and result["difference"]["vs_current"]["recall@1"]["low"] > 0
 
 
 def test_worse_or_incompatible_candidate_fails(profiles: dict[str, Path]) -> None:
     code, result = _compare(profiles, "good", "loose")
-    assert code == 1 and not result["passed"]
-    assert any("not compatible" in r for r in result["reasons"])
+    assert code == 1 and not result["passed"] and result["outcome"] == "fail"
+    assert any("worse than old->old beyond the noise at recall@1" in r for r in result["reasons"])
     assert any("worse beyond the noise" in r for r in result["reasons"])
+    assert any("--max-nfr" in r for r in result["reasons"])
 
     code, result = _compare(profiles, "good", "low")
     assert code == 1
     diff = result["difference"]
-    assert result["candidate"]["compatible"]  # compatible, yet worse by more than the noise allows
+    assert result["candidate"]["compatible@1"] == "compatible"  # compatible, yet worse than the current beyond noise
     assert diff["broken"] > diff["fixed"] and diff["p_worse"] < result["p_worse"]
     assert [r for r in result["reasons"] if "worse beyond the noise" in r]
 
     code, result = _compare(profiles, "good", "other")
-    assert code == 1 and "another-old" in result["reasons"][0]
+    assert code == 4 and result["outcome"] == "refused" and "another-old" in result["reasons"][0]
+
+
+def test_a_candidate_that_wins_on_balance_but_breaks_what_users_had_fails(profiles: dict[str, Path]) -> None:
+    # `low` breaks more queries than the gate allows; with the bound raised, only the sign test still fails it.
+    code, result = _compare(profiles, "good", "low")
+    nfr = result["difference"]["nfr_vs_current"]
+    assert code == 1 and nfr > 0.03 and any("--max-nfr" in r for r in result["reasons"])
+    _, lenient = _compare(profiles, "good", "low", "--max-nfr", str(min(1.0, nfr + 0.01)))
+    assert not any("--max-nfr" in r for r in lenient["reasons"])
+
+
+def test_a_test_set_too_small_to_tell_says_so_with_its_own_exit_code(profiles: dict[str, Path]) -> None:
+    few = {**profiles, "test_for": profiles["tiny_test"]}
+    done = cli("profile", "compare", profiles["good"], profiles["good"], profiles["tiny_test"])
+    assert done.returncode == 3, done.stdout + done.stderr
+    assert "UNDECIDED: not enough data to tell" in done.stdout and "warning:" in done.stderr
+    code, result = _compare(few, "good", "good")
+    assert code == 3 and result["outcome"] == "undecided" and result["warning"]
 
 
 def test_same_profile_passes_with_full_shadow_agreement(profiles: dict[str, Path]) -> None:
