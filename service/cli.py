@@ -6,7 +6,7 @@ import sys
 
 import typer
 
-from service.commands import backfill, encode, fit, gallery, profile, realworld, serve, synth, traffic
+from service.commands import assess, backfill, encode, fit, gallery, profile, realworld, serve, synth, traffic
 from service.errors import NobackfillError
 
 app = typer.Typer(no_args_is_help=True, pretty_exceptions_enable=False, add_completion=False)
@@ -14,6 +14,7 @@ profile_app = typer.Typer(no_args_is_help=True, help="Inspect compatibility prof
 
 app.command("fit")(fit.fit)
 app.command("eval")(fit.evaluate)
+app.command("assess")(assess.assess)
 profile_app.command("show")(profile.profile_show)
 profile_app.command("compare")(profile.profile_compare)
 app.add_typer(profile_app, name="profile")
