@@ -190,7 +190,8 @@ def fit(
     from service.compat.profile import save_profile
 
     outcome = fit_profile(supports, options, warn=_warn)
-    extra = {PLOT_NAME: render.plot_png(outcome.panels)} if outcome.panels else {}
+    heading = render.plot_heading(outcome.profile, outcome.head_why)
+    extra = {PLOT_NAME: render.plot_png(outcome.panels, heading)} if outcome.panels else {}
     saved = save_profile(outcome.profile, out, overwrite=force, extra_files=extra)
     wrote = f"wrote profile {saved.profile_id} to {out}" + (f" (plot: {out / PLOT_NAME})" if extra else "")
     wrote = "\n".join([*_calibration_lines(saved), wrote])

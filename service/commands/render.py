@@ -73,18 +73,23 @@ def recall_table(report: dict[str, Any], title: str) -> Any:
     return table
 
 
-def plot_png(panels: list[tuple[dict[str, Any], str]]) -> bytes:
-    """Per (report, title): support R@1 (and the criterion's score) vs alpha with standard-error bars, as PNG."""
+def plot_png(panels: list[tuple[dict[str, Any], str]], heading: str | None = None) -> bytes:
+    """Per (report, title): support R@1 (and the criterion's score) vs alpha with standard-error bars, as PNG.
+
+    Each panel shows what chose the weight: the band within one standard error of the best point of the
+    first curve (the 1-s.e. rules pick inside it), and old->old (alpha 0: the old query unchanged) as a
+    line; `heading` names the profile, its models and the verdict.
+    """
     plt = pyplot()
     ncols = max(1 + (_criterion_score(rep) != "recall@1") for rep, _ in panels)
-    fig, axes = plt.subplots(len(panels), ncols, figsize=(6 * ncols, 4 * len(panels)), dpi=100, squeeze=False)
+    fig, axes = plt.subplots(len(panels), ncols, figsize=(6 * ncols, 4 * len(panels) + 0.6), dpi=100, squeeze=False)
     for row, (report, title) in zip(axes, panels, strict=True):
         score = _criterion_score(report)
         keys = ["recall@1"] + ([score] if score != "recall@1" else [])
         for ax in row[len(keys) :]:
             ax.set_visible(False)
         for ax, key in zip(row, keys, strict=False):
-            for mode, style in zip(report["support_recall"], ("o-", "s--", "^-."), strict=False):
+            for i, (mode, style) in enumerate(zip(report["support_recall"], ("o-", "s--", "^-."), strict=False)):
                 rows = report["support_recall"][mode]
                 se = [r.get(_SE_OF[key], 0.0) for r in rows]
                 bars = ax.errorbar([r["alpha"] for r in rows], [r[key] for r in rows], yerr=se, fmt=style, capsize=3)
@@ -92,6 +97,8 @@ def plot_png(panels: list[tuple[dict[str, Any], str]]) -> bytes:
                 best = report["chosen"][mode]
                 ax.axvline(best["alpha"], linestyle=":", alpha=0.5, color=color)
                 ax.plot([], [], style, color=color, label=f"{mode} (chosen {best['alpha']:.1f})")
+                if i == 0:
+                    _reference_lines(ax, rows, key, mode, color)
             without = report.get("query_pairs", {}).get("curve_r1_without")
             if without and key == "recall@1":  # what the query pairs did: the same folds, R without them
                 ax.plot(report["alpha_grid"], without, "x:", color="grey", label="slerp, R without query pairs")
@@ -99,8 +106,39 @@ def plot_png(panels: list[tuple[dict[str, Any], str]]) -> bytes:
             ax.set_ylabel(f"support {key} ({report['selection']}), ± 1 s.e.")
             ax.set_title(f"{title}\n{report.get('criterion_text', 'arg-max of R@1')}", fontsize=9)
             ax.grid(True, alpha=0.3)
-            ax.legend()
+            ax.legend(fontsize=8)
+    if heading:
+        fig.suptitle(heading, fontsize=9)
+        fig.tight_layout(rect=(0, 0, 1, 0.94))
     return png_of(fig)
+
+
+def _reference_lines(ax: Any, rows: list[dict[str, Any]], key: str, mode: str, color: Any) -> None:
+    """The band within one s.e. of the curve's best point, and old->old (its alpha-0 point) as a line."""
+    best = max(rows, key=lambda r: r[key])
+    se = float(best.get(_SE_OF.get(key, ""), 0.0) or 0.0)
+    if se > 0:
+        ax.axhspan(best[key] - se, best[key], color=color, alpha=0.12, label=f"within 1 s.e. of {mode}'s best")
+    at_zero = next((r for r in rows if r["alpha"] == 0.0), None)
+    if at_zero is not None:
+        ax.axhline(at_zero[key], color="black", linestyle="--", linewidth=0.8, label="old->old (alpha 0)")
+
+
+def plot_heading(profile: Any, why: str | None) -> str:
+    """The plot's heading: the profile, its two models, its head and weights, and why (alpha 0 said plainly)."""
+    alphas = ", ".join(f"{m} {a:.1f}" for m, a in sorted(profile.alphas.items()))
+    lines = [
+        f"profile {profile.profile_id}: {profile.old_model_id} <- {profile.new_model_id}; "
+        f"head {profile.head}" + (f", alpha {alphas}" if alphas else "")
+    ]
+    if profile.alphas and all(a == 0.0 for a in profile.alphas.values()):
+        lines.append(
+            "alpha 0, chosen by the rule in the panel titles: the profile serves the old query unchanged, as the old "
+            "system did (the mapped new query did not raise the cross-fitted score enough)"
+        )
+    elif why:
+        lines.append(why)
+    return "\n".join(lines)
 
 
 def query_pairs_line(report: dict[str, Any]) -> str:
