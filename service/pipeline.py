@@ -35,6 +35,7 @@ from service import metrics
 from service.artifact_check import check_compatible, encoder_line
 from service.backfill.hits import HitCounter, create_hit_counter
 from service.cache import EmbeddingCache, create_cache
+from service.compat.hubness import Corrected, load_hubness
 from service.compat.profile import CompatProfile, load_profile
 from service.encoders.base import Encoder, describe, fingerprint_of
 from service.encoders.batcher import MicroBatcher
@@ -128,11 +129,23 @@ def _returned_ids(results: list[QueryResult], k: int) -> npt.NDArray[np.int64]:
     return ids
 
 
+def _hubness_for(settings: Settings, gallery: GalleryBackend, profile: CompatProfile) -> Corrected | None:
+    """The hubness sidecar (compat.hubness_dir), checked against the gallery and the profile; None without one."""
+    folder = settings.compat.hubness_dir
+    if folder is None or settings.cut_over:
+        return None
+    return Corrected(load_hubness(folder, gallery.fingerprint, profile.profile_id), settings.compat.hubness_candidates)
+
+
 def _stage_one(
-    job: SearchJob, gallery: GalleryBackend, segment: SegmentSearch | None, cascade: Cascade | None
+    job: SearchJob,
+    gallery: GalleryBackend,
+    segment: SegmentSearch | None,
+    cascade: Cascade | None,
+    hubness: Corrected | None,
 ) -> tuple[list[QueryResult], Rerank | None]:
     """transform_and_search, then the cascade's row lookups; re-ranked here already when nothing is to be encoded."""
-    results = transform_and_search(job, gallery, segment)
+    results = transform_and_search(job, gallery, segment, hubness)
     if cascade is None:
         return results, None
     rerank = cascade.prepare(job, results)
@@ -350,6 +363,7 @@ class Pipeline:
         hits: HitCounter | None = None,
         items: ItemStore | None = None,
         cascade: Cascade | None = None,
+        hubness: Corrected | None = None,
     ) -> None:
         self.settings = settings
         self.old = old
@@ -365,6 +379,7 @@ class Pipeline:
         self.hits = hits  # None at traffic.hit_rate 0
         self.items = items  # the gallery's raw items (index.item_store), read-only; None without one
         self.cascade = cascade  # None where mode cascade is not served
+        self.hubness = hubness  # None without compat.hubness_dir
         self.embedder = Embedder(old, new, cache, write_back, settings.compat.concurrent_encoders)
         self.in_flight = 0
         self.draining = False
@@ -380,6 +395,7 @@ class Pipeline:
             if not settings.cut_over:  # after it, _finished_segment checked the one model against the segment
                 check_compatible(profile, old_encoder, new_encoder, gallery, settings)
             default_mode(settings, profile)  # refuses a configured default the profile cannot serve
+            hubness = await asyncio.to_thread(_hubness_for, settings, gallery, profile)
             segment = await _acquire_segment(stack, settings, new_encoder, gallery)
             items = _in_thread(stack, "the item store", partial(_open_items, settings, gallery), _close_items)
             await _all_done(items)
@@ -423,6 +439,7 @@ class Pipeline:
                 hits=hits,
                 items=items.result(),
                 cascade=cascade,
+                hubness=hubness,
             )
             _on_unwind(stack, "the pipeline", pipeline._stop_taking_work)  # the first thing aclose() does
             metrics.PROFILE_INFO.info({"profile_id": profile.profile_id, "head": profile.head})
@@ -517,7 +534,7 @@ class Pipeline:
     ) -> tuple[list[QueryResult], Rerank | None]:
         """_stage_one on the search pool, in this task's context (as asyncio.to_thread would)."""
         context = contextvars.copy_context()
-        work = partial(context.run, _stage_one, job, self.gallery, self.segment, cascade)
+        work = partial(context.run, _stage_one, job, self.gallery, self.segment, cascade, self.hubness)
         return await asyncio.get_running_loop().run_in_executor(self.search_pool, work)
 
     # -- profile hot swap -------------------------------------------------------------------------
@@ -530,6 +547,12 @@ class Pipeline:
         candidate = await asyncio.to_thread(load_profile, path)
         check_compatible(candidate, self.old.encoder, self.new.encoder, self.gallery, self.settings)
         default_mode(self.settings, candidate)
+        if self.hubness is not None and self.hubness.hubness.meta.get("profile_id") != candidate.profile_id:
+            raise InputError(
+                f"the hubness sidecar {self.settings.compat.hubness_dir} was computed for profile "
+                f"{self.hubness.hubness.meta.get('profile_id')}, not {candidate.profile_id}: recompute it "
+                "(nobackfill gallery hubness) and restart, or unset NOBACKFILL_COMPAT__HUBNESS_DIR"
+            )
         self.profile = candidate
         metrics.PROFILE_INFO.info({"profile_id": candidate.profile_id, "head": candidate.head})
         return candidate
@@ -559,12 +582,20 @@ class Pipeline:
             },
             "gallery": {**self.gallery.describe(), "nprobe_default": self.default_nprobe()},
             "cache": {"kind": self.cache.kind, "state": self.cache.state()},
+            "hubness": None
+            if self.hubness is None
+            else {**self.hubness.hubness.meta, "candidates": self.hubness.candidates},
             "default_mode": default_mode(self.settings, profile),
             "modes": served_modes(self.settings, profile),
             **({"segment": self._segment_info(profile)} if self.segment is not None else {}),
             **({"items": self._items_info()} if self.items is not None else {}),
             **({"cascade": self._cascade_info()} if self.cascade is not None else {}),
         }
+
+    def _hubness_info(self) -> dict[str, Any]:
+        """/v1/info's hubness block: what the sidecar was computed from, and how many hits it re-ranks."""
+        assert self.hubness is not None
+        return {**self.hubness.hubness.meta, "candidates": self.hubness.candidates}
 
     def _cascade_info(self) -> dict[str, Any]:
         """/v1/info's cascade block: how many candidates, the encode budget, whether hybrid re-ranks, the writer."""

@@ -176,6 +176,10 @@ class CompatSettings(Section):
     default_mode: Mode | None = None
     # Off only for benchmarks: the old encoder then finishes before the new one starts.
     concurrent_encoders: bool = True
+    # The gallery's hubness sidecar (`nobackfill gallery hubness`): queries answered by the profile's head
+    # are re-ranked over hubness_candidates hits, each score less its item's bias (compat/hubness.py).
+    hubness_dir: Path | None = None
+    hubness_candidates: int = Field(100, ge=1, le=10_000)
 
 
 class ApiSettings(Section):

@@ -353,6 +353,9 @@ def evaluate(
     judge: str = typer.Option(
         "recall@10", "--judge", help="Metric `compatible` is judged on: recall@1, recall@5, recall@10, mrr@10, ndcg@10."
     ),
+    hubness_queries: Path | None = typer.Option(
+        None, "--hubness-queries", help="Support or traffic folder: also score the head with the hubness correction."
+    ),
 ) -> None:
     """Compare every head the profile has with old->old (and new->new) on a test split: intervals, verdicts, flips."""
     from service.compat.io import load_split
@@ -375,7 +378,20 @@ def evaluate(
     from service.compat.evaluation import evaluate as run_eval
     from service.compat.uncertainty import few_queries_line
 
-    rows = run_eval(profile, split, modality, judge)
+    mapped = None
+    if hubness_queries is not None:
+        from service.compat.heads import transform_in_chunks
+        from service.compat.io import load_query_pairs
+        from service.compat.procrustes import normalize_rows
+
+        if (hubness_queries / "old_target.npy").is_file():
+            source = load_split(hubness_queries, old_dim=profile.old_dim, new_dim=profile.new_dim)
+            old, new = source.old_query, source.new_query
+        else:
+            pairs = load_query_pairs(hubness_queries)
+            old, new = pairs.old, pairs.new
+        mapped = normalize_rows(transform_in_chunks(profile, profile.head, old, new, modality).queries)
+    rows = run_eval(profile, split, modality, judge, mapped)
     few = few_queries_line(len(split.old_query), str(test_dir))
     if few is not None:
         _warn(few)

@@ -6,6 +6,7 @@
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -333,3 +334,75 @@ def evaluate(
     typer.echo(format_report(report))
     if json_out is not None:
         json_out.write_text(json.dumps(report.as_dict(), indent=2) + "\n", encoding="utf-8")
+
+
+@app.command("hubness")
+def hubness(
+    gallery_dir: Path = typer.Argument(..., help="The frozen FAISS gallery (its source vectors are read back)."),
+    profile_dir: Path = typer.Argument(..., help="The profile whose head maps the queries."),
+    queries: Path = typer.Option(
+        ..., "--queries", help="A support folder, or an exported traffic folder: the (old, new) queries to map."
+    ),
+    out: Path = typer.Option(..., "--out", help="Sidecar folder to write (NOBACKFILL_COMPAT__HUBNESS_DIR)."),
+    k: int = typer.Option(10, "--k", min=1, help="Nearest mapped queries averaged per item."),
+    modality: str | None = typer.Option(None, "--query-modality", help="Modality of the queries (default: first)."),
+    chunk_size: int = typer.Option(16_384, "--chunk-size", min=1, help="Gallery rows scored at a time."),
+    from_npy: Path | None = typer.Option(None, "--from-npy", help="The gallery's source vectors, if moved."),
+    force: bool = typer.Option(False, "--force", help="Replace an existing sidecar."),
+) -> None:
+    """Per-item hubness bias (CSLS) of a gallery against a profile's mapped queries, for serving and `eval`."""
+    import time
+
+    from tqdm import tqdm  # type: ignore[import-untyped]
+
+    from service.compat.heads import transform_in_chunks
+    from service.compat.hubness import biases, write_hubness
+    from service.compat.io import load_query_pairs, load_split
+    from service.compat.procrustes import normalize_rows
+    from service.compat.profile import load_profile
+    from service.errors import InputError
+    from service.index.evaluate import source_of
+    from service.index.gallery import Gallery
+    from service.index.sources import chunks
+
+    if out.exists() and not force:
+        raise InputError(f"{out} exists; pass --force to replace it")
+    profile = load_profile(profile_dir)
+    gallery = Gallery.load(gallery_dir)
+    modality = modality or (sorted(profile.alphas) or ["text"])[0]
+    if (queries / "old_target.npy").is_file():
+        split = load_split(queries, old_dim=profile.old_dim, new_dim=profile.new_dim)
+        old, new, where = split.old_query, split.new_query, "support"
+    else:
+        pairs = load_query_pairs(queries)
+        old, new, where = pairs.old, pairs.new, "traffic"
+    mapped = normalize_rows(transform_in_chunks(profile, profile.head, old, new, modality).queries)
+    mapped = mapped[np.any(mapped != 0, axis=1)]
+    source = source_of(gallery, from_npy)
+    started = time.perf_counter()
+    bar = tqdm(total=gallery.ntotal, unit="item", desc="hubness", file=sys.stderr, disable=not sys.stderr.isatty())
+
+    def scored() -> Any:
+        for ids, rows in chunks(source, chunk_size):
+            yield ids, normalize_rows(rows)
+            bar.update(len(ids))
+
+    ids, bias = biases(scored(), mapped, k)
+    bar.close()
+    seconds = time.perf_counter() - started
+    meta = {
+        "gallery_fingerprint": gallery.fingerprint,
+        "profile_id": profile.profile_id,
+        "head": str(profile.head),
+        "k": k,
+        "queries": int(len(mapped)),
+        "queries_from": f"{where} {queries}",
+        "modality": modality,
+        "items": int(len(ids)),
+        "seconds": round(seconds, 1),
+    }
+    write_hubness(out, ids, bias, meta)
+    typer.echo(
+        f"wrote hubness sidecar {out}: {len(ids):,} items against {len(mapped):,} mapped {where} queries (k {k}) "
+        f"in {seconds:.1f} s; mean bias {float(bias.mean()):.4f}, max {float(bias.max()):.4f}"
+    )

@@ -31,6 +31,7 @@ import numpy.typing as npt
 from service.compat import psp
 from service.compat.arcsearch import summarise_blends
 from service.compat.heads import transform_in_chunks
+from service.compat.hubness import augmented, item_bias
 from service.compat.io import Split
 from service.compat.metrics import KS, flip_rates, ranks, recall_at_k, relevance
 from service.compat.procrustes import normalize_rows
@@ -40,6 +41,7 @@ from service.compat.uncertainty import METRICS, per_query, retention, summary
 from service.errors import InputError
 from service.vocabulary import HeadFamily, Mode
 
+F32 = npt.NDArray[np.float32]
 JUDGE = "recall@10"  # the metric `compatible` is judged on unless told: R@1 alone flips on a handful of queries
 
 
@@ -90,8 +92,14 @@ def _row(
     }
 
 
-def evaluate(profile: CompatProfile, split: Split, modality: str, judge: str = JUDGE) -> list[dict[str, Any]]:
-    """Score every method of the profile's head family on the test split (see the module docstring)."""
+def evaluate(
+    profile: CompatProfile, split: Split, modality: str, judge: str = JUDGE, hubness_queries: F32 | None = None
+) -> list[dict[str, Any]]:
+    """Score every method of the profile's head family on the test split (see the module docstring).
+
+    hubness_queries: unit mapped queries (a support set's or traffic's, through the head): adds the row
+    `<head>+csls`, the head with each target's hubness bias subtracted, as the service serves it (hubness.py).
+    """
     if judge not in METRICS:
         raise InputError(f"--judge must be one of {', '.join(METRICS)}, got {judge!r}")
     if split.old_dim != profile.old_dim or split.new_dim != profile.new_dim:
@@ -115,6 +123,10 @@ def evaluate(profile: CompatProfile, split: Split, modality: str, judge: str = J
         new_rank = ranks(normalize_rows(split.new_query), normalize_rows(split.new_target), rel)
         rows.append(_row("new", None, new_rank, old_rank, reference=True))
     upgraded = partial(_row, against=old_rank, ceiling=new_rank, judge=judge)
+    if hubness_queries is not None:
+        done = transform_in_chunks(profile, profile.head, split.old_query, split.new_query, modality)
+        q, t = augmented(done.queries, targets, item_bias(targets, hubness_queries))
+        rows.append(upgraded(f"{profile.head}+csls", done.alpha, ranks(q, t, rel)))
     if profile.family is HeadFamily.adapter:
         for mode in profile.modes():
             if mode != Mode.old:

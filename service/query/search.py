@@ -15,6 +15,7 @@ import numpy.typing as npt
 
 from service import metrics
 from service.compat.heads import transform
+from service.compat.hubness import Corrected
 from service.compat.rows import normalize_rows
 from service.cpu_limit import usable_cpus
 from service.errors import UnsupportedMode
@@ -44,7 +45,7 @@ class _Transformed:
 
 
 def transform_and_search(
-    job: SearchJob, gallery: GalleryBackend, segment: SegmentSearch | None = None
+    job: SearchJob, gallery: GalleryBackend, segment: SegmentSearch | None = None, hubness: Corrected | None = None
 ) -> list[QueryResult]:
     """Apply the head per row group, then one batched search: the gallery, or beside the segment (a search pool thread).
 
@@ -64,6 +65,9 @@ def transform_and_search(
         if beside:
             merged = _needed(segment).hybrid(job, batch, gallery)
             scores, ids, from_segment = merged.scores, merged.ids, merged.from_segment.sum(axis=1).tolist()
+        elif hubness is not None and job.mode == job.profile.head:  # what `eval` scored as <head>+csls
+            own = np.array([fallback is None for _, fallback in plan])
+            scores, ids = hubness.search(gallery, batch, job.depth, job.nprobe, own)
         else:
             scores, ids = gallery.search(batch, job.depth, job.nprobe)
     id_lists, score_lists = ids.tolist(), scores.tolist()

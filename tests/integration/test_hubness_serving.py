@@ -1,0 +1,70 @@
+"""The hubness sidecar served: the head's answers re-ranked as compat/hubness.py says, other modes untouched."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from service.compat.hubness import Corrected, load_hubness
+from service.errors import ArtifactError
+from service.index.gallery import Gallery
+from service.settings import CompatSettings, IndexSettings, Settings
+from tests.support.app import serving
+from tests.support.cli import cli
+from tests.support.world import World
+
+CAPTION = "item-{:010d} caption-1"
+ITEMS = [3, 77, 512, 1_999, 4_242, 9_001, 12_345, 19_998]
+
+
+@pytest.fixture(scope="module")
+def sidecar(world: World, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("hubness") / "sidecar"
+    done = cli("gallery", "hubness", world.gallery_dir, world.profile_dir, "--queries", world.support_dir, "--out", out)
+    assert done.returncode == 0, done.stderr
+    assert "wrote hubness sidecar" in done.stdout
+    return out
+
+
+def settings_for(world: World, sidecar: Path | None) -> Settings:
+    return Settings(
+        index=IndexSettings(gallery_dir=world.gallery_dir, nprobe=64),
+        compat=CompatSettings(profile_dir=world.profile_dir, hubness_dir=sidecar, hubness_candidates=50),
+    )
+
+
+async def test_the_heads_answers_are_the_corrected_gallery_search_and_old_is_untouched(
+    world: World, sidecar: Path
+) -> None:
+    body = {"queries": [{"text": CAPTION.format(i)} for i in ITEMS], "k": 10, "debug": False}
+    async with serving(settings_for(world, None)) as plain:
+        before = {m: (await plain.client.post("/v1/search", json={**body, "mode": m})).json() for m in ("slerp", "old")}
+    async with serving(settings_for(world, sidecar)) as served:
+        pipeline = served.pipeline
+        info = (await served.client.get("/v1/info")).json()
+        assert info["hubness"]["profile_id"] == pipeline.profile.profile_id and info["hubness"]["candidates"] == 50
+        after = {m: (await served.client.post("/v1/search", json={**body, "mode": m})).json() for m in ("slerp", "old")}
+        # The same queries through the gallery and the correction by hand: what the service must have answered.
+        job_rows = pipeline.old.encoder.encode([CAPTION.format(i) for i in ITEMS], "text")
+        new_rows = pipeline.new.encoder.encode([CAPTION.format(i) for i in ITEMS], "text")
+    from service.compat.heads import transform
+
+    queries = transform(pipeline.profile, "slerp", job_rows, new_rows, "text").queries
+    gallery = Gallery.load(world.gallery_dir)
+    corrected = Corrected(load_hubness(sidecar, gallery.fingerprint, pipeline.profile.profile_id), 50)
+    _, expected = corrected.search(gallery, queries, 10, 64, np.ones(len(ITEMS), dtype=bool))
+    assert [r["ids"] for r in after["slerp"]["results"]] == expected.tolist()
+    assert [r["ids"] for r in after["slerp"]["results"]] != [r["ids"] for r in before["slerp"]["results"]]
+    assert [r["ids"] for r in after["old"]["results"]] == [r["ids"] for r in before["old"]["results"]]
+
+
+async def test_a_sidecar_of_another_profile_is_refused_at_start(world: World, sidecar: Path, tmp_path: Path) -> None:
+    other = tmp_path / "profile"
+    assert cli("fit", world.support_dir, "--out", other, "--folds", 3, "--head", "aligned").returncode == 0
+    settings = settings_for(world, sidecar)
+    settings.compat.profile_dir = other
+    with pytest.raises(ArtifactError, match="was computed for profile"):
+        async with serving(settings):
+            pass
