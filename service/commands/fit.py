@@ -380,17 +380,9 @@ def evaluate(
 
     mapped = None
     if hubness_queries is not None:
-        from service.compat.heads import transform_in_chunks
-        from service.compat.io import load_query_pairs
-        from service.compat.procrustes import normalize_rows
+        from service.compat.hubness import mapped_queries
 
-        if (hubness_queries / "old_target.npy").is_file():
-            source = load_split(hubness_queries, old_dim=profile.old_dim, new_dim=profile.new_dim)
-            old, new = source.old_query, source.new_query
-        else:
-            pairs = load_query_pairs(hubness_queries)
-            old, new = pairs.old, pairs.new
-        mapped = normalize_rows(transform_in_chunks(profile, profile.head, old, new, modality).queries)
+        mapped, _ = mapped_queries(profile, hubness_queries, modality)
     rows = run_eval(profile, split, modality, judge, mapped)
     few = few_queries_line(len(split.old_query), str(test_dir))
     if few is not None:

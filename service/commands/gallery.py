@@ -355,9 +355,7 @@ def hubness(
 
     from tqdm import tqdm  # type: ignore[import-untyped]
 
-    from service.compat.heads import transform_in_chunks
-    from service.compat.hubness import biases, write_hubness
-    from service.compat.io import load_query_pairs, load_split
+    from service.compat.hubness import biases, mapped_queries, write_hubness
     from service.compat.procrustes import normalize_rows
     from service.compat.profile import load_profile
     from service.errors import InputError
@@ -370,14 +368,7 @@ def hubness(
     profile = load_profile(profile_dir)
     gallery = Gallery.load(gallery_dir)
     modality = modality or (sorted(profile.alphas) or ["text"])[0]
-    if (queries / "old_target.npy").is_file():
-        split = load_split(queries, old_dim=profile.old_dim, new_dim=profile.new_dim)
-        old, new, where = split.old_query, split.new_query, "support"
-    else:
-        pairs = load_query_pairs(queries)
-        old, new, where = pairs.old, pairs.new, "traffic"
-    mapped = normalize_rows(transform_in_chunks(profile, profile.head, old, new, modality).queries)
-    mapped = mapped[np.any(mapped != 0, axis=1)]
+    mapped, where = mapped_queries(profile, queries, modality)
     source = source_of(gallery, from_npy)
     started = time.perf_counter()
     bar = tqdm(total=gallery.ntotal, unit="item", desc="hubness", file=sys.stderr, disable=not sys.stderr.isatty())

@@ -25,7 +25,7 @@ import json
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import numpy.typing as npt
@@ -34,6 +34,9 @@ import torch
 from service.atomic_dir import replace_dir, sibling_dir
 from service.errors import ArtifactError, InputError
 from service.manifest import verify_manifest, write_json_durably, write_manifest
+
+if TYPE_CHECKING:
+    from service.compat.profile import CompatProfile
 
 F32 = npt.NDArray[np.float32]
 I64 = npt.NDArray[np.int64]
@@ -140,3 +143,19 @@ def augmented(queries: F32, targets: F32, bias: F32) -> tuple[F32, F32]:
     q = np.hstack([queries, np.ones((len(queries), 1), dtype=np.float32)]).astype(np.float32)
     t = np.hstack([targets, -bias[:, None]]).astype(np.float32)
     return q, t
+
+
+def mapped_queries(profile: CompatProfile, folder: Path, modality: str) -> tuple[F32, str]:
+    """A support or traffic folder's queries through the profile's head (unit, zero rows dropped), and its kind."""
+    from service.compat.heads import transform_in_chunks
+    from service.compat.io import load_query_pairs, load_split
+    from service.compat.procrustes import normalize_rows
+
+    if (folder / "old_target.npy").is_file():
+        split = load_split(folder, old_dim=profile.old_dim, new_dim=profile.new_dim)
+        old, new, kind = split.old_query, split.new_query, "support"
+    else:
+        pairs = load_query_pairs(folder)
+        old, new, kind = pairs.old, pairs.new, "traffic"
+    mapped = normalize_rows(transform_in_chunks(profile, profile.head, old, new, modality).queries)
+    return mapped[np.any(mapped != 0, axis=1)], kind
