@@ -194,7 +194,7 @@ def fit(
     extra = {PLOT_NAME: render.plot_png(outcome.panels, heading)} if outcome.panels else {}
     saved = save_profile(outcome.profile, out, overwrite=force, extra_files=extra)
     wrote = f"wrote profile {saved.profile_id} to {out}" + (f" (plot: {out / PLOT_NAME})" if extra else "")
-    wrote = "\n".join([*_calibration_lines(saved), wrote])
+    wrote = "\n".join([*_calibration_lines(saved), *_hubness_lines(saved), wrote])
     if saved.family is HeadFamily.classes:
         _print_classes(outcome, wrote)
     elif saved.family is HeadFamily.adapter:
@@ -223,6 +223,29 @@ def _small_data_lines(outcome: FitOutcome) -> list[str]:
                 "so this profile answers as the old system did; on this support the mapped new query did not help "
                 "(more support pairs, or the adapter head, may)"
             )
+    return lines
+
+
+def _hubness_lines(profile: CompatProfile) -> list[str]:
+    """One line per modality on whether the hubness correction helped the head on the support (fitting.py)."""
+    from service.compat.uncertainty import describe
+
+    lines = []
+    for modality, check in (profile.fit_report.get("hubness") or {}).items():
+        if not check.get("decided"):
+            lines.append(f"hubness correction ({modality}): not checked ({check.get('why')})")
+            continue
+        said = (
+            "helps: serve it with `nobackfill gallery hubness` and NOBACKFILL_COMPAT__HUBNESS_DIR"
+            if check["helps"]
+            else "not shown to help: leave it off"
+        )
+        lines.append(
+            f"hubness correction ({modality}, cross-fitted on the support): R@1 {check['recall@1_without']:.4f} -> "
+            f"{check['recall@1_with']:.4f} ({describe(check['difference'])} points), R@10 "
+            f"{check['recall@10_without']:.4f} -> {check['recall@10_with']:.4f} ({describe(check['difference@10'])}); "
+            f"{said}"
+        )
     return lines
 
 

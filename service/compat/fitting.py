@@ -21,19 +21,26 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from service.compat import selection
 from service.compat.calibration import fit_score_map
 from service.compat.fit_inputs import F32, ModelIds, model_ids, query_pairs
 from service.compat.fit_options import FitOptions, FitOutcome, check_options
 from service.compat.heads import transform_in_chunks
+from service.compat.hubness import K as HUBNESS_K
+from service.compat.hubness import augmented, item_bias
 from service.compat.io import Split, load_split
-from service.compat.metrics import relevance
+from service.compat.metrics import ranks, relevance
 from service.compat.procrustes import normalize_rows
 from service.compat.profile import CompatProfile
+from service.compat.uncertainty import paired_differences, verdict
 from service.errors import InputError
 from service.vocabulary import ADAPTER_HEADS, CLASS_HEADS, PROCRUSTES_HEADS, FitOn, Head
 
 Warn = Callable[[str], None]
+# The hubness check ranks at most this many support queries (seeded sample) against every support target.
+HUBNESS_CHECK_QUERIES = 5000
 
 
 def _ignore(_: str) -> None:
@@ -63,8 +70,68 @@ def fit_profile(supports: Mapping[str, Path], options: FitOptions, warn: Warn = 
     if head in ADAPTER_HEADS:
         from service.compat.fit_adapter import fit_adapter  # imports torch: only for the adapter heads
 
-        return _calibrated(fit_adapter(split, {modality: support_dir}, head, ids, options), {modality: split})
-    return _calibrated(_fit_procrustes(split, modality, support_dir, ids, options), {modality: split})
+        return _checked(fit_adapter(split, {modality: support_dir}, head, ids, options), {modality: split})
+    return _checked(_fit_procrustes(split, modality, support_dir, ids, options), {modality: split})
+
+
+def _checked(outcome: FitOutcome, splits: Mapping[str, Split]) -> FitOutcome:
+    """The outcome with its calibration and its hubness check (what fit decides beyond the head)."""
+    return _hubness_checked(_calibrated(outcome, splits), splits)
+
+
+def _hubness_checked(outcome: FitOutcome, splits: Mapping[str, Split]) -> FitOutcome:
+    """The outcome with, per modality, whether the hubness correction helps the head on the support (hubness.py).
+
+    Cross-fitted over two halves of the support's queries: each half is ranked against every support
+    target with the bias computed from the other half's mapped queries, and without it; the paired
+    intervals of the R@1 and R@10 differences decide (helps: above 0 at one, below at neither).
+    """
+    checks = {}
+    for modality, split in splits.items():
+        served = normalize_rows(
+            transform_in_chunks(
+                outcome.profile, outcome.profile.head, split.old_query, split.new_query, modality
+            ).queries
+        )
+        checks[modality] = hubness_check(served, normalize_rows(split.old_target), split)
+    fit_report = {**outcome.profile.fit_report, "hubness": checks}
+    return dataclasses.replace(outcome, profile=dataclasses.replace(outcome.profile, fit_report=fit_report))
+
+
+def hubness_check(served: F32, targets: F32, split: Split, k: int = HUBNESS_K, seed: int = 0) -> dict[str, Any]:
+    """R@1 of the served queries with and without the bias, each half's bias from the other half (see above)."""
+    rng = np.random.default_rng(seed)
+    rows = (
+        np.arange(len(served))
+        if len(served) <= HUBNESS_CHECK_QUERIES
+        else rng.choice(len(served), HUBNESS_CHECK_QUERIES, replace=False)
+    )
+    served, query_ids, n = served[rows], split.query_ids[rows], len(rows)
+    halves = np.array_split(rng.permutation(n), 2)
+    with_bias = np.full(n, len(targets), dtype=np.int64)
+    plain = ranks(served, targets, relevance(query_ids, split.target_ids))
+    for mine, other in ((halves[0], halves[1]), (halves[1], halves[0])):
+        if len(other) < k or not len(mine):
+            return {"decided": False, "why": f"{n} support queries: too few to split for the check"}
+        part = relevance(query_ids[mine], split.target_ids)
+        q, t = augmented(served[mine], targets, item_bias(targets, served[other], k))
+        with_bias[mine] = ranks(q, t, part)
+    d = paired_differences(with_bias, plain)
+    verdicts = {verdict(d[metric]) for metric in ("recall@1", "recall@10")}
+    return {
+        "decided": True,
+        "k": k,
+        "queries": n,
+        **{
+            f"{metric}_{side}": float((r < cut).mean())
+            for metric, cut in (("recall@1", 1), ("recall@10", 10))
+            for side, r in (("without", plain), ("with", with_bias))
+        },
+        "difference": d["recall@1"],
+        "difference@10": d["recall@10"],
+        # As the rollout gate reads two metrics: better beyond the noise at one, worse at neither.
+        "helps": "compatible" in verdicts and "not compatible" not in verdicts,
+    }
 
 
 def _calibrated(outcome: FitOutcome, splits: Mapping[str, Split]) -> FitOutcome:
@@ -219,4 +286,4 @@ def _fit_modalities(dirs: dict[str, Path], options: FitOptions, warn: Warn) -> F
         for m in splits
     ]
     outcome = FitOutcome(profile=profile, reports=fitted.reports, panels=panels, head_why=why, supports=dirs)
-    return _calibrated(outcome, splits)
+    return _checked(outcome, splits)

@@ -210,6 +210,7 @@ def test_fit_on_a_dozen_pairs_says_the_set_is_small_and_what_alpha_0_means(tmp_p
     assert done.returncode == 0, done.stderr
     warnings = [line for line in done.stderr.splitlines() if line.startswith("warning: ")]
     assert any("12 queries (under 200)" in line for line in warnings), done.stderr
+    assert "hubness correction (text): not checked (12 support queries: too few to split" in done.stdout
     alpha = json.loads((tmp_path / "profile" / "profile.json").read_text())["alphas"]["text"]
     said = any("alpha 0 for text queries" in line and "answers as the old system did" in line for line in warnings)
     assert said == (alpha == 0.0)

@@ -61,3 +61,22 @@ def test_a_sidecar_of_another_gallery_or_profile_is_refused_in_one_line(tmp_path
     (tmp_path / "hub" / "bias.npy").write_bytes(b"tampered")
     with pytest.raises(ArtifactError):
         load_hubness(tmp_path / "hub", "g" * 64, "p1")
+
+
+def test_the_fit_check_finds_a_planted_hub_helps_and_says_when_it_cannot_tell(tmp_path: Path) -> None:
+    from service.compat.fitting import hubness_check
+    from service.compat.io import Split
+
+    rng = np.random.default_rng(3)
+    n, d = 600, 24
+    shared = unit(rng.normal(size=(1, d)))  # a direction every mapped query leans to (anisotropy)
+    targets = unit(rng.normal(size=(n, d)))
+    queries = unit(targets + 0.6 * rng.normal(size=(n, d)).astype(np.float32) + 0.8 * shared)
+    hubs = rng.choice(n, 30, replace=False)
+    targets[hubs] = unit(targets[hubs] + 2.0 * shared)  # items leaning the same way: near every query, hubs
+    ids = np.arange(n)
+    split = Split(tmp_path, queries, queries, targets, None, ids, ids)
+    check = hubness_check(queries, targets, split)
+    assert check["decided"] and check["recall@1_with"] > check["recall@1_without"] and check["helps"]
+    small = Split(tmp_path, queries[:12], queries[:12], targets, None, ids[:12], ids)
+    assert not hubness_check(queries[:12], targets, small)["decided"]
