@@ -45,3 +45,24 @@ def replace_dir(tmp: Path, final: Path) -> None:
         os.rename(old, final)
         raise
     shutil.rmtree(old, ignore_errors=True)
+
+
+def readable_by_others(folder: Path) -> None:
+    """Give `folder` and its files the modes the umask allows (mkdtemp makes 0700, mkstemp / safetensors 0600)."""
+    # An artifact built by one user must be readable by the service's (the image runs as uid 10001).
+    mask = _umask()
+    os.chmod(folder, 0o777 & ~mask)
+    for path in folder.iterdir():
+        if path.is_file():
+            os.chmod(path, 0o666 & ~mask)
+
+
+def _umask() -> int:
+    """The process's umask, read without changing it (os.umask would, for every thread, for a moment)."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("Umask:"):
+                return int(line.split()[1], 8)
+    except OSError:
+        pass
+    return 0o022

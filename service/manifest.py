@@ -123,7 +123,22 @@ def _entry_ok(name: Any, entry: Any) -> bool:
 
 
 def verify_manifest(folder: Path, size_only: Collection[str] = ()) -> dict[str, str] | None:
-    """Check every file of folder against its manifest; returns name -> sha256, or None without a manifest."""
+    """Check every file of folder against its manifest; returns name -> sha256, or None without a manifest.
+
+    A file this process may not read is an ArtifactError line naming it and the uid, not a traceback.
+    """
+    try:
+        return _verified(folder, size_only)
+    except PermissionError as exc:
+        where = exc.filename or folder
+        raise ArtifactError(
+            f"{where}: not readable by uid {os.getuid()}, which loads it; make the artifact readable "
+            f"(chmod -R a+rX {folder}) or rebuild it: artifacts are written with the umask's modes"
+        ) from exc
+
+
+def _verified(folder: Path, size_only: Collection[str]) -> dict[str, str] | None:
+    """verify_manifest's checks."""
     files = read_manifest(folder)
     if files is None:
         return None

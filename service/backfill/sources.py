@@ -17,7 +17,7 @@ from typing import Protocol
 import numpy as np
 import numpy.typing as npt
 
-from service.bulk.inputs import Bad, InputSpec, Item, input_spec, read_items
+from service.bulk.inputs import Bad, Blank, InputSpec, Item, input_spec, read_items
 from service.errors import InputError
 from service.items.store import META_NAME, ItemsIdentity, ItemStore
 from service.vocabulary import Modality
@@ -93,6 +93,8 @@ class FileItems:
         values: list[str] = []
         own_ids: list[int] = []
         for item in read_items(spec, check_images=True):
+            if isinstance(item, Blank):
+                continue
             if isinstance(item, Bad):
                 raise InputError(f"{item.message()} (backfill needs every gallery item)")
             assert isinstance(item, Item)

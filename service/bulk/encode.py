@@ -28,7 +28,7 @@ import numpy.typing as npt
 
 import service
 from service.bulk.atomic import make_parents, publish_files, refuse_existing, remove_empty, temp_json
-from service.bulk.inputs import Bad, InputSpec, Item, Scan, image_b64, read_items
+from service.bulk.inputs import Bad, Blank, InputSpec, Item, Scan, image_b64, read_items
 from service.bulk.npy_writer import NpyWriter
 from service.cpu_limit import usable_cpus
 from service.encoders.base import Embeddings, Encoder, modalities_of
@@ -128,6 +128,8 @@ def batches(spec: InputSpec, scan: Scan, batch_size: int) -> Iterator[list[Item]
     batch: list[Item] = []
     seen = 0
     for item in read_items(spec, check_images=False):
+        if isinstance(item, Blank):
+            continue
         if isinstance(item, Bad):
             if item.line not in skipped:
                 raise InputError(f"{item.message()} (the input changed while it was being encoded)")
@@ -221,6 +223,8 @@ def _meta(
         "ids": None if ids_out is None else str(ids_out.resolve()),
         "skipped": len(scan.skipped),
         "skipped_inputs": [{"line": b.line, "where": b.where, "reason": b.reason} for b in scan.skipped],
+        # Blank lines hold no input: rows (and ids) count the non-blank lines in order.
+        "blank_lines": scan.blank,
         "seconds": round(seconds, 2),
         "created_at": datetime.now(UTC).isoformat(timespec="seconds"),
         "nobackfill_version": service.__version__,

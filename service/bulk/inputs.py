@@ -8,10 +8,11 @@ An input file is read as one of three kinds:
 For --modality image the value of a line / field is an image path, relative ones resolved against
 the folder of the file that lists them.
 
-Bad inputs (each reported as FILE:LINE, lines counted from 1): an empty or blank line, a line that
-is not UTF-8, a JSONL line that is not a JSON object, lacks the field or whose value is not a
-non-empty string (or, with --id-field, whose id is not an integer), an image that cannot be read or
-is not an image PIL can identify.  Images are checked here, before any model runs, so a bad file
+Blank lines (empty or whitespace only, a trailing one included) hold no input: they are skipped and
+counted, and the inputs are numbered without them.  Bad inputs (each reported as FILE:LINE, lines
+counted from 1): a line that is not UTF-8, a JSONL line that is not a JSON object, lacks the field
+or whose value is not a non-empty string (or, with --id-field, whose id is not an integer), an image
+that cannot be read or is not an image PIL can identify.  Images are checked here, before any model runs, so a bad file
 deep in a folder is refused up front instead of after an hour of encoding.
 """
 
@@ -68,10 +69,18 @@ class Bad:
 
 @dataclass
 class Scan:
-    """The result of checking every input once: how many are usable, and the bad ones skipped."""
+    """The result of checking every input once: how many are usable, the bad ones skipped, the blank lines."""
 
     count: int = 0
     skipped: list[Bad] = field(default_factory=list)
+    blank: int = 0
+
+
+@dataclass(frozen=True)
+class Blank:
+    """A blank line: no input, and no error."""
+
+    line: int
 
 
 def input_spec(path: Path, modality: Modality, field_name: str | None, id_field: str | None) -> InputSpec:
@@ -93,8 +102,8 @@ def input_spec(path: Path, modality: Modality, field_name: str | None, id_field:
     return InputSpec(path, "jsonl", modality, field_name, id_field)
 
 
-def read_items(spec: InputSpec, *, check_images: bool) -> Iterator[Item | Bad]:
-    """Every input of `spec` in order, as an Item or a Bad; images are opened only with `check_images`."""
+def read_items(spec: InputSpec, *, check_images: bool) -> Iterator[Item | Bad | Blank]:
+    """Every line of `spec` in order, as an Item, a Bad or a Blank; images are opened only with `check_images`."""
     if spec.kind == "folder":
         yield from _folder_items(spec.path, check_images)
         return
@@ -103,7 +112,7 @@ def read_items(spec: InputSpec, *, check_images: bool) -> Iterator[Item | Bad]:
         if text is None:
             yield Bad(line, where, "not valid UTF-8")
         elif not text.strip():
-            yield Bad(line, where, "empty line")
+            yield Blank(line)
         elif spec.kind == "lines":
             yield _value_item(line, where, text, spec, None, check_images)
         else:
@@ -116,6 +125,8 @@ def scan(spec: InputSpec, *, skip_bad: bool) -> Scan:
     for item in read_items(spec, check_images=True):
         if isinstance(item, Item):
             result.count += 1
+        elif isinstance(item, Blank):
+            result.blank += 1
         elif skip_bad:
             result.skipped.append(item)
         else:

@@ -40,6 +40,7 @@ class Pairs:
     target_ids: list[int] = field(default_factory=list)
     target_lines: list[int] = field(default_factory=list)
     skipped: list[Bad] = field(default_factory=list)
+    blank: int = 0  # blank lines: no pair, no error
 
 
 @dataclass(frozen=True)
@@ -59,6 +60,9 @@ def read_pairs(path: Path, query_modality: Modality, target_modality: Modality, 
     index_of: dict[int, int] = {}  # target id -> target row
     with_ids: bool | None = None
     for line, text in read_lines(path):
+        if text is not None and not text.strip():
+            pairs.blank += 1
+            continue
         where = f"{path}:{line}"
         row = _parse(text, path, query_modality, target_modality)
         if isinstance(row, _Row) and row.key is not None and row.key in index_of:
@@ -93,8 +97,6 @@ def _parse(text: str | None, path: Path, query_modality: Modality, target_modali
     """One line as a _Row, or the reason it is bad."""
     if text is None:
         return "not valid UTF-8"
-    if not text.strip():
-        return "empty line"
     try:
         obj = json.loads(text)
     except json.JSONDecodeError as exc:

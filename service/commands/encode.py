@@ -69,7 +69,8 @@ def encode(
     meta = encode_file(encoder, identity, spec, checked, out, ids_out=ids_out, batch_size=batch_size)
     typer.echo(
         f"wrote {out}: {meta['count']:,} x {meta['dim']} float32 ({identity.backend} {identity.model_id}), "
-        f"{meta['skipped']} skipped, {meta['seconds']} s; description in {out.with_suffix('.json')}"
+        f"{meta['skipped']} skipped, {meta['blank_lines']} blank line(s) ignored, {meta['seconds']} s; "
+        f"description in {out.with_suffix('.json')}"
     )
     if items_out is not None:
         stored = write_items(spec, checked, items_out, by_id=ids_out is not None, force=force)
@@ -107,6 +108,8 @@ def support_build(
     pairs = read_pairs(pairs_path, modality, target, skip_bad=skip_bad)
     if pairs.skipped:
         typer.echo(f"skipping {len(pairs.skipped)} bad row(s), first: {pairs.skipped[0].message()}", err=True)
+    if pairs.blank:
+        typer.echo(f"ignoring {pairs.blank} blank line(s) in {pairs_path}", err=True)
     models = build_support(
         pairs,
         ModelSource(old_backend, old_path, old_model_id),

@@ -29,7 +29,7 @@ import numpy.typing as npt
 from safetensors import SafetensorError
 from safetensors.numpy import load_file, save_file
 
-from service.atomic_dir import replace_dir
+from service.atomic_dir import readable_by_others, replace_dir
 from service.compat.psp import correction_matrix
 from service.errors import ArtifactError
 from service.manifest import MANIFEST_NAME, sha256_of, verify_manifest, write_manifest
@@ -366,6 +366,7 @@ def save_profile(
                 raise ArtifactError(f"{target}: {MANIFEST_NAME} is written by save_profile, not an extra file")
             (tmp / name).write_bytes(data)
         write_manifest(tmp, known={TENSORS: sha})
+        readable_by_others(tmp)
         replace_dir(tmp, target)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)

@@ -21,7 +21,7 @@ import pytest
 from PIL import Image
 
 from service.bulk.encode import check_rows, encode_file, sidecar_identity
-from service.bulk.inputs import Bad, Item, input_spec, read_items, scan
+from service.bulk.inputs import Bad, Blank, Item, input_spec, read_items, scan
 from service.bulk.pairs import read_pairs
 from service.bulk.support import EncodeOptions, ModelSource, build_support, check_support_out
 from service.compat.io import load_split
@@ -69,15 +69,15 @@ def test_text_lines_are_read_as_written_and_bad_lines_named(tmp_path: Path) -> N
     assert items == [
         Item(1, "  first  "),  # BOM and CR-LF gone, the text itself untouched
         Item(2, "second"),
-        Bad(3, f"{src}:3", "empty line"),
-        Bad(4, f"{src}:4", "empty line"),
+        Blank(3),  # blank lines hold no input: skipped and counted, never an error
+        Blank(4),
         Bad(5, f"{src}:5", "not valid UTF-8"),
         Item(6, "last without newline"),
     ]
-    with pytest.raises(InputError, match=rf"^{src}:3: empty line \(use --skip-bad"):
+    with pytest.raises(InputError, match=rf"^{src}:5: not valid UTF-8 \(use --skip-bad"):
         scan(input_spec(src, "text", None, None), skip_bad=False)
     checked = scan(input_spec(src, "text", None, None), skip_bad=True)
-    assert checked.count == 3 and [b.line for b in checked.skipped] == [3, 4, 5]
+    assert checked.count == 3 and [b.line for b in checked.skipped] == [5] and checked.blank == 2
 
 
 @pytest.mark.parametrize(
@@ -92,7 +92,6 @@ def test_text_lines_are_read_as_written_and_bad_lines_named(tmp_path: Path) -> N
         ('{"title": "x", "id": 1}', "no field 'text'"),
         ('{"text": 42, "id": 1}', "field 'text' is not a non-empty string (got 42)"),
         ('{"text": "  ", "id": 1}', "field 'text' is not a non-empty string"),
-        ("", "empty line"),
     ],
 )
 def test_jsonl_rows(tmp_path: Path, line: str, reason: str | None) -> None:
@@ -276,7 +275,7 @@ def test_image_inputs_reach_the_encoder_as_base64_file_bytes(tmp_path: Path) -> 
     ("content", "line", "reason"),
     [
         (b"item-1\n\xc3\x28 bad utf-8\nitem-2\nitem-3", 2, "not valid UTF-8"),
-        (b"item-1\nitem-2\n\nitem-3\n", 3, "empty line"),
+        (b"item-1\nitem-2\n{bad\xff\nitem-3\n", 3, "not valid UTF-8"),
     ],
 )
 def test_cli_bad_input_is_one_line_exit_2_and_nothing_written(
@@ -356,15 +355,16 @@ def test_pairs_ids_dedup_and_bad_rows(tmp_path: Path) -> None:
             {"query": q[3], "target": t[3], "query_id": 1, "target_id": 2},
             "",
             {"query": q[3]},
+            "",
         ],
     )
     pairs = read_pairs(shared, "text", "text", skip_bad=True)
+    assert pairs.blank == 2  # blank lines (the last one too) are no pairs and no errors
     assert pairs.query_ids == [10, 10, 12, 13] and pairs.query_lines == [1, 2, 3, 4]
     assert pairs.targets == [t[0], t[2], t[3]] and pairs.target_ids == [10, 12, 13]
     assert [(b.line, b.reason) for b in pairs.skipped] == [
         (5, "target_id 10 is given another target on line 1"),
         (6, "query_id 1 != target_id 2 (a query's id is the id of the target it should retrieve)"),
-        (7, "empty line"),
         (8, "'target' is missing or not a non-empty string (got None)"),
     ]
     with pytest.raises(InputError, match=rf"^{shared}:5: target_id 10 is given another target on line 1 \(use"):
@@ -477,3 +477,19 @@ def test_synth_support_writes_models_json(tmp_path: Path) -> None:
     assert models["old"] == SYNTH_OLD.as_dict()
     assert models["new"] == {"backend": "synthetic-new", "model_id": "synthetic-new", "fingerprint": None, "dim": 768}
     assert (models["query_modality"], models["target_modality"], models["pairs"]) == ("text", "image", 20)
+
+
+def test_blank_lines_are_skipped_counted_and_the_rows_count_the_other_lines(tmp_path: Path) -> None:
+    src = tmp_path / "in.txt"
+    src.write_bytes(b"item-0000000001 image\n\n  \nitem-0000000002 image\n\n")
+    out = tmp_path / "e.npy"
+    done = cli("encode", "--backend", "synthetic-old", "--input", src, "--out", out, "--device", "cpu")
+    assert done.returncode == 0, done.stderr
+    assert "3 blank line(s) ignored" in done.stdout
+    meta = json.loads(out.with_suffix(".json").read_text())
+    assert meta["count"] == 2 and meta["blank_lines"] == 3 and meta["skipped"] == 0
+    rows = np.load(out)
+    from service.encoders.synthetic import SyntheticOldEncoder
+
+    expected = SyntheticOldEncoder().encode(["item-0000000001 image", "item-0000000002 image"], "text")
+    assert np.allclose(rows, expected, atol=1e-6)  # row i is the i-th non-blank line
