@@ -6,6 +6,7 @@ import sys
 
 import typer
 
+import service
 from service.commands import assess, backfill, encode, fit, gallery, profile, realworld, serve, synth, traffic
 from service.errors import NobackfillError
 
@@ -27,6 +28,20 @@ app.command("encode")(encode.encode)
 app.add_typer(encode.support_app, name="support", help="Build support sets for `fit` from your own pairs and models.")
 app.add_typer(traffic.app, name="traffic", help="Export the (old, new) query pairs sampled from live traffic.")
 app.add_typer(backfill.app, name="backfill", help="Move gallery items into the new-model segment: run, status, curve.")
+
+
+def _print_version(asked: bool) -> None:
+    """`--version`: the package version, then exit."""
+    if asked:
+        typer.echo(f"nobackfill {service.__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _root(
+    version: bool = typer.Option(False, "--version", callback=_print_version, is_eager=True, help="Print the version."),
+) -> None:
+    """nobackfill: upgrade a retrieval system's embedding model without re-encoding its gallery."""
 
 
 def main() -> None:

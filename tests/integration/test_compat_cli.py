@@ -214,3 +214,10 @@ def test_fit_on_a_dozen_pairs_says_the_set_is_small_and_what_alpha_0_means(tmp_p
     alpha = json.loads((tmp_path / "profile" / "profile.json").read_text())["alphas"]["text"]
     said = any("alpha 0 for text queries" in line and "answers as the old system did" in line for line in warnings)
     assert said == (alpha == 0.0)
+
+
+def test_version_prints_the_package_version() -> None:
+    import service
+
+    done = nobackfill("--version")
+    assert done.returncode == 0 and done.stdout.strip() == f"nobackfill {service.__version__}"
