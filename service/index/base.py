@@ -51,10 +51,15 @@ class Exclusion:
 
     def drop(self, ids: Ids) -> npt.NDArray[np.bool_]:
         """Which of `ids` are excluded."""
-        if not len(self.ids):
-            return np.zeros(ids.shape, dtype=bool)
-        pos = np.minimum(np.searchsorted(self.ids, ids), len(self.ids) - 1)
-        return np.asarray(self.ids[pos] == ids)
+        return sorted_member(ids, self.ids)
+
+
+def sorted_member(ids: Ids, sorted_ids: Ids) -> npt.NDArray[np.bool_]:
+    """Which of `ids` (any shape) are in the ascending array `sorted_ids`: one bisection each."""
+    if not len(sorted_ids):
+        return np.zeros(ids.shape, dtype=bool)
+    pos = np.minimum(np.searchsorted(sorted_ids, ids), len(sorted_ids) - 1)
+    return np.asarray(sorted_ids[pos] == ids)
 
 
 @dataclass(frozen=True)

@@ -37,6 +37,7 @@ import numpy.typing as npt
 import service
 from service.encoders.identity import ModelIdentity
 from service.errors import ArtifactError, InputError
+from service.index.base import sorted_member
 from service.manifest import verify_manifest, write_json_durably, write_manifest
 
 SEGMENT_JSON = "segment.json"
@@ -312,7 +313,4 @@ class MovedIds:
 
     def contains(self, ids: npt.NDArray[np.int64]) -> npt.NDArray[np.bool_]:
         """Which of `ids` had moved at the last update (a bisection each: cheap at millions of moved ids)."""
-        if not len(self.ids):
-            return np.zeros(len(ids), dtype=bool)
-        pos = np.minimum(np.searchsorted(self.ids, ids), len(self.ids) - 1)
-        return np.asarray(self.ids[pos] == ids)
+        return sorted_member(ids, self.ids)

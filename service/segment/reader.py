@@ -26,7 +26,7 @@ import numpy.typing as npt
 
 from service.encoders.identity import ModelIdentity
 from service.errors import ArtifactError, InputError
-from service.index.base import Exclusion
+from service.index.base import Exclusion, sorted_member
 from service.segment.layout import (
     SEGMENT_JSON,
     GalleryRef,
@@ -143,7 +143,7 @@ class Snapshot:
 
     def contains(self, ids: I64) -> npt.NDArray[np.bool_]:
         """Which of `ids` have moved."""
-        return _member(ids, self.moved)
+        return sorted_member(ids, self.moved)
 
     def rows_of(self, ids: I64) -> tuple[npt.NDArray[np.bool_], F32]:
         """Which of `ids` have moved, and the new-model row of each (zero where not moved): what the cascade reads."""
@@ -224,7 +224,7 @@ class Segment:
                     log.error("segment %s: shard refused, the rest keeps serving: %s", self.folder, exc.message)
                     continue
                 ids, keep = np.unique(shard.ids, return_index=True)  # an id twice in one shard: its first row
-                new = ~_member(ids, moved)
+                new = ~sorted_member(ids, moved)
                 ids, rows = ids[new], shard.vectors[keep[new]]
                 loaded.append(name)
                 if len(ids):
@@ -273,11 +273,3 @@ def check_served(meta: SegmentMeta, model: ModelIdentity, gallery: GalleryRef, f
         check_same(meta, model, gallery, folder)
     except InputError as exc:
         raise ArtifactError(exc.message) from exc
-
-
-def _member(ids: I64, sorted_set: I64) -> npt.NDArray[np.bool_]:
-    """Which of `ids` are in the sorted array `sorted_set`."""
-    if not len(sorted_set):
-        return np.zeros(len(ids), dtype=bool)
-    pos = np.minimum(np.searchsorted(sorted_set, ids), len(sorted_set) - 1)
-    return np.asarray(sorted_set[pos] == ids)
