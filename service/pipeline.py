@@ -582,9 +582,7 @@ class Pipeline:
             },
             "gallery": {**self.gallery.describe(), "nprobe_default": self.default_nprobe()},
             "cache": {"kind": self.cache.kind, "state": self.cache.state()},
-            "hubness": None
-            if self.hubness is None
-            else {**self.hubness.hubness.meta, "candidates": self.hubness.candidates},
+            "hubness": None if self.hubness is None else self._hubness_info(),
             "default_mode": default_mode(self.settings, profile),
             "modes": served_modes(self.settings, profile),
             **({"segment": self._segment_info(profile)} if self.segment is not None else {}),
@@ -599,8 +597,8 @@ class Pipeline:
 
     def _cascade_info(self) -> dict[str, Any]:
         """/v1/info's cascade block: how many candidates, the encode budget, whether hybrid re-ranks, the writer."""
-        knobs = self.settings.cascade
-        writer = self.cascade.writer if self.cascade is not None else None
+        assert self.cascade is not None
+        knobs, writer = self.settings.cascade, self.cascade.writer
         return {
             "candidates": knobs.candidates,
             "encode_budget": knobs.encode_budget if self.items is not None else 0,
