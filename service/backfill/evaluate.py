@@ -23,6 +23,7 @@ from service.compat.calibration import IDENTITY, ScoreMap
 from service.compat.io import Split
 from service.compat.metrics import relevance
 from service.compat.procrustes import normalize_rows
+from service.compat.uncertainty import bootstrap_picks, interval95
 from service.errors import InputError
 from service.segment.merge import RRF_K
 from service.vocabulary import Merge
@@ -116,8 +117,7 @@ def curve(
 ) -> list[dict[str, Any]]:
     """R@1 / R@10 (with bootstrap intervals) at each moved share; `weights`: how often each query is asked."""
     m = len(spaces.old_targets)
-    rng = np.random.default_rng(seed)
-    picks = rng.integers(0, len(spaces.served), size=(BOOTSTRAP, len(spaces.served)))
+    picks = bootstrap_picks(len(spaces.served), BOOTSTRAP, seed)
     rows = []
     for fraction in fractions:
         moved = np.zeros(m, dtype=bool)
@@ -130,7 +130,7 @@ def curve(
             value = float(np.dot(hit, w) / w.sum())
             boot = (hit[picks] * w[picks]).sum(axis=1) / w[picks].sum(axis=1)
             row[f"recall@{k}"] = value
-            row[f"ci@{k}"] = [float(np.percentile(boot, 2.5)), float(np.percentile(boot, 97.5))]
+            row[f"ci@{k}"] = list(interval95(boot))
         rows.append(row)
     return rows
 

@@ -25,6 +25,7 @@ import numpy as np
 import numpy.typing as npt
 
 from service.backfill.evaluate import BOOTSTRAP, Spaces, compatible_queries
+from service.compat.uncertainty import bootstrap_picks, interval95
 from service.errors import InputError
 
 I64 = npt.NDArray[np.int64]
@@ -103,8 +104,7 @@ def _best(scores: F32, k: int) -> I64:
 def _recall(rank: I64, k: int, picks: I64) -> tuple[float, list[float]]:
     """Share of queries whose rank is below k, and its 95 % bootstrap interval over queries."""
     hit = (rank < k).astype(np.float64)
-    boot = hit[picks].mean(axis=1)
-    return float(hit.mean()), [float(np.percentile(boot, 2.5)), float(np.percentile(boot, 97.5))]
+    return float(hit.mean()), list(interval95(hit[picks].mean(axis=1)))
 
 
 def _recalls(rank: I64, picks: I64) -> dict[str, Any]:
@@ -118,7 +118,7 @@ def _recalls(rank: I64, picks: I64) -> dict[str, Any]:
 def cascade_rows(ranks: CascadeRanks, plans: Sequence[Plan], seed: int = 0) -> dict[str, Any]:
     """The two references and one row per plan, every recall with a bootstrap interval (the same resamples)."""
     n = len(ranks.compatible)
-    picks = np.random.default_rng(seed).integers(0, n, size=(BOOTSTRAP, n)).astype(np.int64)
+    picks = bootstrap_picks(n, BOOTSTRAP, seed)
     rows = []
     for plan in plans:
         stage1, stage1_ci = _recall(ranks.compatible, plan.candidates, picks)

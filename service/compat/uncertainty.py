@@ -40,12 +40,12 @@ def per_query(rank: npt.NDArray[np.integer]) -> dict[str, F64]:
     }
 
 
-def _picks(n: int, resamples: int, seed: int) -> npt.NDArray[np.int64]:
+def bootstrap_picks(n: int, resamples: int = RESAMPLES, seed: int = SEED) -> npt.NDArray[np.int64]:
     """The resampled query indices: [resamples, n], the same for every method of one comparison."""
     return np.random.default_rng(seed).integers(0, max(n, 1), (resamples, n))
 
 
-def _interval(values: F64) -> tuple[float, float]:
+def interval95(values: F64) -> tuple[float, float]:
     """The 95 % percentile interval of resampled statistics."""
     low, high = np.quantile(values, [0.025, 0.975])
     return float(low), float(high)
@@ -58,12 +58,12 @@ def paired_differences(
     seed: int = SEED,
 ) -> dict[str, dict[str, float]]:
     """Per metric: the mean difference (rank's minus reference's) and its 95 % paired bootstrap interval."""
-    picks = _picks(len(rank), resamples, seed)
+    picks = bootstrap_picks(len(rank), resamples, seed)
     mine, theirs = per_query(rank), per_query(reference)
     out = {}
     for metric in METRICS:
         d = mine[metric] - theirs[metric]
-        low, high = _interval(d[picks].mean(axis=1)) if len(d) else (0.0, 0.0)
+        low, high = interval95(d[picks].mean(axis=1)) if len(d) else (0.0, 0.0)
         out[metric] = {"diff": float(d.mean()) if len(d) else 0.0, "low": low, "high": high}
     return out
 
@@ -75,7 +75,7 @@ def retention(
     seed: int = SEED,
 ) -> dict[str, dict[str, float] | None]:
     """ARR@10 (R@10 over the ceiling's) and nDCG@10 retention, each with its 95 % paired bootstrap interval."""
-    picks = _picks(len(rank), resamples, seed)
+    picks = bootstrap_picks(len(rank), resamples, seed)
     mine, top = per_query(rank), per_query(ceiling)
     out: dict[str, dict[str, float] | None] = {}
     for name, metric in (("arr@10", "recall@10"), ("ndcg_retention@10", "ndcg@10")):
@@ -85,7 +85,7 @@ def retention(
             continue
         resampled_top = top[metric][picks].mean(axis=1)
         ratios = mine[metric][picks].mean(axis=1) / np.where(resampled_top > 0, resampled_top, np.nan)
-        low, high = _interval(ratios[np.isfinite(ratios)])
+        low, high = interval95(ratios[np.isfinite(ratios)])
         out[name] = {"value": float(mine[metric].mean() / denominator), "low": low, "high": high}
     return out
 
