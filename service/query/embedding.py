@@ -16,7 +16,7 @@ from service.cache.base import usable_rows
 from service.compat.rows import normalize_rows
 from service.encoders.base import Embeddings
 from service.encoders.batcher import MicroBatcher
-from service.errors import NobackfillError, NotReady
+from service.errors import NobackfillError
 from service.query.job import SearchJob
 from service.vocabulary import Modality, Mode
 
@@ -96,9 +96,10 @@ class Embedder:
     ) -> Awaitable[Embeddings] | None:
         """Start the new encoder; a cascade with the new encoder down goes on without it (None)."""
         tolerant = job.mode == Mode.cascade
+        if tolerant and self.new.problem() is not None:  # down: do not queue behind it
+            _failed(job, rows)
+            return None
         try:
-            if tolerant and self.new.problem() is not None:
-                raise NotReady(f"encoder {self.new.name!r}: {self.new.problem()}")
             return self.new.submit(inputs, modality)
         except NobackfillError:
             if not tolerant:
