@@ -56,15 +56,13 @@ class SegmentWriter:
     def add(self, ids: I64, rows: F32) -> None:
         """Queue unit rows for `ids` (never blocks on the disk); rows past max_pending are dropped and counted."""
         with self._lock:
-            taken = 0
-            for gallery_id, row in zip(ids.tolist(), rows, strict=True):
+            for i, (gallery_id, row) in enumerate(zip(ids.tolist(), rows, strict=True)):
                 if gallery_id in self._pending:
                     continue
-                if len(self._pending) >= self.max_pending:
-                    metrics.CASCADE_SEGMENT_ROWS.labels(outcome="dropped").inc(len(ids) - taken)
+                if len(self._pending) >= self.max_pending:  # this row and the rest of the call
+                    metrics.CASCADE_SEGMENT_ROWS.labels(outcome="dropped").inc(len(ids) - i)
                     break
                 self._pending[gallery_id] = row
-                taken += 1
             if self._pending and self._first_at is None:  # the thread sleeps until something waits
                 self._first_at = time.monotonic()
                 self._wake.notify()
