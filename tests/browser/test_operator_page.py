@@ -10,20 +10,16 @@ from __future__ import annotations
 import json
 import statistics
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
+from playwright.sync_api import sync_playwright
 
 from service.encoders.synthetic import IMAGE_VIEW, format_item
 from tests.support.browser import API_KEY, ARTEFACTS, CHROMIUM, XSS, XSS_ID, OperatorWorld, build_operator_world
 from tests.support.servers import serve_process
 from tests.support.world import CAPTION, World
-
-playwright_api = pytest.importorskip("playwright.sync_api")
-if not CHROMIUM.exists():
-    pytest.skip(f"{CHROMIUM} is missing (make browser installs Debian's chromium)", allow_module_level=True)
 
 QUERY_ID = 21  # old and slerp both put this item first for its caption
 K = 10
@@ -54,8 +50,10 @@ def base(operator_world: OperatorWorld) -> Iterator[str]:
 
 @pytest.fixture(scope="module")
 def browser() -> Iterator[Any]:
-    """One headless Chromium for the module."""
-    with playwright_api.sync_playwright() as driver:
+    """One headless Chromium for the module; a missing one fails (not skips), saying how `make test` installs it."""
+    if not CHROMIUM.exists():
+        pytest.fail(f"{CHROMIUM} is missing: `make browser` (a step of `make test`) installs Debian's chromium")
+    with sync_playwright() as driver:
         chromium = driver.chromium.launch(executable_path=str(CHROMIUM))
         yield chromium
         chromium.close()
@@ -102,7 +100,10 @@ class Tab:
     def cells(self, mode: str) -> list[tuple[int, str]]:
         """(id, shown text) of each row of one column."""
         rows = self.page.query_selector_all(f".column[data-mode='{mode}'] tbody tr")
-        return [(int(r.get_attribute("data-id")), r.query_selector("td.text").evaluate("n => n.firstChild.data")) for r in rows]
+        return [
+            (int(r.get_attribute("data-id")), r.query_selector("td.text").evaluate("n => n.firstChild.data"))
+            for r in rows
+        ]
 
 
 @pytest.fixture
@@ -252,4 +253,3 @@ def test_item_texts_render_within_reach_of_ids_only(tab: Tab) -> None:
     texts_ms, ids_ms = statistics.median(with_texts), statistics.median(ids_only)
     record("render_ms", {"with_texts": texts_ms, "ids_only": ids_ms, "ratio": round(texts_ms / ids_ms, 3)})
     assert tab.errors == []
-

@@ -119,4 +119,3 @@ def _encoders(pipeline: Pipeline, info: dict[str, Any]) -> dict[str, Any]:
             "failures": {reason: int(n) for reason, n in failures.items()},
         }
     return out
-
