@@ -17,7 +17,17 @@ import pytest
 from playwright.sync_api import sync_playwright
 
 from service.encoders.synthetic import IMAGE_VIEW, format_item
-from tests.support.browser import API_KEY, ARTEFACTS, CHROMIUM, XSS, XSS_ID, OperatorWorld, build_operator_world
+from tests.support.browser import (
+    API_KEY,
+    ARTEFACTS,
+    CHROMIUM,
+    README_SHOT,
+    XSS,
+    XSS_ID,
+    OperatorWorld,
+    build_operator_world,
+    save_small,
+)
 from tests.support.servers import serve_process
 from tests.support.world import CAPTION, World
 
@@ -167,6 +177,7 @@ def test_keyboard_only_query_shows_every_column_with_the_item_texts(tab: Tab, in
     assert tab.cells("slerp")[0][0] == QUERY_ID  # the caption finds its own item
     ARTEFACTS.mkdir(parents=True, exist_ok=True)
     page.screenshot(path=str(ARTEFACTS / "search.png"), full_page=True)
+    save_small(ARTEFACTS / "search.png", README_SHOT)
     assert page.inner_text(".column[data-mode='slerp'] .overlap").startswith(f"overlap@{K}: old ")
     assert "search" in page.inner_text(".column[data-mode='old'] .timings")
     assert "residual angle" in page.inner_text(".column[data-mode='slerp'] .meta")

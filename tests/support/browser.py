@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+from PIL import Image
+
 from service.encoders.synthetic import IMAGE_VIEW, format_item
 from service.items.store import write_item_store
 from service.vocabulary import Modality
@@ -16,6 +18,7 @@ XSS = "<img src=x onerror=alert(1)>"
 XSS_ID = 11  # the item whose stored text is XSS: the old model finds it from its caption (and slerp, at rank 1)
 API_KEY = "ui-test-key"
 ARTEFACTS = Path("artifacts/browser")  # gitignored (/artifacts/): screenshots and the timings of the last run
+README_SHOT = ARTEFACTS / "readme.png"  # the search view in 64 colours: docs/ui-search.png is a copy of it
 
 
 @dataclass(frozen=True)
@@ -37,3 +40,9 @@ def build_operator_world(world: World, root: Path) -> OperatorWorld:
         "--backend", "synthetic-new", "--profile", world.profile_dir, "--fraction", "0.25", "--order", "random",
     )  # fmt: skip
     return OperatorWorld(world, items, segment)
+
+
+def save_small(screenshot: Path, out: Path) -> None:
+    """A 64-colour copy of a screenshot (a third of the bytes, same pixels to the eye) for the README."""
+    with Image.open(screenshot) as image:
+        image.convert("RGB").quantize(colors=64, method=Image.Quantize.MEDIANCUT).save(out, optimize=True)
