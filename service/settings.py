@@ -215,6 +215,9 @@ class ApiSettings(Section):
     # SIGTERM: in-flight requests get this long to finish before the process exits anyway; keep it
     # below the orchestrator's grace period (Kubernetes terminationGracePeriodSeconds, default 30).
     shutdown_grace_s: int = Field(20, ge=1)
+    # The operator page at /ui (api/ui/: old and new answers side by side, the profile, health).  Off by
+    # default: a search service exposes no browser page unless asked to; with api_key set it asks for it.
+    ui: bool = False
 
 
 class TrafficSettings(Section):

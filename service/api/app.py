@@ -16,7 +16,7 @@ from starlette.exceptions import HTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from service import __version__, metrics
-from service.api import admin
+from service.api import admin, ui
 from service.api.admission import LoadShedder, LoopLag
 from service.api.boundary import BodyLimit, RequestBoundary, reraise_in_tree
 from service.api.metrics_server import MetricsServer
@@ -191,6 +191,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         app.include_router(metrics_router)
     if settings.api.admin_key is not None:  # no admin key: the admin routes do not exist
         app.include_router(admin.router)
+    if settings.api.ui:  # off: no /ui route exists
+        ui.mount(app)
     publish_limits(app, settings.api)
     _ensure_log_handler()
     return app

@@ -1,7 +1,8 @@
-"""`nobackfill serve` (uvicorn) and `nobackfill demo` (build a small synthetic world, then serve it)."""
+"""`nobackfill serve` (uvicorn) and `nobackfill demo` (build a small synthetic world, serve it with the /ui page)."""
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
@@ -24,6 +25,7 @@ DEMO_SUPPORT_SIZE = 10_000
 CURL_EXAMPLE = """\
 curl -s http://{host}:{port}/v1/search -H 'content-type: application/json' \\
   -d '{{"queries": [{{"text": "item-0000000042 caption-1"}}], "k": 5, "debug": true}}'"""
+UI_LINE = "or open the operator page (old and new answers side by side): http://{host}:{port}/ui/"
 
 
 def serve(
@@ -111,16 +113,28 @@ def demo(
         if not (support_dir / "old_query.npy").exists():
             _cli("synth", "support", "--n", str(DEMO_SUPPORT_SIZE), "--out", str(support_dir))
         _cli("fit", str(support_dir), "--out", str(profile_dir), "--force")
+    items_dir = DEMO_DIR / "items"
+    if not (items_dir / "items.json").exists():  # the operator page shows the items' texts from it
+        ntotal = json.loads((gallery_dir / "gallery.json").read_text())["ntotal"]
+        _cli("synth", "items", "--size", str(ntotal), "--out", str(items_dir), "--force")
     if prepare_only:
         return
-    settings = Settings(
-        index=IndexSettings(gallery_dir=gallery_dir),
-        compat=CompatSettings(profile_dir=profile_dir),
+    settings = _with_ui(
+        Settings(
+            index=IndexSettings(gallery_dir=gallery_dir, item_store=items_dir),
+            compat=CompatSettings(profile_dir=profile_dir),
+        )
     )
     cache = settings.cache.redis_url or "in-process LRU (set NOBACKFILL_CACHE__REDIS_URL for Redis)"
     typer.echo(f"serving on http://127.0.0.1:{port} (cache: {cache}); try:")
     typer.echo(CURL_EXAMPLE.format(host="127.0.0.1", port=port))
+    typer.echo(UI_LINE.format(host="127.0.0.1", port=port))
     _run(settings, "127.0.0.1", port, 1)
+
+
+def _with_ui(settings: Settings) -> Settings:
+    """The same settings with the operator page on (the demos always show it; `serve` only with NOBACKFILL_API__UI)."""
+    return settings.model_copy(update={"api": settings.api.model_copy(update={"ui": True})})
 
 
 def _real_demo(port: int, prepare_only: bool) -> None:
@@ -135,4 +149,5 @@ def _real_demo(port: int, prepare_only: bool) -> None:
     typer.echo(deployment.environment())
     typer.echo("ask it a real question (the texts of the hits come from the corpus):")
     typer.echo(curl_example(deployment, "127.0.0.1", port))
-    _run(deployment.settings(), "127.0.0.1", port, 1)
+    typer.echo(UI_LINE.format(host="127.0.0.1", port=port))
+    _run(_with_ui(deployment.settings()), "127.0.0.1", port, 1)

@@ -1,0 +1,95 @@
+"""The operator page's routes through the real stack: off by default, its headers, the key, the item texts."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+
+from service.encoders.synthetic import IMAGE_VIEW, format_item
+from service.items.store import write_item_store
+from service.settings import IndexSettings
+from service.vocabulary import Modality
+from tests.support.app import Running, serving
+from tests.support.world import CAPTION, WORLD_GALLERY_SIZE, World, make_settings
+
+KEY = "ui-key"
+
+
+@pytest.fixture(scope="module")
+def items(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The world's item store."""
+    out = tmp_path_factory.mktemp("ui-items") / "items"
+    write_item_store(out, ((i, format_item(i, IMAGE_VIEW)) for i in range(WORLD_GALLERY_SIZE)), Modality.text, "test")
+    return out
+
+
+@pytest.fixture
+async def page(world: World, items: Path) -> AsyncIterator[Running]:
+    """The service with the page on, an API key and the item store."""
+    index = IndexSettings(gallery_dir=world.gallery_dir, nprobe=16, item_store=items)
+    async with serving(make_settings(world, api={"ui": True, "api_key": KEY}).model_copy(update={"index": index})) as s:
+        yield s
+
+
+async def test_no_page_unless_it_is_asked_for(world: World) -> None:
+    async with serving(make_settings(world)) as running:
+        for path in ("/ui/", "/ui/app.js", "/ui/api/config", "/ui/api/health"):
+            assert (await running.client.get(path)).status_code == 404, path
+
+
+async def test_the_page_and_its_files_carry_a_strict_csp(page: Running) -> None:
+    for path, kind in (("/ui/", "text/html"), ("/ui/app.js", "text/javascript"), ("/ui/style.css", "text/css")):
+        response = await page.client.get(path)
+        assert response.status_code == 200 and response.headers["content-type"].startswith(kind), path
+        csp = response.headers["content-security-policy"]
+        assert "default-src 'none'" in csp and "script-src 'self';" in csp and "unsafe" not in csp
+        assert response.headers["x-content-type-options"] == "nosniff"
+    assert "<script>" not in (await page.client.get("/ui/")).text  # nothing inline for the CSP to allow
+    assert (await page.client.get("/ui/../pyproject.toml")).status_code == 404
+    assert (await page.client.get("/ui/pages.py")).status_code == 404  # only the three page files are served
+    assert (await page.client.get("/ui", follow_redirects=False)).headers["location"] == "/ui/"
+    assert "/ui/api/items" not in (await page.client.get("/openapi.json")).text  # the page's own, not the API
+
+
+async def test_item_texts_take_the_api_key(page: Running) -> None:
+    body = {"ids": [42, 7, -1, 10**9]}
+    assert (await page.client.post("/ui/api/items", json=body)).status_code == 401
+    response = await page.client.post("/ui/api/items", json=body, headers={"Authorization": f"Bearer {KEY}"})
+    assert response.json() == {
+        "store": True,
+        "modality": "text",
+        "items": {"7": format_item(7, IMAGE_VIEW), "42": format_item(42, IMAGE_VIEW), str(10**9): None},
+    }
+    assert (await page.client.get("/ui/api/config")).json() == {"api_key_required": True}
+
+
+async def test_without_an_item_store_the_page_gets_ids_only(world: World) -> None:
+    async with serving(make_settings(world, api={"ui": True})) as running:
+        response = await running.client.post("/ui/api/items", json={"ids": [1, 2]})
+        assert response.json() == {"store": False, "modality": None, "items": {}}
+        assert (await running.client.get("/ui/api/config")).json() == {"api_key_required": False}
+
+
+async def test_health_counts_the_searches_since_the_last_look(page: Running) -> None:
+    first = (await page.client.get("/ui/api/health")).json()
+    assert first["status"] == "ready" and first["problems"] == []
+    auth = {"Authorization": f"Bearer {KEY}"}
+    for i in range(3):
+        body = {"queries": [{"text": CAPTION.format(i)}], "k": 5}
+        assert (await page.client.post("/v1/search", json=body, headers=auth)).status_code == 200
+    health = (await page.client.get("/ui/api/health")).json()
+    assert health["recent"]["requests"] == 3
+    assert 0 < health["recent"]["p50_ms"] <= health["recent"]["p99_ms"]
+    assert health["recent"]["cache_hit_ratio"] == 0.0  # three new queries: three misses
+    assert set(health["encoders"]) == {"old", "new"}
+    assert health["encoders"]["old"]["process_restarts"] == 0
+
+
+async def test_profile_carries_the_fit_report_without_tensors(page: Running) -> None:
+    data = (await page.client.get("/ui/api/profile")).json()
+    assert data["profile"]["id"] == page.pipeline.profile.profile_id
+    assert data["profile"]["fit_report"]["support_recall"]
+    assert "tensors" not in data["profile"]
+    assert data["gallery"]["fingerprint"] == page.pipeline.gallery.fingerprint
