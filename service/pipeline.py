@@ -37,11 +37,12 @@ from service.backfill.hits import HitCounter, create_hit_counter
 from service.cache import EmbeddingCache, create_cache
 from service.compat.hubness import Corrected, load_hubness
 from service.compat.profile import CompatProfile, load_profile
+from service.configured_paths import refuse_missing
 from service.encoders.base import Encoder, describe, fingerprint_of
 from service.encoders.batcher import MicroBatcher
 from service.encoders.process import close_all, isolation_of, start_processes
 from service.encoders.registry import create_encoder, identity_of
-from service.errors import InputError, NobackfillError, Overloaded
+from service.errors import InputError, NobackfillError, Overloaded, SettingsError
 from service.index.base import GalleryBackend
 from service.index.factory import create_gallery
 from service.items.store import ItemStore, open_beside
@@ -55,7 +56,7 @@ from service.segment.cutover import SegmentGallery, cutover_profile, open_finish
 from service.segment.layout import GalleryRef
 from service.segment.reader import Indexing, Segment
 from service.segment.writer import SegmentWriter
-from service.settings import NO_MODEL, EncoderSettings, Settings
+from service.settings import NO_MODEL, EncoderSettings, Settings, env_name
 from service.traffic.sampler import TrafficSampler, create_sampler
 from service.vocabulary import Merge, Mode, Role
 
@@ -188,10 +189,16 @@ def _in_thread(
 
 
 async def _all_done(*tasks: asyncio.Task[Any]) -> None:
-    """Wait for every task, then raise the first failure in the order given: none is left running behind a refusal."""
+    """Wait for every task, then raise every failure as one: none is left running, or unreported, behind a refusal."""
     await asyncio.wait(tasks)
-    for task in tasks:
-        task.result()
+    failures = [exc for task in tasks if (exc := task.exception()) is not None]
+    if not failures:
+        return
+    first = failures[0]
+    if len(failures) > 1 and all(isinstance(exc, NobackfillError) for exc in failures):
+        # The gallery and the profile both missing is said at once, not one per attempt.
+        raise type(first)("; ".join(str(exc) for exc in failures)) from first
+    raise first
 
 
 async def _acquire_encoders(stack: AsyncExitStack, settings: Settings) -> tuple[list[Encoder], list[Encoder]]:
@@ -206,6 +213,20 @@ async def _acquire_encoders(stack: AsyncExitStack, settings: Settings) -> tuple[
     old = _in_thread(stack, "the old encoders", partial(_create_encoders, settings, Role.old), close_all)
     await _all_done(old, new)
     return old.result(), new.result()
+
+
+def _refuse_nprobe_over_nlist(settings: Settings, gallery: GalleryBackend) -> None:
+    """index.nprobe set above the gallery's nlist is refused, as that nprobe in a request is (400).
+
+    Left unset, the default is capped at the nlist: a small gallery serves without being told an nprobe.
+    """
+    limit, nprobe = gallery.max_nprobe, settings.index.nprobe
+    if "nprobe" in settings.index.model_fields_set and limit is not None and nprobe > limit:
+        name = env_name("index", "nprobe")
+        raise SettingsError(
+            f"{name}={nprobe} is over the gallery's nlist {limit}: a request asking for it is refused (400), "
+            f"and so is the setting (expected {name} in 1..{limit})"
+        )
 
 
 def _indexing(settings: Settings) -> Indexing:
@@ -388,9 +409,11 @@ class Pipeline:
     @classmethod
     async def build(cls, settings: Settings) -> Pipeline:
         """Acquire every part (loading off the event loop), check they fit, start the batchers; any failure unwinds."""
+        refuse_missing(settings)  # before any model loads: every missing folder in one line
         async with AsyncExitStack() as stack:
             old_replicas, new_replicas = await _acquire_encoders(stack, settings)
             gallery, profile = await _acquire_artifacts(stack, settings, old_replicas, new_replicas)
+            _refuse_nprobe_over_nlist(settings, gallery)
             old_encoder, new_encoder = old_replicas[0], new_replicas[0]
             if not settings.cut_over:  # after it, _finished_segment checked the one model against the segment
                 check_compatible(profile, old_encoder, new_encoder, gallery, settings)
@@ -558,7 +581,7 @@ class Pipeline:
         return candidate
 
     def default_nprobe(self) -> int:
-        """index.nprobe, capped at the gallery's nlist where it has one."""
+        """index.nprobe, capped at the gallery's nlist where it has one (only the unset default can be over it)."""
         limit = self.gallery.max_nprobe
         return self.settings.index.nprobe if limit is None else min(self.settings.index.nprobe, limit)
 

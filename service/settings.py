@@ -36,6 +36,8 @@ ENV_PREFIX = "NOBACKFILL_"
 NESTED = "__"
 CONFIG_FILE_ENV = "NOBACKFILL_CONFIG_FILE"
 NO_MODEL = "none"  # old.backend after the cut-over
+# The built-in backends that load a local model folder (encoders/registry.py); plug-ins check their own.
+MODEL_FOLDER_BACKENDS = frozenset({"sentence-transformers", "clip"})
 # A value quoted in a refusal is cut to this many characters (the line stays one readable line).
 _QUOTED_CHARS = 80
 
@@ -352,6 +354,10 @@ def _contradictions(settings: Settings) -> list[str]:
             problems.append(
                 f"{env_name(role, 'backend')}=external needs {' and '.join(missing)} "
                 "(the width of the embeddings the client sends, and the name of their model)"
+            )
+        if encoder.backend in MODEL_FOLDER_BACKENDS and not encoder.path:
+            problems.append(
+                f"{env_name(role, 'backend')}={encoder.backend} needs {env_name(role, 'path')} (its local model folder)"
             )
     index = settings.index
     wanted = {

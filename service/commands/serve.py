@@ -12,6 +12,7 @@ from pathlib import Path
 
 import typer
 
+from service.configured_paths import refuse_missing
 from service.settings import CompatSettings, IndexSettings, Settings
 
 # Same string as service.metrics.MULTIPROC_ENV: importing that module here would load prometheus-client
@@ -35,6 +36,7 @@ def serve(
 ) -> None:
     """Run the HTTP service with the configured encoders, gallery and profile."""
     settings = Settings()
+    refuse_missing(settings)  # one `error:` line and exit 2, before uvicorn or any model starts
     _run(settings, host or settings.api.host, port or settings.api.port, workers or settings.api.workers)
 
 
