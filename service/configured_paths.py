@@ -24,7 +24,8 @@ def missing_paths(settings: Settings) -> list[str]:
         wanted.append((("compat", "hubness_dir"), settings.compat.hubness_dir))
     wanted.append((("new", "path"), _path(settings.new.path)))
     wanted.append((("index", "item_store"), settings.index.item_store))
-    return [f"{env_name(*loc)}={path}: no such folder" for loc, path in wanted if path is not None and not path.exists()]
+    missing = [(loc, path) for loc, path in wanted if path is not None and not path.exists()]
+    return [f"{env_name(*loc)}={path}: no such folder" for loc, path in missing]
 
 
 def refuse_missing(settings: Settings) -> None:

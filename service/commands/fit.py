@@ -78,7 +78,9 @@ def _support_dirs(support_dir: Path | None, specs: list[str], modality: str) -> 
 
 def fit(
     support_dir: Path | None = typer.Argument(
-        None, help="Folder with old_query.npy, new_query.npy, old_target.npy, ... (queries of --query-modality)."
+        None,
+        help="Folder with old_query.npy, new_query.npy, old_target.npy, ... (queries of --query-modality).",
+        metavar="SUPPORT_DIR",
     ),
     out: Path = typer.Option(..., "--out", help="Profile folder to write."),
     head: Head | None = typer.Option(
@@ -366,8 +368,10 @@ _CAPTIONS = {
 
 
 def evaluate(
-    profile_dir: Path = typer.Argument(..., help="Compat profile folder."),
-    test_dir: Path = typer.Argument(..., help="Test folder, same layout as the support folder (logits for psp / lsp)."),
+    profile_dir: Path = typer.Argument(..., help="Compat profile folder.", metavar="PROFILE_DIR"),
+    test_dir: Path = typer.Argument(
+        ..., help="Test folder, same layout as the support folder (logits for psp / lsp).", metavar="TEST_DIR"
+    ),
     query_modality: str | None = typer.Option(
         None, help="Modality whose weights to use (default: the profile's only fitted modality)."
     ),

@@ -272,7 +272,7 @@ def _logit_features(logits_path: Path, out: Path, mode: str, top_k: int | None) 
 
 @app.command("info")
 def info(
-    gallery_dir: Path | None = typer.Argument(None, help="Gallery folder (backend faiss)."),
+    gallery_dir: Path | None = typer.Argument(None, help="Gallery folder (backend faiss).", metavar="GALLERY_DIR"),
     verify: bool = typer.Option(False, "--verify", help="Also check the sha256 of index.faiss and open it."),
     backend: str = typer.Option("faiss", "--backend", help="faiss (a folder) or milvus (a collection)."),
     uri: str | None = typer.Option(None, "--uri", help="milvus: http://host:19530, or a milvus-lite ./x.db."),
@@ -308,7 +308,7 @@ def info(
 
 @app.command("eval")
 def evaluate(
-    gallery_dir: Path = typer.Argument(..., help="Gallery folder."),
+    gallery_dir: Path = typer.Argument(..., help="Gallery folder.", metavar="GALLERY_DIR"),
     queries: int = typer.Option(200, "--queries", min=1, help="Evaluation queries."),
     nprobe: str = typer.Option("1,4,8,16,32,64", "--nprobe", help="Comma-separated nprobe values."),
     sample: int = typer.Option(100_000, "--sample", min=1, help="Entries in the sub-gallery used for recall."),
@@ -338,8 +338,10 @@ def evaluate(
 
 @app.command("hubness")
 def hubness(
-    gallery_dir: Path = typer.Argument(..., help="The frozen FAISS gallery (its source vectors are read back)."),
-    profile_dir: Path = typer.Argument(..., help="The profile whose head maps the queries."),
+    gallery_dir: Path = typer.Argument(
+        ..., help="The frozen FAISS gallery (its source vectors are read back).", metavar="GALLERY_DIR"
+    ),
+    profile_dir: Path = typer.Argument(..., help="The profile whose head maps the queries.", metavar="PROFILE_DIR"),
     queries: Path = typer.Option(
         ..., "--queries", help="A support folder, or an exported traffic folder: the (old, new) queries to map."
     ),
