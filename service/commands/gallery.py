@@ -314,7 +314,7 @@ def evaluate(
     sample: int = typer.Option(100_000, "--sample", min=1, help="Entries in the sub-gallery used for recall."),
     batch: int = typer.Option(256, "--batch", min=1, help="Batch size for the batched latency."),
     from_npy: Path | None = typer.Option(None, "--from-npy", help="Source vectors, if they moved since the build."),
-    json_out: Path | None = typer.Option(None, "--json", help="Also write the report as JSON here."),
+    as_json: bool = typer.Option(False, "--json", help="Print the report as JSON (with the recommended nprobe)."),
 ) -> None:
     """Recall@1/@10 of IVF-PQ against exact search (sampled sub-gallery) and latency per nprobe."""
     from service.errors import InputError
@@ -331,9 +331,7 @@ def evaluate(
     report = evaluate_gallery(
         gallery, source_of(gallery, from_npy), queries=queries, nprobes=probes, sample=sample, batch=batch
     )
-    typer.echo(format_report(report))
-    if json_out is not None:
-        json_out.write_text(json.dumps(report.as_dict(), indent=2) + "\n", encoding="utf-8")
+    typer.echo(json.dumps(report.as_dict(), indent=2) if as_json else format_report(report))
 
 
 @app.command("hubness")

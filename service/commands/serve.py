@@ -12,6 +12,7 @@ from pathlib import Path
 
 import typer
 
+from service.commands.invocation import cli_invocation
 from service.configured_paths import refuse_missing
 from service.settings import CompatSettings, IndexSettings, Settings
 
@@ -111,15 +112,22 @@ def demo(
     if not (gallery_dir / "gallery.json").exists():
         typer.echo(f"building a {gallery_size:,}-item synthetic gallery in {gallery_dir}")
         _cli("gallery", "build", "--size", str(gallery_size), "--out", str(gallery_dir), "--force")
+    else:
+        _found("gallery", gallery_dir)
     if not (profile_dir / "profile.json").exists():
         if not (support_dir / "old_query.npy").exists():
             _cli("synth", "support", "--n", str(DEMO_SUPPORT_SIZE), "--out", str(support_dir))
         _cli("fit", str(support_dir), "--out", str(profile_dir), "--force")
+    else:
+        _found("profile", profile_dir)
     items_dir = DEMO_DIR / "items"
     if not (items_dir / "items.json").exists():  # the operator page shows the items' texts from it
         ntotal = json.loads((gallery_dir / "gallery.json").read_text())["ntotal"]
         _cli("synth", "items", "--size", str(ntotal), "--out", str(items_dir), "--force")
+    else:
+        _found("item store", items_dir)
     if prepare_only:
+        typer.echo(f"the demo's artifacts are ready in {DEMO_DIR}/: `make serve` serves them (or `nobackfill demo`)")
         return
     settings = _with_ui(
         Settings(
@@ -132,6 +140,11 @@ def demo(
     typer.echo(CURL_EXAMPLE.format(host="127.0.0.1", port=port))
     typer.echo(UI_LINE.format(host="127.0.0.1", port=port))
     _run(settings, "127.0.0.1", port, 1)
+
+
+def _found(what: str, folder: Path) -> None:
+    """Say that an artifact the demo would build is already there (delete the folder to rebuild it)."""
+    typer.echo(f"found the demo's {what} in {folder} (delete it to rebuild)")
 
 
 def _with_ui(settings: Settings) -> Settings:
@@ -147,7 +160,7 @@ def _real_demo(port: int, prepare_only: bool) -> None:
     prepare(deployment, _cli)
     if prepare_only:
         return
-    typer.echo(f"serving the real upgrade on http://127.0.0.1:{port}; the same with `nobackfill serve`:")
+    typer.echo(f"serving the real upgrade on http://127.0.0.1:{port}; the same with `{cli_invocation()} serve`:")
     typer.echo(deployment.environment())
     typer.echo("ask it a real question (the texts of the hits come from the corpus):")
     typer.echo(curl_example(deployment, "127.0.0.1", port))

@@ -244,3 +244,9 @@ def test_a_usage_error_is_one_error_line_like_ours(args: tuple[str, ...], said: 
 def test_positional_arguments_read_as_words_in_the_usage_line() -> None:
     usage = next(line for line in nobackfill("eval", "--help").stdout.splitlines() if "Usage:" in line)
     assert "PROFILE_DIR" in usage and "TEST_DIR" in usage and "profile_dir" not in usage
+
+
+def test_fit_help_groups_its_options_in_panels() -> None:
+    shown = nobackfill("fit", "--help").stdout
+    for panel in ("Data", "Heads", "Choosing alpha", "Adapter training"):
+        assert f"─ {panel} ─" in shown, shown
