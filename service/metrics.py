@@ -24,8 +24,9 @@ Names carry the `nobackfill_` prefix and their unit; every label has a small, fi
                                                                      input that hung the encoder alone lately
     nobackfill_encoder_expected_wait_seconds{encoder}     gauge      the wait a new call can expect in the queue
                                                                      (admission compares it with api.max_queue_ms)
-    nobackfill_admission_refusals_total{reason}           counter    queue_time|in_flight|deadline: searches
-                                                                     answered 503 overloaded by admission
+    nobackfill_admission_refusals_total{reason}           counter    queue_time|in_flight: searches answered 503
+                                                                     overloaded at admission; deadline: encoder
+                                                                     calls still queued past their request's deadline
     nobackfill_cache_events_total{event}                  counter    hit|miss|corrupt|error|write_error|skipped
     nobackfill_cache_breaker_open                         gauge      1 while Redis is skipped (cooling down)
     nobackfill_residual_angle_radians                     histogram  theta between u and v, per query
@@ -201,8 +202,8 @@ EXPECTED_WAIT = Gauge(
 ADMISSION_REASONS = ("queue_time", "in_flight", "deadline")
 ADMISSION_REFUSALS = Counter(
     "nobackfill_admission_refusals_total",
-    "Searches answered 503 overloaded by admission: expected queue time over api.max_queue_ms, "
-    "api.max_in_flight reached, or still queued past the queue deadline (before being encoded).",
+    "503 overloaded by admission: searches whose expected queue time is over api.max_queue_ms or that would "
+    "pass api.max_in_flight; deadline: encoder calls still queued past their search's deadline (never encoded).",
     ["reason"],
     registry=REGISTRY,
 )

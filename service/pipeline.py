@@ -41,9 +41,9 @@ from service.compat.hubness import Corrected, load_hubness
 from service.compat.profile import CompatProfile, load_profile
 from service.encoders.base import Encoder, describe, fingerprint_of
 from service.encoders.batcher import RETRY_AFTER_MAX_S, MicroBatcher
-from service.encoders.deadline import queued_until
 from service.encoders.process import close_all, isolation_of, start_processes
 from service.encoders.registry import create_encoder, identity_of
+from service.encoders.ticket import Ticket, admitted
 from service.errors import InputError, NobackfillError, Overloaded
 from service.index.base import GalleryBackend
 from service.index.factory import create_gallery
@@ -506,9 +506,12 @@ class Pipeline:
         job = SearchJob(queries, k, mode, alpha, nprobe, profile, depth=depth)
         served = served_modes(self.settings, profile)
         validate(job, self.settings.api, self.gallery.max_nprobe, self.old.encoder, self.new.encoder, served)
-        with self._admitted(job):
-            with queued_until(self._queue_deadline()):
-                await self.embedder.embed(job)
+        with self._admitted(job) as ticket:
+            try:
+                with admitted(ticket):
+                    await self.embedder.embed(job)
+            finally:
+                self._release(ticket)
             self._learn_hits(job)
             results, rerank = await self._transform_and_search(job, cascade)
             if cascade is not None and rerank is not None:  # candidates to encode: the loop's part, then the re-rank
@@ -529,7 +532,7 @@ class Pipeline:
         return self.cascade if mode == Mode.cascade or in_hybrid else None
 
     @contextmanager
-    def _admitted(self, job: SearchJob) -> Iterator[None]:
+    def _admitted(self, job: SearchJob) -> Iterator[Ticket]:
         """Count the job's queries in flight (and in the gauge) while they are served; Overloaded past
         api.max_in_flight or when they would wait longer than api.max_queue_ms for the encoders."""
         n = len(job.queries)
@@ -542,10 +545,11 @@ class Pipeline:
         refusal = self.queue_refusal(len(encoded), job.reads.reads_old, job.reads.reads_new) if encoded else None
         if refusal is not None:
             raise refusal
+        ticket = self._ticket(len(encoded), job.reads.reads_old, job.reads.reads_new)
         self.in_flight += n
         metrics.IN_FLIGHT.inc(n)
         try:
-            yield
+            yield ticket
         finally:
             self.in_flight -= n
             metrics.IN_FLIGHT.dec(n)
@@ -576,10 +580,23 @@ class Pipeline:
             _retry_after(wait, limit_s),
         )
 
-    def _queue_deadline(self) -> float | None:
-        """When this request's encoder calls must have left the queue (time.perf_counter), or None without a bound."""
+    def _ticket(self, n: int, reads_old: bool, reads_new: bool) -> Ticket:
+        """The admitted request's ticket: its queue deadline, and the items it reserves on each encoder."""
         limit_s = self.settings.api.max_queue_ms / 1000
-        return time.perf_counter() + DEADLINE_FACTOR * limit_s if limit_s > 0 else None
+        ticket = Ticket(time.perf_counter() + DEADLINE_FACTOR * limit_s if limit_s > 0 else None)
+        expected = {self.new: n if reads_new or self.old is self.new else 0}
+        if reads_old and self.old is not self.new:
+            expected[self.old] = math.ceil(n * (1.0 - self.hit_ratio))
+        for batcher, items in expected.items():
+            if items:
+                batcher.reserve(items)
+                ticket.reserved[batcher.name] = items
+        return ticket
+
+    def _release(self, ticket: Ticket) -> None:
+        """Give back what the request reserved and never queued (cache hits, a failure before its calls)."""
+        for batcher in dict.fromkeys((self.old, self.new)):
+            batcher.unreserve(ticket.reserved.pop(batcher.name, 0))
 
     def _learn_hits(self, job: SearchJob) -> None:
         """Move the hit ratio towards this job's: the share of its looked-up old rows the cache had."""

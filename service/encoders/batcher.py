@@ -40,7 +40,7 @@ batcher keeps serving:
                                                so no caller waits much past 5 x timeout_s in all (2 x when
                                                its batch did not fail)
     an entry queued past its request's         Overloaded (503 + Retry-After) before it is encoded, never
-    queue deadline (encoders/deadline.py)      after: admission let it in on an estimate that proved wrong
+    queue deadline (encoders/ticket.py)        after: admission let it in on an estimate that proved wrong
 The batcher measures its cost per batch (encoders/service_rate.py); `expected_wait_s` turns the items
 queued in front of a call into the seconds it can expect to wait, which admission compares with
 api.max_queue_ms.
@@ -65,7 +65,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from service import metrics
-from service.encoders import deadline
+from service.encoders import ticket as tickets
 from service.encoders.base import Embeddings, Encoder
 from service.encoders.poison import PoisonMemory
 from service.encoders.service_rate import ServiceRate
@@ -137,6 +137,7 @@ class MicroBatcher:
         self._restarts: deque[float] = deque()
         self._pending: dict[Modality, deque[_Entry]] = {}
         self._depth = 0
+        self._reserved = 0  # items admitted searches are expected to bring, not queued yet (encoders/ticket.py)
         self._wakeup = asyncio.Event()
         self._executors: list[ThreadPoolExecutor] = []
         self._idle: asyncio.Queue[int] = asyncio.Queue()
@@ -224,7 +225,12 @@ class MicroBatcher:
                 f"an input of this request made encoder {self.name!r} hang alone within the last "
                 f"{self.poison.ttl_s:g} s; it is refused until then"
             )
-        expires, until = time.perf_counter() + self.timeout_s, deadline.current()
+        ticket = tickets.current()
+        if ticket is not None:  # its reservation becomes queued items
+            taken = min(ticket.reserved.get(self.name, 0), len(items))
+            ticket.reserved[self.name] = ticket.reserved.get(self.name, 0) - taken
+            self.unreserve(taken)
+        expires, until = time.perf_counter() + self.timeout_s, None if ticket is None else ticket.deadline
         entries = [_Entry(chunk, modality, loop.create_future(), expires, until) for chunk in chunks]
         queue = self._pending.setdefault(modality, deque())
         queue.extend(entries)
@@ -396,14 +402,23 @@ class MicroBatcher:
         """The first entry of a queue that a free replica may run now."""
         return next((entry for entry in queue if self._may_take(entry)), None)
 
+    def reserve(self, n: int) -> None:
+        """Count n items an admitted search is expected to submit (admission sees them before they queue)."""
+        self._reserved += n
+
+    def unreserve(self, n: int) -> None:
+        """Forget n reserved items: queued now, or never coming (a cache hit, a failed request)."""
+        self._reserved = max(0, self._reserved - n)
+
     def expected_wait_s(self, n: int = 1) -> float:
         """Seconds a call of n items can expect to queue before its last chunk's batch starts: the batches in
-        front of it at the measured cost, shared by the replicas that answer (inf while none does)."""
+        front of it (queued or reserved) at the measured cost, shared by the replicas that answer (inf while
+        none does)."""
         answering = len(self.replicas) - len(self._stuck)
         if answering <= 0:
             return math.inf
         size = self.max_batch_size if self.batching else 1
-        queued = self._depth + max(n, 1)
+        queued = self._depth + self._reserved + max(n, 1)
         ahead = math.ceil(queued / size) - 1  # batches that start before its last one
         idle = self._idle.qsize()
         if ahead < idle:

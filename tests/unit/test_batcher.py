@@ -17,7 +17,7 @@ import pytest
 from service import metrics
 from service.encoders.base import Embeddings, Modality
 from service.encoders.batcher import MicroBatcher
-from service.encoders.deadline import queued_until
+from service.encoders.ticket import Ticket, admitted
 from service.errors import EncoderFailed, EncoderTimeout, NotReady, Overloaded, PoisonInput
 
 DIM = 8
@@ -460,9 +460,9 @@ async def test_a_call_queued_past_its_deadline_is_refused_before_it_is_encoded()
     try:
         first = asyncio.create_task(batcher.encode(["first"]))
         await wait_entered(encoder)  # the only replica is busy: what comes now queues
-        with queued_until(time.perf_counter() + 0.01):
+        with admitted(Ticket(time.perf_counter() + 0.01)):
             late = batcher.submit(["late"])
-        with queued_until(time.perf_counter() + 60):
+        with admitted(Ticket(time.perf_counter() + 60)):
             kept = batcher.submit(["kept"])
         await asyncio.sleep(0.05)  # past the first deadline, well before the second
         encoder.gate.set()
