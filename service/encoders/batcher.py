@@ -134,6 +134,9 @@ class MicroBatcher:
         self.poison = PoisonMemory(poison_ttl_s, poison_capacity)
         self.rate = ServiceRate()
         self._stuck: set[int] = set()  # replicas whose call outlived timeout_s and has not returned yet
+        self._stuck_since: dict[int, float] = {}
+        # How long a replica set aside stays stuck (moving average; a child process: until it is replaced).
+        self._stuck_s = timeout_s
         self._restarts: deque[float] = deque()
         self._pending: dict[Modality, deque[_Entry]] = {}
         self._depth = 0
@@ -174,6 +177,7 @@ class MicroBatcher:
             self._idle.put_nowait(i)
         self._draining = False
         self._stuck.clear()
+        self._stuck_since.clear()
         self._accepting = True
         self._collector = asyncio.create_task(self._collect_forever(), name=f"batcher-{self.name}")
 
@@ -415,10 +419,15 @@ class MicroBatcher:
         front of it (queued or reserved) at the measured cost, shared by the replicas that answer (inf while
         none does)."""
         answering = len(self.replicas) - len(self._stuck)
-        if answering <= 0:
-            return math.inf
         size = self.max_batch_size if self.batching else 1
         queued = self._depth + self._reserved + max(n, 1)
+        if answering <= 0:  # until the first stuck replica is expected back, then the queue on that one
+            if not self._stuck_since:
+                return math.inf
+            now = time.perf_counter()
+            back = min(self._stuck_s - (now - since) for since in self._stuck_since.values())
+            back = back if back > 0 else self._stuck_s  # stuck longer than usual: as long again
+            return back + math.ceil(queued / size) * self.rate.batch_s(min(size, queued))
         ahead = math.ceil(queued / size) - 1  # batches that start before its last one
         idle = self._idle.qsize()
         if ahead < idle:
@@ -534,9 +543,13 @@ class MicroBatcher:
     def _stuck_until_done(self, replica: int, call: asyncio.Future[Embeddings]) -> None:
         """Keep a timed-out replica out of rotation until its call returns, then free it."""
         self._stuck.add(replica)
+        self._stuck_since[replica] = time.perf_counter()
 
         def release(_: asyncio.Future[Embeddings]) -> None:
             self._stuck.discard(replica)
+            since = self._stuck_since.pop(replica, None)
+            if since is not None:
+                self._stuck_s += 0.3 * (time.perf_counter() - since - self._stuck_s)
             if self._accepting:
                 self._idle.put_nowait(replica)
                 self._wakeup.set()  # split calls held back for want of a second replica may go now
