@@ -516,6 +516,7 @@ def burst(world: Path, plan: Plan, out: Path) -> dict[str, Any]:
     server: list[tuple[float, float]] = []
 
     unloaded: list[Shot] = []
+    refusal_reasons: dict[str, float] = {}
 
     async def run() -> tuple[float, float, list[Shot], float, list[Shot]]:
         # CHAOS_SUSTAINABLE_RPS: a rate measured before on a quiet box, when this one is shared and noisy.
@@ -536,6 +537,7 @@ def burst(world: Path, plan: Plan, out: Path) -> dict[str, Any]:
         offered = await open_loop(service.url, 4 * capacity, plan.burst_s, text, shots)
         server.append(_search_seconds(service.url))
         sampler.cancel()
+        refusal_reasons.update(_refusals(service.url))
         after: list[Shot] = []
         await asyncio.sleep(1.0)
         await open_loop(service.url, 0.5 * capacity, plan.recover_s, text, after)
@@ -570,6 +572,7 @@ def burst(world: Path, plan: Plan, out: Path) -> dict[str, Any]:
         "goodput_rps": round(goodput, 1),
         "goodput_share": round(goodput / capacity, 3) if capacity else None,
         "retry_after_values": sorted({s.retry_after for s in refused if s.retry_after is not None}),
+        "refusals_by_reason": refusal_reasons,  # deadline: per encoder call; since the start (sustainable rate too)
         # Inside the service (middleware to response): the rest of a client's wait is queueing before it.
         "server_mean_ms": round(1000 * (server[1][0] - server[0][0]) / max(server[1][1] - server[0][1], 1), 1),
         "rss_mb_before": round(rss[0], 1),
@@ -579,6 +582,18 @@ def burst(world: Path, plan: Plan, out: Path) -> dict[str, Any]:
         "recovery_failures": sum(s.status != 200 for s in after),
         "recovery_p99_ms": round(pct([s.seconds for s in after], 99), 1),
     }
+
+
+def _refusals(url: str) -> dict[str, float]:
+    """The service's 503 refusals so far by reason: admission's (queue_time, in_flight, deadline) and loop_lag."""
+    found: dict[str, float] = {}
+    for family in text_string_to_metric_families(scrape(url)):
+        for sample in family.samples:
+            if sample.name == "nobackfill_admission_refusals_total":
+                found[sample.labels["reason"]] = sample.value
+            elif sample.name == "nobackfill_shed_requests_total":
+                found["loop_lag"] = sample.value
+    return found
 
 
 def _search_seconds(url: str) -> tuple[float, float]:
@@ -623,6 +638,7 @@ def encoder_faults(world: Path, plan: Plan, out: Path) -> dict[str, Any]:
 
     repeats: list[Shot] = []
     probes: list[Shot] = []
+    refusal_reasons: dict[str, float] = {}
     texts: dict[int, str] = {}
 
     def remembered() -> tuple[str, str]:  # each shot's text, so the hung ones can be sent again
@@ -640,6 +656,7 @@ def encoder_faults(world: Path, plan: Plan, out: Path) -> dict[str, Any]:
         poller = asyncio.create_task(poll())
         rate = await open_loop(service.url, 60, plan.faults_s, remembered, shots)
         poller.cancel()
+        refusal_reasons.update(_refusals(service.url))
         # A client retrying an input that hung: refused at once, without sticking a replica again.  One
         # probe hangs alone first (once the replicas stuck by the load are back), so there is one at least.
         await asyncio.sleep(HANG_S + 0.5)
@@ -676,6 +693,7 @@ def encoder_faults(world: Path, plan: Plan, out: Path) -> dict[str, Any]:
         "scenario": "encoder-faults",
         "rate_rps": round(rate, 1),
         "clean_200_share": round(sum(s.status == 200 for s in clean) / max(len(clean), 1), 4),
+        "refusals_by_reason": refusal_reasons,
         "by_input": by_tag,
         "readyz_polls": len(readiness),
         "readyz_503": sum(code == 503 for code in readiness),
