@@ -618,7 +618,7 @@ def encoder_faults(world: Path, plan: Plan, out: Path) -> dict[str, Any]:
         world,
         None,
         NOBACKFILL_NEW__TIMEOUT_S="1",
-        NOBACKFILL_NEW__REPLICAS="2",
+        NOBACKFILL_NEW__REPLICAS=os.environ.get("CHAOS_FAULT_REPLICAS", "2"),
         FAULTY_HANG_S=str(HANG_S),
     )
     service.start(out / "chaos-encoder-faults-service.log")
