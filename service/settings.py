@@ -89,6 +89,11 @@ class EncoderSettings(Section):
     # A batch with no answer after this long fails (504 encoder_timeout) and its replica is set
     # aside until the call returns; /readyz is 503 while every replica is stuck like that.
     timeout_s: float = Field(30.0, gt=0)
+    # An input that hung this encoder alone (its call timed out with no batch-mate to blame) is refused
+    # at once for this long (422 poison_input), so a client retrying it does not stick a replica
+    # again; at most poison_capacity inputs are remembered, by a hash of the input.  0: never refused.
+    poison_ttl_s: float = Field(600.0, ge=0)
+    poison_capacity: int = Field(10_000, ge=1)
     # `isolation: process`: a child that has not loaded and warmed its model after this long is
     # killed and the start (or the restart) fails, rather than wait on a hung load forever.
     load_timeout_s: float = Field(300.0, gt=0)
@@ -211,6 +216,11 @@ class ApiSettings(Section):
     max_body_bytes: int = Field(16 * 1024 * 1024, ge=1024)
     max_k: int = Field(1000, ge=1)
     max_in_flight: int = Field(256, ge=1)
+    # A search is admitted only while the wait it can expect in front of the encoders (queued items
+    # over each encoder's measured service rate, after the cache's hits) is under this; past it, 503
+    # overloaded with a Retry-After from the estimate.  An admitted search still queued twice this
+    # long is answered 503 before it is encoded.  max_in_flight stays the hard memory bound.  0: off.
+    max_queue_ms: float = Field(250.0, ge=0)
     # While the event loop wakes later than this, searches are refused with 503 before their body is
     # read (api/admission.py): the queue past the CPU's capacity, which max_in_flight never sees.  0: off.
     shed_lag_ms: float = Field(150.0, ge=0)
