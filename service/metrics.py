@@ -186,6 +186,12 @@ ENCODER_SPLITS = Counter(
     ["encoder", "cause"],
     registry=REGISTRY,
 )
+ENCODER_THREADS_REPLACED = Counter(
+    "nobackfill_encoder_threads_replaced_total",
+    "Hung encoder calls left on their own thread while a fresh thread took their replica's place.",
+    ["encoder"],
+    registry=REGISTRY,
+)
 POISON_REFUSALS = Counter(
     "nobackfill_poison_refusals_total",
     "Calls refused without running (422 poison_input): an input of theirs hung the encoder alone lately.",
@@ -357,6 +363,7 @@ for _encoder in Role:
     EXPECTED_WAIT.labels(encoder=_encoder)
     for _cause in SPLIT_CAUSES:
         ENCODER_SPLITS.labels(encoder=_encoder, cause=_cause)
+    ENCODER_THREADS_REPLACED.labels(encoder=_encoder)
     for _reason in ENCODER_FAILURE_REASONS:
         ENCODER_FAILURES.labels(encoder=_encoder, reason=_reason)
 

@@ -368,6 +368,7 @@ async def _started_batcher(
         timeout_s=settings.timeout_s,
         poison_ttl_s=settings.poison_ttl_s,
         poison_capacity=settings.poison_capacity,
+        stuck_threads=settings.stuck_threads,
     )
     await batcher.start()
     _on_unwind(stack, f"the {name} batcher", batcher.stop)

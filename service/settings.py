@@ -94,6 +94,12 @@ class EncoderSettings(Section):
     # again; at most poison_capacity inputs are remembered, by a hash of the input.  0: never refused.
     poison_ttl_s: float = Field(600.0, ge=0)
     poison_capacity: int = Field(10_000, ge=1)
+    # `isolation: thread`: a call past timeout_s cannot be interrupted.  Up to this many such calls keep
+    # running on threads of their own while a fresh thread takes their replica's place, so a hung input
+    # does not take a replica out of service (the encoder then sees two calls at once: set 0 for a model
+    # that cannot take that).  Past it, a replica is set aside until its call returns.  0: always set aside.
+    # A child process (`isolation: process`) is killed at the timeout and replaced instead.
+    stuck_threads: int = Field(2, ge=0)
     # `isolation: process`: a child that has not loaded and warmed its model after this long is
     # killed and the start (or the restart) fails, rather than wait on a hung load forever.
     load_timeout_s: float = Field(300.0, gt=0)

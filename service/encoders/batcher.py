@@ -118,6 +118,7 @@ class MicroBatcher:
         timeout_s: float = 30.0,
         poison_ttl_s: float = 0.0,
         poison_capacity: int = 10_000,
+        stuck_threads: int = 0,
     ) -> None:
         replicas = [encoder] if isinstance(encoder, Encoder) else list(encoder)
         if not replicas or max_batch_size < 1 or max_wait_ms < 0 or timeout_s <= 0:
@@ -133,6 +134,10 @@ class MicroBatcher:
         self.timeout_s = timeout_s
         self.poison = PoisonMemory(poison_ttl_s, poison_capacity)
         self.rate = ServiceRate()
+        # Hung calls that may keep running on a thread of their own while a fresh thread takes their
+        # replica's place (threads cannot be interrupted); past it, a replica is set aside until its call returns.
+        self.stuck_threads = stuck_threads
+        self._abandoned = 0  # hung calls still running on an abandoned thread
         self._stuck: set[int] = set()  # replicas whose call outlived timeout_s and has not returned yet
         self._stuck_since: dict[int, float] = {}
         # How long a replica set aside stays stuck (moving average; a child process: until it is replaced).
@@ -483,8 +488,11 @@ class MicroBatcher:
             self._fail(batch, NotReady(f"encoder {self.name!r} stopped"))
             raise
         except TimeoutError:
-            self._stuck_until_done(replica, call)
             interrupt = getattr(encoder, "interrupt", None)
+            if interrupt is None and self._abandoned < self.stuck_threads:
+                self._replace_thread(replica, call)
+            else:
+                self._stuck_until_done(replica, call)
             if interrupt is not None and not call.done():
                 interrupt()
             log.error("encoder %r: no answer for a batch of %d within %g s", self.name, len(items), self.timeout_s)
@@ -539,6 +547,22 @@ class MicroBatcher:
         if rows.shape != (n, dim):
             raise EncoderFailed(f"encoder {self.name!r} returned shape {rows.shape} for a batch of {n} (dim {dim})")
         return rows
+
+    def _replace_thread(self, replica: int, call: asyncio.Future[Embeddings]) -> None:
+        """Leave a hung call its thread and give the replica a fresh one: the replica keeps serving meanwhile."""
+        hung, self._executors[replica] = (
+            self._executors[replica],
+            ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"encoder-{self.name}-{replica}"),
+        )
+        hung.shutdown(wait=False)  # its thread ends once the hung call returns
+        self._abandoned += 1
+        metrics.ENCODER_THREADS_REPLACED.labels(encoder=self.name).inc()
+
+        def returned(_: asyncio.Future[Embeddings]) -> None:
+            self._abandoned -= 1
+            log.info("encoder %r: a hung call returned on its abandoned thread", self.name)
+
+        call.add_done_callback(returned)
 
     def _stuck_until_done(self, replica: int, call: asyncio.Future[Embeddings]) -> None:
         """Keep a timed-out replica out of rotation until its call returns, then free it."""

@@ -37,6 +37,9 @@ def test_redis_killed_and_restarted_under_locust_fails_nothing(results: dict[str
 def test_redis_paused_under_load_fails_nothing(results: dict[str, dict[str, Any]]) -> None:
     run = results["redis-pause"]
     assert run["paused_requests"] > 0 and run["failed"] == 0, run
+    # Searches shed by admission when this box's cores are taken (503 + Retry-After) are not Redis faults;
+    # most of those sent while Redis was frozen must still be answered.
+    assert run["paused_answered"] >= run["paused_requests"] / 2, run
 
 
 def test_a_burst_is_refused_with_retry_after_and_recovers(results: dict[str, dict[str, Any]]) -> None:

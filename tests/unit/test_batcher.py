@@ -453,6 +453,43 @@ async def test_a_hung_batch_costs_only_the_input_that_hangs_alone_and_a_retry_is
     assert sample("nobackfill_encoder_splits_total", {"encoder": "split-test", "cause": "timeout"}) >= 1
 
 
+class BlockingEncoder(FakeEncoder):
+    """A FakeEncoder on which a batch holding 'hang' blocks until the test releases it (a hung model call)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.release = threading.Event()
+
+    def encode(self, batch: list[str], modality: Modality = "text") -> Embeddings:
+        self.threads.add(threading.current_thread().name)
+        if "hang" in batch:
+            self.release.wait(10)
+        return np.stack([expected(item, modality) for item in batch])
+
+
+@pytest.mark.parametrize("stuck_threads", [1, 0])
+async def test_a_hung_call_keeps_its_thread_while_a_fresh_one_serves_the_replica(stuck_threads: int) -> None:
+    # One replica: without a fresh thread, nothing is answered until the hung call returns.
+    encoder = BlockingEncoder()
+    batcher = MicroBatcher(encoder, 32, 1.0, name="thread-test", timeout_s=0.1, stuck_threads=stuck_threads)
+    await batcher.start()
+    try:
+        with pytest.raises(EncoderTimeout):
+            await batcher.encode(["hang"])
+        clean = asyncio.ensure_future(batcher.encode(["a"]))
+        done, _ = await asyncio.wait([clean], timeout=2.0)  # the hung call is still held, whatever happens
+        answered_while_hung = clean in done and clean.exception() is None
+        problem = batcher.problem()
+    finally:
+        encoder.release.set()
+        await asyncio.gather(clean, return_exceptions=True)
+        await batcher.stop()
+    if stuck_threads:
+        assert answered_while_hung and problem is None  # the replica kept serving
+    else:
+        assert not answered_while_hung and problem is not None and "stuck" in problem
+
+
 async def test_a_call_queued_past_its_deadline_is_refused_before_it_is_encoded() -> None:
     encoder = FakeEncoder(gated=True)
     batcher = await started(encoder)
