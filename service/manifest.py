@@ -31,9 +31,8 @@ from collections.abc import Collection, Mapping
 from pathlib import Path, PurePosixPath
 from typing import Any
 
-from tqdm import tqdm  # type: ignore[import-untyped]
-
 from service.errors import ArtifactError
+from service.progress import progress_bar
 
 MANIFEST_NAME = "manifest.json"
 MANIFEST_VERSION = 1
@@ -48,7 +47,7 @@ def sha256_of(path: Path, progress: bool | None = False) -> str:
     digest = hashlib.sha256()
     with (
         path.open("rb") as f,
-        tqdm(total=size, unit="B", unit_scale=True, desc=f"sha256 {path.name}", disable=not show) as bar,
+        progress_bar(total=size, unit="B", unit_scale=True, desc=f"sha256 {path.name}", enabled=show) as bar,
     ):
         while block := f.read(_BLOCK):
             digest.update(block)

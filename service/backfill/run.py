@@ -20,7 +20,6 @@ in).  Ctrl-C publishes the rows already encoded, then stops.
 from __future__ import annotations
 
 import math
-import sys
 import time
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -130,7 +129,7 @@ def run_backfill(
     on_shard: Callable[[str], None] | None = None,
 ) -> RunReport:
     """Move items per `options` into the segment; returns what was done (see the module docstring)."""
-    from tqdm import tqdm  # type: ignore[import-untyped]
+    from service.progress import progress_bar
 
     ids = source.ids()
     if len(ids) != gallery.ntotal:
@@ -179,7 +178,7 @@ def run_backfill(
         buffer_rows.clear()
         buffered = 0
 
-    bar = tqdm(total=len(todo), unit="item", desc="backfill", disable=not options.progress, file=sys.stderr)
+    bar = progress_bar(total=len(todo), unit="item", desc="backfill", enabled=options.progress)
     try:
         for start in range(0, len(todo), options.batch_size):
             planned = todo[start : start + options.batch_size]

@@ -16,7 +16,6 @@ returned them (float32), so they match what the service computes for the same in
 
 from __future__ import annotations
 
-import sys
 import time
 from collections.abc import Iterator
 from datetime import UTC, datetime
@@ -165,7 +164,7 @@ def encode_file(
     progress: bool = True,
 ) -> dict[str, Any]:
     """Write OUT.npy (float32 [scan.count, dim] unit rows), OUT.json and the ids file; returns OUT.json's content."""
-    from tqdm import tqdm  # type: ignore[import-untyped]
+    from service.progress import progress_bar
 
     if scan.count == 0:
         raise InputError(f"{spec.path}: no usable inputs ({len(scan.skipped)} skipped)")
@@ -178,7 +177,7 @@ def encode_file(
         if ids_out is not None:
             writers.append(NpyWriter(ids_out, (scan.count,), np.int64))
         started = time.perf_counter()
-        with tqdm(total=scan.count, unit="input", desc=out.name, disable=not progress, file=sys.stderr) as bar:
+        with progress_bar(total=scan.count, unit="input", desc=out.name, enabled=progress) as bar:
             for batch in batches(spec, scan, batch_size):
                 rows = encode_batch(encoder, [item.value for item in batch], spec.modality, _where(spec, batch))
                 writers[0].append(rows)

@@ -170,12 +170,12 @@ def _encode_side(
     options: EncodeOptions,
 ) -> None:
     """Encode `values` batch by batch into the .npy `final` (inside the temporary folder)."""
-    from tqdm import tqdm  # type: ignore[import-untyped]
+    from service.progress import progress_bar
 
     writer = NpyWriter(final, (len(values), encoder.dim), np.float32)
     try:
         desc = final.stem.replace("_", " ")
-        with tqdm(total=len(values), unit="input", desc=desc, disable=not options.progress, file=sys.stderr) as bar:
+        with progress_bar(total=len(values), unit="input", desc=desc, enabled=options.progress) as bar:
             for start in range(0, len(values), options.batch_size):
                 chunk = list(values[start : start + options.batch_size])
                 what = f"{pairs.path}:{lines[start]}-{lines[start + len(chunk) - 1]} ({desc})"

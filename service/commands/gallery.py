@@ -6,7 +6,6 @@
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -353,8 +352,6 @@ def hubness(
     """Per-item hubness bias (CSLS) of a gallery against a profile's mapped queries, for serving and `eval`."""
     import time
 
-    from tqdm import tqdm  # type: ignore[import-untyped]
-
     from service.compat.hubness import biases, mapped_queries, write_hubness
     from service.compat.procrustes import normalize_rows
     from service.compat.profile import load_profile
@@ -362,6 +359,7 @@ def hubness(
     from service.index.evaluate import source_of
     from service.index.gallery import Gallery
     from service.index.sources import chunks
+    from service.progress import progress_bar
 
     if out.exists() and not force:
         raise InputError(f"{out} exists; pass --force to replace it")
@@ -371,7 +369,7 @@ def hubness(
     mapped, where = mapped_queries(profile, queries, modality)
     source = source_of(gallery, from_npy)
     started = time.perf_counter()
-    bar = tqdm(total=gallery.ntotal, unit="item", desc="hubness", file=sys.stderr, disable=not sys.stderr.isatty())
+    bar = progress_bar(total=gallery.ntotal, unit="item", desc="hubness")
 
     def scored() -> Any:
         for ids, rows in chunks(source, chunk_size):

@@ -36,7 +36,8 @@ import numpy.typing as npt
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
-from tqdm.auto import tqdm  # type: ignore[import-untyped]  # no stubs in the venv (types-tqdm)
+
+from service.progress import progress_bar
 
 F32 = npt.NDArray[np.float32]
 
@@ -532,7 +533,9 @@ def train_adapter(
         history: list[dict[str, float]] = []
         h.train()
         g.train()
-        bar = tqdm(total=run_epochs * steps_per_epoch, desc="adapter", unit="step", disable=not progress, leave=False)
+        bar = progress_bar(
+            total=run_epochs * steps_per_epoch, desc="adapter", unit="step", enabled=progress, leave=False
+        )
         for epoch in range(run_epochs):
             sums: dict[str, Tensor] = {}
             for rows in _batches(n, cfg.batch_size, gen):

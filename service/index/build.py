@@ -19,7 +19,6 @@ from typing import Any
 import faiss
 import numpy as np
 import numpy.typing as npt
-from tqdm import tqdm  # type: ignore[import-untyped]
 
 import service
 from service.atomic_dir import replace_dir, sibling_dir
@@ -29,6 +28,7 @@ from service.index.coarse import TwoLevel, assign_two_level, train_two_level
 from service.index.params import BuildParams
 from service.index.sources import Rows, Source, chunks, sample_positions
 from service.manifest import sha256_of
+from service.progress import progress_bar
 
 Log = Callable[[str], None]
 _AGREEMENT_SAMPLE = 2000
@@ -149,7 +149,7 @@ def build_gallery(
         agreement = _assignment_agreement(trained, trained.transform(sample[:_AGREEMENT_SAMPLE]), params.assign_probe)
         del sample
         train_s = time.monotonic() - started
-        with tqdm(total=source.ntotal, unit="vec", unit_scale=True, desc="adding", disable=not progress) as bar:
+        with progress_bar(total=source.ntotal, unit="vec", unit_scale=True, desc="adding", enabled=progress) as bar:
             for ids, x in chunks(source, params.chunk_size):
                 _add_chunk(trained, ids, x, params.assign_probe)
                 bar.update(x.shape[0])

@@ -65,7 +65,7 @@ def build_collection(
     log: Callable[[str], None] = lambda _line: None,
 ) -> dict[str, Any]:
     """Create or resume `collection` from source, index and load it; returns counts and timings."""
-    from tqdm import tqdm  # type: ignore[import-untyped]
+    from service.progress import progress_bar
 
     if metric not in ("IP", "COSINE"):
         raise InputError(f"--metric must be IP or COSINE (unit vectors ranked by inner product), got {metric!r}")
@@ -88,7 +88,7 @@ def build_collection(
                 _create_index(client, collection, index_type, metric, params, log)
             client.load_collection(collection)
         inserted = skipped = 0
-        with tqdm(total=source.ntotal, unit="vec", unit_scale=True, desc="inserting", disable=not progress) as bar:
+        with progress_bar(total=source.ntotal, unit="vec", unit_scale=True, desc="inserting", enabled=progress) as bar:
             for start in range(0, source.ntotal, batch_rows):
                 stop = min(start + batch_rows, source.ntotal)
                 ids = source.ids(start, stop)
