@@ -1,17 +1,21 @@
-"""The operator page's routes through the real stack: off by default, its headers, the key, the item texts."""
+"""The operator page's routes through the real stack: off by default, its headers, the key, the item texts,
+the saved eval and compare results."""
 
 from __future__ import annotations
 
+import json
 from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
 
 from service.encoders.synthetic import IMAGE_VIEW, format_item
+from service.errors import ArtifactError
 from service.items.store import write_item_store
 from service.settings import IndexSettings
 from service.vocabulary import Modality
 from tests.support.app import Running, serving
+from tests.support.browser import save_results
 from tests.support.world import CAPTION, WORLD_GALLERY_SIZE, World, make_settings
 
 KEY = "ui-key"
@@ -25,11 +29,18 @@ def items(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return out
 
 
+@pytest.fixture(scope="module")
+def saved(world: World, tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    """A saved eval of the world's profile and a saved comparison of it with itself."""
+    return save_results(world, tmp_path_factory.mktemp("ui-saved"))
+
+
 @pytest.fixture
-async def page(world: World, items: Path) -> AsyncIterator[Running]:
-    """The service with the page on, an API key and the item store."""
+async def page(world: World, items: Path, saved: tuple[Path, Path]) -> AsyncIterator[Running]:
+    """The service with the page on, an API key, the item store and the saved results."""
     index = IndexSettings(gallery_dir=world.gallery_dir, nprobe=16, item_store=items)
-    async with serving(make_settings(world, api={"ui": True, "api_key": KEY}).model_copy(update={"index": index})) as s:
+    api = {"ui": True, "api_key": KEY, "ui_eval": saved[0], "ui_compare": saved[1]}
+    async with serving(make_settings(world, api=api).model_copy(update={"index": index})) as s:
         yield s
 
 
@@ -93,3 +104,30 @@ async def test_profile_carries_the_fit_report_without_tensors(page: Running) -> 
     assert data["profile"]["fit_report"]["support_recall"]
     assert "tensors" not in data["profile"]
     assert data["gallery"]["fingerprint"] == page.pipeline.gallery.fingerprint
+
+
+async def test_profile_carries_the_saved_eval_and_compare_of_the_served_profile(
+    page: Running, saved: tuple[Path, Path]
+) -> None:
+    data = (await page.client.get("/ui/api/profile")).json()
+    served = page.pipeline.profile.profile_id
+    assert data["eval"] == json.loads(saved[0].read_text()) and data["eval"]["profile_id"] == served
+    methods = [row["method"] for row in data["eval"]["rows"]]
+    assert methods[:2] == ["old", "new"] and "slerp" in methods
+    assert data["compare"]["profile_id"] == data["compare"]["candidate_profile_id"] == served
+    assert data["compare"]["outcome"] == "pass" and data["compare"]["difference"]["broken"] == 0  # itself
+    assert data["notes"] == []
+
+
+async def test_a_saved_eval_of_another_profile_is_refused_at_start(
+    world: World, saved: tuple[Path, Path], tmp_path: Path
+) -> None:
+    mine = json.loads(saved[0].read_text())
+    (tmp_path / "other.json").write_text(json.dumps(mine | {"profile_id": "0123456789ab"}))
+    with pytest.raises(ArtifactError) as refused:
+        async with serving(make_settings(world, api={"ui": True, "ui_eval": tmp_path / "other.json"})):
+            pass
+    assert refused.value.message == (
+        f"api.ui_eval={tmp_path / 'other.json'}: scores profile '0123456789ab', "
+        f"but this service serves {mine['profile_id']!r}"
+    )
