@@ -169,4 +169,4 @@ def _real_demo(port: int, prepare_only: bool) -> None:
     typer.echo("ask it a real question (the texts of the hits come from the corpus):")
     typer.echo(curl_example(deployment, "127.0.0.1", port))
     typer.echo(UI_LINE.format(host="127.0.0.1", port=port))
-    _run(_with_ui(deployment.settings()), "127.0.0.1", port, 1)
+    _run(_with_ui(deployment.settings(), deployment.saved_eval), "127.0.0.1", port, 1)
