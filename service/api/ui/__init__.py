@@ -2,14 +2,14 @@
 
 pages.py serves the static page; data.py the read-only JSON it reads besides /v1/search and /v1/info;
 recent.py the last minutes' traffic from the service's own collectors; saved.py the saved eval and
-compare results.  docs/ui.md says what it shows.
+compare results; thumbs.py the thumbnails of image items.  docs/ui.md says what it shows.
 """
 
 from __future__ import annotations
 
 from fastapi import FastAPI
 
-from service.api.ui import data, pages
+from service.api.ui import data, pages, thumbs
 from service.api.ui.recent import RecentTraffic
 from service.api.ui.saved import SavedResults, load_saved
 
@@ -22,3 +22,4 @@ def mount(app: FastAPI) -> None:
     app.state.ui_saved = SavedResults()  # until the start reads the configured ones (load_saved)
     app.include_router(pages.router)
     app.include_router(data.router)
+    app.include_router(thumbs.router)

@@ -157,21 +157,23 @@
         modes.map(async (mode) => {
           const started = performance.now();
           const body = await call("/v1/search", { queries: [query], k, mode, debug: true });
-          return { mode, result: body.results[0], roundTripMs: performance.now() - started };
+          const result = body.results[0];
+          const roundTripMs = performance.now() - started;
+          // Each column asks for its items as soon as its own search answers: the lookups overlap the
+          // slower columns' searches instead of waiting for the slowest one.
+          const found = withTexts ? await call("/ui/api/items", { ids: result.ids.concat(result.old_ids || []) }) : null;
+          return { mode, result, roundTripMs, found };
         }),
       );
-      let texts = null;
-      if (withTexts) {
-        const ids = answers.flatMap((a) => a.result.ids.concat(a.result.old_ids || []));
-        const found = await call("/ui/api/items", { ids });
-        texts = found.store ? found.items : null;
-      }
-      renderColumns(answers, texts, k);
+      const texts = withTexts && answers.every((a) => a.found.store) ? Object.assign({}, ...answers.map((a) => a.found.items)) : null;
+      const images = texts !== null && answers[0].found.modality === "image";
+      renderColumns(answers, texts, k, images);
       performance.mark("search-rendered");
       const took = performance.measure("search", "search-start", "search-rendered").duration;
       document.body.dataset.renderMs = took.toFixed(2);
       const source = texts ? "item texts from the item store" : withTexts ? "ids only (no item store)" : "ids only";
       setStatus(`${modes.length} column(s), k ${k}, ${source}; ${took.toFixed(0)} ms`);
+      if (images) loadThumbs(); // after the measured render: thumbnails fill in as they arrive
     } catch (error) {
       $("columns").replaceChildren();
       if (error.status === 401) {
@@ -190,7 +192,35 @@
     return a.slice(0, k).filter((id) => other.has(id)).length / k;
   }
 
-  function renderColumns(answers, texts, k) {
+  // Image items: each row's thumbnail from /ui/api/thumb/{id} (the operator's item store, never a path
+  // from the page), fetched with the key and shown through a blob: URL, which is freed on the next search.
+  let thumbUrls = [];
+
+  async function loadThumbs() {
+    for (const url of thumbUrls) URL.revokeObjectURL(url);
+    thumbUrls = [];
+    const cache = new Map();
+    await Promise.all([...document.querySelectorAll("#columns img.thumb[data-thumb]")].map(async (img) => {
+      const id = img.dataset.thumb;
+      if (!cache.has(id)) cache.set(id, thumbUrl(id));
+      const url = await cache.get(id);
+      if (url) img.src = url;
+      else img.replaceWith(el("span", { class: "thumb none", title: "no thumbnail" }, "\u2013"));
+    }));
+  }
+
+  async function thumbUrl(id) {
+    const response = await fetch(`/ui/api/thumb/${encodeURIComponent(id)}`, {
+      headers: state.key ? { authorization: `Bearer ${state.key}` } : {},
+      credentials: "omit",
+    });
+    if (!response.ok) return null;
+    const url = URL.createObjectURL(await response.blob());
+    thumbUrls.push(url);
+    return url;
+  }
+
+  function renderColumns(answers, texts, k, images) {
     const lists = answers.map((a) => a.result.ids.filter((id) => id >= 0));
     const counts = new Map();
     for (const ids of lists) for (const id of new Set(ids)) counts.set(id, (counts.get(id) || 0) + 1);
@@ -213,6 +243,7 @@
           "tr",
           { class: only ? "only" : null, dataset: { id: String(id) } },
           el("td", { class: "rank" }, rank + 1),
+          images ? el("td", { class: "thumb" }, el("img", { class: "thumb", alt: "", dataset: { thumb: String(id) } })) : null,
           el("td", { class: "text" }, label, " ", only ? el("span", { class: "mark only" }, "only here") : null, " ", move),
           el("td", { class: "id" }, id),
           el("td", { class: "score" }, fmt(r.scores[rank], 3)),
