@@ -157,16 +157,16 @@
         modes.map(async (mode) => {
           const started = performance.now();
           const body = await call("/v1/search", { queries: [query], k, mode, debug: true });
-          const result = body.results[0];
-          const roundTripMs = performance.now() - started;
-          // Each column asks for its items as soon as its own search answers: the lookups overlap the
-          // slower columns' searches instead of waiting for the slowest one.
-          const found = withTexts ? await call("/ui/api/items", { ids: result.ids.concat(result.old_ids || []) }) : null;
-          return { mode, result, roundTripMs, found };
+          return { mode, result: body.results[0], roundTripMs: performance.now() - started };
         }),
       );
-      const texts = withTexts && answers.every((a) => a.found.store) ? Object.assign({}, ...answers.map((a) => a.found.items)) : null;
-      const images = texts !== null && answers[0].found.modality === "image";
+      // One lookup for every column, after the slowest search. Asking for each column's items as soon as
+      // its own search answered was measured slower (docs/ui.md): on one process the early lookups take
+      // the CPU from the searches still running, and the slowest column still needs its own lookup.
+      let found = null;
+      if (withTexts) found = await call("/ui/api/items", { ids: answers.flatMap((a) => a.result.ids.concat(a.result.old_ids || [])) });
+      const texts = found && found.store ? found.items : null;
+      const images = texts !== null && found.modality === "image";
       renderColumns(answers, texts, k, images);
       performance.mark("search-rendered");
       const took = performance.measure("search", "search-start", "search-rendered").duration;
