@@ -81,10 +81,12 @@ def read_document(path: Path, kind: str, profile_id: str | None, setting: str) -
         raise ArtifactError(f"{where}: no such file ({expected})") from None
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise ArtifactError(f"{where}: not readable JSON ({exc}; {expected})") from None
-    found = document.get("kind") if isinstance(document, dict) else None
-    if found != kind:
-        what = f"kind {found!r}" if found else "no kind (a bare `--json` print?)"
+    if not isinstance(document, dict):
+        what = "a list (what `--json` prints, without the profile's id)" if isinstance(document, list) else "no object"
         raise ArtifactError(f"{where}: {what}, not {kind!r}; {expected}")
+    found = document.get("kind")
+    if found != kind:
+        raise ArtifactError(f"{where}: {f'kind {found!r}' if found else 'no kind'}, not {kind!r}; {expected}")
     if document.get("format_version") != FORMAT_VERSION:
         raise ArtifactError(f"{where}: format_version {document.get('format_version')!r}, not {FORMAT_VERSION}")
     if profile_id is None:
@@ -97,7 +99,7 @@ def read_document(path: Path, kind: str, profile_id: str | None, setting: str) -
         raise ArtifactError(f"{where}: `rows` must be a non-empty list of eval rows")
     if kind == COMPARE_KIND and document.get("outcome") not in ("pass", "fail", "undecided", "refused"):
         raise ArtifactError(f"{where}: `outcome` must be pass, fail, undecided or refused")
-    return document  # type: ignore[no-any-return]
+    return document
 
 
 def _rows(rows: Any) -> bool:

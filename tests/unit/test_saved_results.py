@@ -29,7 +29,8 @@ def test_a_saved_eval_of_the_served_profile_is_read(tmp_path: Path) -> None:
     [
         (None, "no such file"),
         ("{not json", "not readable JSON"),
-        ([ROW], "no kind (a bare `--json` print?), not 'nobackfill-eval'"),  # what `eval --json` prints
+        ([ROW], "a list (what `--json` prints, without the profile's id), not 'nobackfill-eval'"),
+        ({"old_model": "x"}, "no kind, not 'nobackfill-eval'"),
         ({**EVAL, "kind": COMPARE_KIND}, "kind 'nobackfill-profile-compare', not 'nobackfill-eval'"),
         ({**EVAL, "format_version": 99}, "format_version 99, not 1"),
         ({**EVAL, "profile_id": "other"}, "scores profile 'other', but this service serves 'abc'"),
