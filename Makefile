@@ -100,8 +100,17 @@ backfill-faults: $(STAMP)
 demo: $(STAMP)
 	$(BIN)/nobackfill demo
 
+# Right after `make demo`, `make serve` serves the demo's artifacts (artifacts/demo/) with its operator page;
+# a NOBACKFILL_* variable given, or a NOBACKFILL_CONFIG_FILE, wins over each of these.
 serve: $(STAMP)
-	$(BIN)/nobackfill serve
+	@if [ -z "$$NOBACKFILL_CONFIG_FILE" ] && [ -f artifacts/demo/profile/profile.json ]; then \
+	  echo "serving the demo's artifacts in artifacts/demo/ (set NOBACKFILL_INDEX__GALLERY_DIR and NOBACKFILL_COMPAT__PROFILE_DIR for others)"; \
+	  export NOBACKFILL_INDEX__GALLERY_DIR="$${NOBACKFILL_INDEX__GALLERY_DIR:-artifacts/demo/gallery}" \
+	    NOBACKFILL_COMPAT__PROFILE_DIR="$${NOBACKFILL_COMPAT__PROFILE_DIR:-artifacts/demo/profile}" \
+	    NOBACKFILL_API__UI="$${NOBACKFILL_API__UI:-true}"; \
+	  if [ -f artifacts/demo/items/items.json ]; then \
+	    export NOBACKFILL_INDEX__ITEM_STORE="$${NOBACKFILL_INDEX__ITEM_STORE:-artifacts/demo/items}"; fi; \
+	fi; exec $(BIN)/nobackfill serve
 
 clean:
 	rm -rf $(VENV) artifacts .mypy_cache .ruff_cache .pytest_cache .hypothesis

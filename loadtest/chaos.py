@@ -6,10 +6,13 @@ Scenarios (each starts its own redis-server and service process, and stops them)
     redis-kill      Redis SIGKILLed mid-run and restarted empty, under a Locust run: failed requests,
                     and how long until the cache hit ratio (scraped from /metrics) is back
     redis-pause     Redis frozen with SIGSTOP under load: failures and latency while it is frozen
-    burst           the sustainable rate measured closed-loop, then 4x it offered open-loop: how the
-                    excess is refused (503 + Retry-After, how fast), the accepted p99, the RSS, recovery
+    burst           the sustainable rate measured closed-loop, the p99 at a quarter of it (unloaded), then
+                    4x it offered open-loop: how the excess is refused (503 + Retry-After, how fast), the
+                    accepted p99 against its bound (2 x API__MAX_QUEUE_MS + the unloaded p99), the
+                    goodput against the sustainable rate, the RSS, recovery
     encoder-faults  inputs that make the new model raise, return NaN or hang, mixed into normal load:
-                    which requests fail with which code, how long they take, what /readyz says
+                    which requests fail with which code, how long they take, what /readyz says; then
+                    each input that hung is sent again (it must be refused at once, 422 poison_input)
     sigterm         SIGTERM mid-load: accepted requests left unanswered, seconds until the process exits
     gallery-bytes   sha256 of every gallery file before and after a load run and two profile reloads
 The service runs the synthetic encoders through the test-only `faulty-*` backends
@@ -17,7 +20,8 @@ The service runs the synthetic encoders through the test-only `faulty-*` backend
 per-batch cost, so every fault is injected on purpose and nothing else differs from `nobackfill serve`.
 `--short` runs every scenario in seconds (the version `make test` runs); the default is the long one
 (`make chaos`).  NOBACKFILL_* variables in the environment reach the service (e.g.
-NOBACKFILL_API__MAX_IN_FLIGHT=64 for the burst's latency / refusal trade-off).  Prints one JSON object
+NOBACKFILL_API__MAX_QUEUE_MS=100 for the burst's latency / refusal trade-off; CHAOS_SUSTAINABLE_RPS=92.5
+to skip measuring the sustainable rate, which other load on the box drags down).  Prints one JSON object
 per scenario (and writes them all to --json).
 """
 
@@ -53,6 +57,8 @@ FAULTY_SERVE = [PYTHON, str(ROOT / "tests" / "support" / "faulty_encoder.py"), "
 CAPTION = "item-{:010d} caption-{}"
 ADMIN_KEY = "chaos-admin-key"
 CACHE_DEADLINE_S = 4 * 0.05  # redis_cache.DEADLINE_TIMEOUTS x the default socket timeout
+# The service's api.max_queue_ms as this run sets it (its default otherwise): the burst's bound reads it.
+MAX_QUEUE_MS = float(os.environ.get("NOBACKFILL_API__MAX_QUEUE_MS", "250"))
 
 
 @dataclass(frozen=True)
@@ -476,11 +482,16 @@ def redis_pause(world: Path, plan: Plan, out: Path) -> dict[str, Any]:
         redis.kill()
     paused = [s for s in shots if plan.pause_at_s <= s.sent < plan.pause_at_s + plan.pause_s]
     other = [s for s in shots if s not in paused]
+    # A search shed for want of CPU (503 overloaded with Retry-After: admission by queue time) is the
+    # overload rule at work, not a Redis fault getting through: counted apart, so a starved box reads as such.
+    shed = [s for s in shots if s.status == 503 and s.code == "overloaded" and s.retry_after]
     return {
         "scenario": "redis-pause",
         "requests": len(shots),
         "rate_rps": round(rate, 1),
-        "failed": sum(s.status != 200 for s in shots),
+        "failed": sum(s.status != 200 for s in shots) - len(shed),
+        "shed": len(shed),
+        "paused_answered": sum(s.status == 200 for s in paused),
         "paused_requests": len(paused),
         "paused_p50_ms": round(pct([s.seconds for s in paused], 50), 1),
         "paused_p99_ms": round(pct([s.seconds for s in paused], 99), 1),
@@ -509,8 +520,15 @@ def burst(world: Path, plan: Plan, out: Path) -> dict[str, Any]:
     rss: list[float] = []
     server: list[tuple[float, float]] = []
 
+    unloaded: list[Shot] = []
+    refusal_reasons: dict[str, float] = {}
+
     async def run() -> tuple[float, float, list[Shot], float, list[Shot]]:
-        capacity = await sustainable_rate(service.url, plan.capacity_s, text)
+        # CHAOS_SUSTAINABLE_RPS: a rate measured before on a quiet box, when this one is shared and noisy.
+        given = os.environ.get("CHAOS_SUSTAINABLE_RPS")
+        capacity = float(given) if given else await sustainable_rate(service.url, plan.capacity_s, text)
+        await asyncio.sleep(0.5)
+        await open_loop(service.url, 0.25 * capacity, plan.capacity_s, text, unloaded)
         rss.append(service.rss_mb())
 
         async def sample_rss() -> None:
@@ -524,6 +542,7 @@ def burst(world: Path, plan: Plan, out: Path) -> dict[str, Any]:
         offered = await open_loop(service.url, 4 * capacity, plan.burst_s, text, shots)
         server.append(_search_seconds(service.url))
         sampler.cancel()
+        refusal_reasons.update(_refusals(service.url))
         after: list[Shot] = []
         await asyncio.sleep(1.0)
         await open_loop(service.url, 0.5 * capacity, plan.recover_s, text, after)
@@ -535,9 +554,14 @@ def burst(world: Path, plan: Plan, out: Path) -> dict[str, Any]:
         service.stop()
     ok = [s for s in shots if s.status == 200]
     refused = [s for s in shots if s.status == 503]
+    unloaded_p99 = pct([s.seconds for s in unloaded], 99)
+    bound = 2 * MAX_QUEUE_MS + unloaded_p99
+    goodput = sum(s.sent < plan.burst_s for s in ok) / plan.burst_s  # answered 200 per second of the burst
     return {
         "scenario": "burst",
         "sustainable_rps": round(capacity, 1),
+        "max_queue_ms": MAX_QUEUE_MS,
+        "unloaded_p99_ms": round(unloaded_p99, 1),
         "offered_rps": round(offered, 1),
         "requests": len(shots),
         "accepted": len(ok),
@@ -548,6 +572,12 @@ def burst(world: Path, plan: Plan, out: Path) -> dict[str, Any]:
         "refusal_p99_ms": round(pct([s.seconds for s in refused], 99), 1),
         "accepted_p50_ms": round(pct([s.seconds for s in ok], 50), 1),
         "accepted_p99_ms": round(pct([s.seconds for s in ok], 99), 1),
+        "accepted_p99_bound_ms": round(bound, 1),
+        "accepted_max_ms": round(pct([s.seconds for s in ok], 100), 1),
+        "goodput_rps": round(goodput, 1),
+        "goodput_share": round(goodput / capacity, 3) if capacity else None,
+        "retry_after_values": sorted({s.retry_after for s in refused if s.retry_after is not None}),
+        "refusals_by_reason": refusal_reasons,  # deadline: per encoder call; since the start (sustainable rate too)
         # Inside the service (middleware to response): the rest of a client's wait is queueing before it.
         "server_mean_ms": round(1000 * (server[1][0] - server[0][0]) / max(server[1][1] - server[0][1], 1), 1),
         "rss_mb_before": round(rss[0], 1),
@@ -557,6 +587,18 @@ def burst(world: Path, plan: Plan, out: Path) -> dict[str, Any]:
         "recovery_failures": sum(s.status != 200 for s in after),
         "recovery_p99_ms": round(pct([s.seconds for s in after], 99), 1),
     }
+
+
+def _refusals(url: str) -> dict[str, float]:
+    """The service's 503 refusals so far by reason: admission's (queue_time, in_flight, deadline) and loop_lag."""
+    found: dict[str, float] = {}
+    for family in text_string_to_metric_families(scrape(url)):
+        for sample in family.samples:
+            if sample.name == "nobackfill_admission_refusals_total":
+                found[sample.labels["reason"]] = sample.value
+            elif sample.name == "nobackfill_shed_requests_total":
+                found["loop_lag"] = sample.value
+    return found
 
 
 def _search_seconds(url: str) -> tuple[float, float]:
@@ -571,14 +613,18 @@ def _search_seconds(url: str) -> tuple[float, float]:
     return found["_sum"], found["_count"]
 
 
+HANG_S = 2.0
+PROBE = "chaos probe: a caption that hangs the new model !hang-new"
+
+
 def encoder_faults(world: Path, plan: Plan, out: Path) -> dict[str, Any]:
     """Marked inputs make the new model raise (3 %), return NaN (3 %) or hang 2 s (0.5 %; timeout 1 s)."""
     service = Service(
         world,
         None,
         NOBACKFILL_NEW__TIMEOUT_S="1",
-        NOBACKFILL_NEW__REPLICAS="2",
-        FAULTY_HANG_S="2",
+        NOBACKFILL_NEW__REPLICAS=os.environ.get("CHAOS_FAULT_REPLICAS", "2"),
+        FAULTY_HANG_S=str(HANG_S),
     )
     service.start(out / "chaos-encoder-faults-service.log")
     queries = Queries(plan.gallery_size)
@@ -595,6 +641,16 @@ def encoder_faults(world: Path, plan: Plan, out: Path) -> dict[str, Any]:
     shots: list[Shot] = []
     readiness: list[int] = []
 
+    repeats: list[Shot] = []
+    probes: list[Shot] = []
+    refusal_reasons: dict[str, float] = {}
+    texts: dict[int, str] = {}
+
+    def remembered() -> tuple[str, str]:  # each shot's text, so the hung ones can be sent again
+        text_now, tag = text()
+        texts[len(texts)] = text_now
+        return text_now, f"{tag}#{len(texts) - 1}"
+
     async def run() -> float:
         async def poll() -> None:
             async with httpx.AsyncClient(base_url=service.url, timeout=5) as client:
@@ -603,29 +659,46 @@ def encoder_faults(world: Path, plan: Plan, out: Path) -> dict[str, Any]:
                     await asyncio.sleep(0.1)
 
         poller = asyncio.create_task(poll())
-        rate = await open_loop(service.url, 60, plan.faults_s, text, shots)
+        rate = await open_loop(service.url, 60, plan.faults_s, remembered, shots)
         poller.cancel()
+        refusal_reasons.update(_refusals(service.url))
+        # A client retrying an input that hung: refused at once, without sticking a replica again.  One
+        # probe hangs alone first (once the replicas stuck by the load are back), so there is one at least.
+        await asyncio.sleep(HANG_S + 0.5)
+        client = RawClient(service.url)
+        await _shoot(client, time.perf_counter(), PROBE, "probe", probes)
+        timed_out = [s for s in shots if s.code == "encoder_timeout" and s.tag.startswith("hang")]
+        hung = [texts[int(s.tag.partition("#")[2])] for s in timed_out]
+        for again in [*hung, PROBE]:
+            await _shoot(client, time.perf_counter(), again, "repeat", repeats)
+        client.close()
         return rate
 
     try:
         rate = asyncio.run(run())
     finally:
         service.stop()
+    for s in shots:
+        s.tag = s.tag.partition("#")[0]
     by_tag: dict[str, Any] = {}
-    for tag in ("", "raise", "nan", "hang"):
-        mine = [s for s in shots if s.tag == tag]
+    for tag in ("", "raise", "nan", "hang", "probe", "repeat"):
+        mine = [s for s in (repeats + probes if tag in ("probe", "repeat") else shots) if s.tag == tag]
         codes: dict[str, int] = {}
         for s in mine:
             key = "200" if s.status == 200 else f"{s.status} {s.code}"
             codes[key] = codes.get(key, 0) + 1
-        by_tag[tag or "clean"] = {
+        by_tag[{"": "clean", "probe": "hang_probe", "repeat": "hang_repeated"}.get(tag, tag)] = {
             "requests": len(mine),
             "answers": codes,
+            "p99_ms": round(pct([s.seconds for s in mine], 99), 1),
             "max_ms": round(pct([s.seconds for s in mine], 100), 1),
         }
+    clean = [s for s in shots if s.tag == ""]
     return {
         "scenario": "encoder-faults",
         "rate_rps": round(rate, 1),
+        "clean_200_share": round(sum(s.status == 200 for s in clean) / max(len(clean), 1), 4),
+        "refusals_by_reason": refusal_reasons,
         "by_input": by_tag,
         "readyz_polls": len(readiness),
         "readyz_503": sum(code == 503 for code in readiness),

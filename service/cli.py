@@ -10,6 +10,9 @@ import service
 from service.commands import assess, backfill, encode, fit, gallery, profile, realworld, serve, synth, traffic
 from service.errors import NobackfillError
 
+# The click exceptions typer raises: its own vendored copy in typer >= 0.22, click itself before.
+CLICK = sys.modules[typer.BadParameter.__module__]
+
 app = typer.Typer(no_args_is_help=True, pretty_exceptions_enable=False, add_completion=False)
 profile_app = typer.Typer(no_args_is_help=True, help="Inspect compatibility profiles.")
 
@@ -45,12 +48,23 @@ def _root(
 
 
 def main() -> None:
-    """Console entry point: run the CLI, turning our errors into `error: ...` and exit code 2."""
+    """Console entry point: run the CLI; our errors and click's usage errors alike are one `error: ...` line."""
     try:
-        app()
+        code = app(standalone_mode=False)
     except NobackfillError as exc:
         typer.echo(f"error: {exc.message}", err=True)
         sys.exit(2)
+    except CLICK.NoArgsIsHelpError as exc:  # `nobackfill gallery` alone: its help, as before
+        exc.show()
+        sys.exit(exc.exit_code)
+    except CLICK.ClickException as exc:  # a missing or misspelt option: typer would draw a box around it
+        command = exc.ctx.command_path if isinstance(exc, CLICK.UsageError) and exc.ctx else "nobackfill"
+        typer.echo(f"error: {exc.format_message()} (see `{command} --help`)", err=True)
+        sys.exit(exc.exit_code)
+    except (CLICK.Abort, typer.Abort):
+        typer.echo("aborted", err=True)
+        sys.exit(1)
+    sys.exit(code if isinstance(code, int) else 0)
 
 
 if __name__ == "__main__":

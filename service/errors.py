@@ -6,7 +6,8 @@ NobackfillError            500 internal           also what any foreign exceptio
 │   ├── TooManyQueries     413 too_many_queries
 │   ├── BodyTooLarge       413 body_too_large     the request body is over api.max_body_bytes
 │   ├── UnsupportedMode    400 unsupported_mode   unknown mode, or one the profile lacks
-│   └── SettingsError      400 bad_settings       a setting (env var, YAML key) that can never work: at startup
+│   ├── SettingsError      400 bad_settings       a setting (env var, YAML key) that can never work: at startup
+│   └── PoisonInput        422 poison_input       an input that hung an encoder alone lately: refused at once
 ├── ArtifactError          400 bad_artifact       profile / gallery missing, corrupt or mismatched
 ├── Unauthorized           401 unauthorized
 ├── NotFound               404 not_found          no such route (the admin routes too, while they are off)
@@ -82,6 +83,13 @@ class SettingsError(InputError):
     """A setting that can never work (a typo, a missing partner, a contradiction), refused when Settings() is built."""
 
     code = "bad_settings"
+
+
+class PoisonInput(InputError):
+    """An input that hung an encoder on its own a short while ago: refused without a call (encoder.poison_ttl_s)."""
+
+    status = 422
+    code = "poison_input"
 
 
 class ArtifactError(NobackfillError):

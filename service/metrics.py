@@ -18,6 +18,15 @@ Names carry the `nobackfill_` prefix and their unit; every label has a small, fi
     nobackfill_encoder_process_restarts_total{encoder}    counter    an encoder's child process died or was killed
                                                                      and was replaced (isolation: process)
     nobackfill_batcher_restarts_total{encoder}            counter    the collector task died and was restarted
+    nobackfill_encoder_splits_total{encoder, cause}       counter    raised|timeout: batches of several calls split
+                                                                     so that each call runs alone
+    nobackfill_poison_refusals_total{encoder}             counter    calls refused at once (422 poison_input): an
+                                                                     input that hung the encoder alone lately
+    nobackfill_encoder_expected_wait_seconds{encoder}     gauge      the wait a new call can expect in the queue
+                                                                     (admission compares it with api.max_queue_ms)
+    nobackfill_admission_refusals_total{reason}           counter    queue_time|in_flight: searches answered 503
+                                                                     overloaded at admission; deadline: encoder
+                                                                     calls still queued past their request's deadline
     nobackfill_cache_events_total{event}                  counter    hit|miss|corrupt|error|write_error|skipped
     nobackfill_cache_breaker_open                         gauge      1 while Redis is skipped (cooling down)
     nobackfill_residual_angle_radians                     histogram  theta between u and v, per query
@@ -170,6 +179,40 @@ BATCHER_RESTARTS = Counter(
     ["encoder"],
     registry=REGISTRY,
 )
+SPLIT_CAUSES = ("raised", "timeout")
+ENCODER_SPLITS = Counter(
+    "nobackfill_encoder_splits_total",
+    "Encoder batches of several calls that raised or hung and were split, each call re-run alone.",
+    ["encoder", "cause"],
+    registry=REGISTRY,
+)
+ENCODER_THREADS_REPLACED = Counter(
+    "nobackfill_encoder_threads_replaced_total",
+    "Hung encoder calls left on their own thread while a fresh thread took their replica's place.",
+    ["encoder"],
+    registry=REGISTRY,
+)
+POISON_REFUSALS = Counter(
+    "nobackfill_poison_refusals_total",
+    "Calls refused without running (422 poison_input): an input of theirs hung the encoder alone lately.",
+    ["encoder"],
+    registry=REGISTRY,
+)
+EXPECTED_WAIT = Gauge(
+    "nobackfill_encoder_expected_wait_seconds",
+    "Seconds a new call can expect to queue for an encoder: the items ahead at its measured cost per batch.",
+    ["encoder"],
+    multiprocess_mode="livemax",
+    registry=REGISTRY,
+)
+ADMISSION_REASONS = ("queue_time", "in_flight", "deadline")
+ADMISSION_REFUSALS = Counter(
+    "nobackfill_admission_refusals_total",
+    "503 overloaded by admission: searches whose expected queue time is over api.max_queue_ms or that would "
+    "pass api.max_in_flight; deadline: encoder calls still queued past their search's deadline (never encoded).",
+    ["reason"],
+    registry=REGISTRY,
+)
 CACHE_EVENTS_TOTAL = Counter(
     "nobackfill_cache_events_total",
     "Old-embedding cache: hit/miss/corrupt per key; error/write_error/skipped per operation.",
@@ -312,8 +355,15 @@ for _outcome in ("published", "already_moved", "dropped"):
     CASCADE_SEGMENT_ROWS.labels(outcome=_outcome)
 # The encoder alerts (deploy/prometheus/alerts.yml) take increase() of these: a series that first
 # appears at 1 shows no increase, so the first failure or restart would pass unseen.
+for _reason in ADMISSION_REASONS:
+    ADMISSION_REFUSALS.labels(reason=_reason)
 for _encoder in Role:
     ENCODER_PROCESS_RESTARTS.labels(encoder=_encoder)
+    POISON_REFUSALS.labels(encoder=_encoder)
+    EXPECTED_WAIT.labels(encoder=_encoder)
+    for _cause in SPLIT_CAUSES:
+        ENCODER_SPLITS.labels(encoder=_encoder, cause=_cause)
+    ENCODER_THREADS_REPLACED.labels(encoder=_encoder)
     for _reason in ENCODER_FAILURE_REASONS:
         ENCODER_FAILURES.labels(encoder=_encoder, reason=_reason)
 

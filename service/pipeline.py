@@ -21,6 +21,8 @@ from __future__ import annotations
 import asyncio
 import contextvars
 import logging
+import math
+import time
 from collections.abc import Awaitable, Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import AsyncExitStack, contextmanager
@@ -37,11 +39,13 @@ from service.backfill.hits import HitCounter, create_hit_counter
 from service.cache import EmbeddingCache, create_cache
 from service.compat.hubness import Corrected, load_hubness
 from service.compat.profile import CompatProfile, load_profile
+from service.configured_paths import refuse_missing
 from service.encoders.base import Encoder, describe, fingerprint_of
-from service.encoders.batcher import MicroBatcher
+from service.encoders.batcher import RETRY_AFTER_MAX_S, MicroBatcher
 from service.encoders.process import close_all, isolation_of, start_processes
 from service.encoders.registry import create_encoder, identity_of
-from service.errors import InputError, NobackfillError, Overloaded
+from service.encoders.ticket import Ticket, admitted
+from service.errors import InputError, NobackfillError, Overloaded, SettingsError
 from service.index.base import GalleryBackend
 from service.index.factory import create_gallery
 from service.items.store import ItemStore, open_beside
@@ -55,7 +59,7 @@ from service.segment.cutover import SegmentGallery, cutover_profile, open_finish
 from service.segment.layout import GalleryRef
 from service.segment.reader import Indexing, Segment
 from service.segment.writer import SegmentWriter
-from service.settings import NO_MODEL, EncoderSettings, Settings
+from service.settings import NO_MODEL, EncoderSettings, Settings, env_name
 from service.traffic.sampler import TrafficSampler, create_sampler
 from service.vocabulary import Merge, Mode, Role
 
@@ -63,6 +67,11 @@ __all__ = ["Pipeline", "Query", "QueryResult", "SearchOutcome", "cache_model_key
 
 log = logging.getLogger("nobackfill")
 T = TypeVar("T")
+# An admitted search may sit in an encoder's queue this many times api.max_queue_ms before it is answered
+# 503 instead of encoded: the estimate's margin of error, and the bound on an accepted search's wait.
+DEADLINE_FACTOR = 2.0
+# Weight of each request's cache hits in the moving hit ratio that admission expects of the next ones.
+HIT_WEIGHT = 0.05
 
 
 def cache_model_key(encoder: Encoder) -> str:
@@ -188,10 +197,16 @@ def _in_thread(
 
 
 async def _all_done(*tasks: asyncio.Task[Any]) -> None:
-    """Wait for every task, then raise the first failure in the order given: none is left running behind a refusal."""
+    """Wait for every task, then raise every failure as one: none is left running, or unreported, behind a refusal."""
     await asyncio.wait(tasks)
-    for task in tasks:
-        task.result()
+    failures = [exc for task in tasks if (exc := task.exception()) is not None]
+    if not failures:
+        return
+    first = failures[0]
+    if len(failures) > 1 and all(isinstance(exc, NobackfillError) for exc in failures):
+        # The gallery and the profile both missing is said at once, not one per attempt.
+        raise type(first)("; ".join(str(exc) for exc in failures)) from first
+    raise first
 
 
 async def _acquire_encoders(stack: AsyncExitStack, settings: Settings) -> tuple[list[Encoder], list[Encoder]]:
@@ -206,6 +221,20 @@ async def _acquire_encoders(stack: AsyncExitStack, settings: Settings) -> tuple[
     old = _in_thread(stack, "the old encoders", partial(_create_encoders, settings, Role.old), close_all)
     await _all_done(old, new)
     return old.result(), new.result()
+
+
+def _refuse_nprobe_over_nlist(settings: Settings, gallery: GalleryBackend) -> None:
+    """index.nprobe set above the gallery's nlist is refused, as that nprobe in a request is (400).
+
+    Left unset, the default is capped at the nlist: a small gallery serves without being told an nprobe.
+    """
+    limit, nprobe = gallery.max_nprobe, settings.index.nprobe
+    if "nprobe" in settings.index.model_fields_set and limit is not None and nprobe > limit:
+        name = env_name("index", "nprobe")
+        raise SettingsError(
+            f"{name}={nprobe} is over the gallery's nlist {limit}: a request asking for it is refused (400), "
+            f"and so is the setting (expected {name} in 1..{limit})"
+        )
 
 
 def _indexing(settings: Settings) -> Indexing:
@@ -337,6 +366,9 @@ async def _started_batcher(
         name=name,
         batching=settings.batching,
         timeout_s=settings.timeout_s,
+        poison_ttl_s=settings.poison_ttl_s,
+        poison_capacity=settings.poison_capacity,
+        stuck_threads=settings.stuck_threads,
     )
     await batcher.start()
     _on_unwind(stack, f"the {name} batcher", batcher.stop)
@@ -382,15 +414,18 @@ class Pipeline:
         self.hubness = hubness  # None without compat.hubness_dir
         self.embedder = Embedder(old, new, cache, write_back, settings.compat.concurrent_encoders)
         self.in_flight = 0
+        self.hit_ratio = 0.0  # the old rows the cache answers (moving): work it takes off the old encoder
         self.draining = False
         self._unwind = AsyncExitStack()  # build() hands over the stack that acquired every part
 
     @classmethod
     async def build(cls, settings: Settings) -> Pipeline:
         """Acquire every part (loading off the event loop), check they fit, start the batchers; any failure unwinds."""
+        refuse_missing(settings)  # before any model loads: every missing folder in one line
         async with AsyncExitStack() as stack:
             old_replicas, new_replicas = await _acquire_encoders(stack, settings)
             gallery, profile = await _acquire_artifacts(stack, settings, old_replicas, new_replicas)
+            _refuse_nprobe_over_nlist(settings, gallery)
             old_encoder, new_encoder = old_replicas[0], new_replicas[0]
             if not settings.cut_over:  # after it, _finished_segment checked the one model against the segment
                 check_compatible(profile, old_encoder, new_encoder, gallery, settings)
@@ -495,8 +530,13 @@ class Pipeline:
         job = SearchJob(queries, k, mode, alpha, nprobe, profile, depth=depth)
         served = served_modes(self.settings, profile)
         validate(job, self.settings.api, self.gallery.max_nprobe, self.old.encoder, self.new.encoder, served)
-        with self._admitted(len(queries)):
-            await self.embedder.embed(job)
+        with self._admitted(job) as ticket:
+            try:
+                with admitted(ticket):
+                    await self.embedder.embed(job)
+            finally:
+                self._release(ticket)
+            self._learn_hits(job)
             results, rerank = await self._transform_and_search(job, cascade)
             if cascade is not None and rerank is not None:  # candidates to encode: the loop's part, then the re-rank
                 await cascade.encode(rerank)
@@ -516,18 +556,78 @@ class Pipeline:
         return self.cascade if mode == Mode.cascade or in_hybrid else None
 
     @contextmanager
-    def _admitted(self, n: int) -> Iterator[None]:
-        """Count `n` queries in flight (and in the gauge) while they are served; Overloaded past api.max_in_flight."""
+    def _admitted(self, job: SearchJob) -> Iterator[Ticket]:
+        """Count the job's queries in flight (and in the gauge) while they are served; Overloaded past
+        api.max_in_flight or when they would wait longer than api.max_queue_ms for the encoders."""
+        n = len(job.queries)
         limit = self.settings.api.max_in_flight
         if self.in_flight + n > limit:
-            raise Overloaded(f"{self.in_flight} queries in flight; the limit is {limit}")
+            metrics.ADMISSION_REFUSALS.labels(reason="in_flight").inc()
+            wait = self.expected_wait_s(n)
+            raise Overloaded(f"{self.in_flight} queries in flight; the limit is {limit}", _retry_after(wait, 0.0))
+        encoded = [query for query in job.queries if query.content is not None]
+        refusal = self.queue_refusal(len(encoded), job.reads.reads_old, job.reads.reads_new) if encoded else None
+        if refusal is not None:
+            raise refusal
+        ticket = self._ticket(len(encoded), job.reads.reads_old, job.reads.reads_new)
         self.in_flight += n
         metrics.IN_FLIGHT.inc(n)
         try:
-            yield
+            yield ticket
         finally:
             self.in_flight -= n
             metrics.IN_FLIGHT.dec(n)
+
+    def expected_wait_s(self, n: int, reads_old: bool = True, reads_new: bool = True) -> float:
+        """Seconds n queries can expect to queue for the encoders they need: the longer of the two waits,
+        the old encoder's for the share of them the cache is not expected to answer."""
+        wait = self.new.expected_wait_s(n) if reads_new or self.old is self.new else 0.0
+        if reads_old and self.old is not self.new:
+            misses = math.ceil(n * (1.0 - self.hit_ratio))
+            wait = max(wait, self.old.expected_wait_s(misses) if misses else 0.0)
+        return wait
+
+    def queue_refusal(self, n: int, reads_old: bool = True, reads_new: bool = True) -> Overloaded | None:
+        """The 503 for n more queries to encode when their expected wait is over api.max_queue_ms, else None
+        (counted; the load shedder asks for one query before a body is read)."""
+        limit_s = self.settings.api.max_queue_ms / 1000
+        if limit_s <= 0:
+            return None
+        wait = self.expected_wait_s(n, reads_old, reads_new)
+        if wait <= limit_s:
+            return None
+        metrics.ADMISSION_REFUSALS.labels(reason="queue_time").inc()
+        waited = "every replica of an encoder is stuck" if math.isinf(wait) else f"about {wait * 1000:.0f} ms"
+        return Overloaded(
+            f"overloaded: a search now would queue for the encoders {waited} (limit {limit_s * 1000:.0f} ms, "
+            "NOBACKFILL_API__MAX_QUEUE_MS); retry later",
+            _retry_after(wait, limit_s),
+        )
+
+    def _ticket(self, n: int, reads_old: bool, reads_new: bool) -> Ticket:
+        """The admitted request's ticket: its queue deadline, and the items it reserves on each encoder."""
+        limit_s = self.settings.api.max_queue_ms / 1000
+        ticket = Ticket(time.perf_counter() + DEADLINE_FACTOR * limit_s if limit_s > 0 else None)
+        expected = {self.new: n if reads_new or self.old is self.new else 0}
+        if reads_old and self.old is not self.new:
+            expected[self.old] = math.ceil(n * (1.0 - self.hit_ratio))
+        for batcher, items in expected.items():
+            if items:
+                batcher.reserve(items)
+                ticket.reserved[batcher.name] = items
+        return ticket
+
+    def _release(self, ticket: Ticket) -> None:
+        """Give back what the request reserved and never queued (cache hits, a failure before its calls)."""
+        for batcher in dict.fromkeys((self.old, self.new)):
+            batcher.unreserve(ticket.reserved.pop(batcher.name, 0))
+
+    def _learn_hits(self, job: SearchJob) -> None:
+        """Move the hit ratio towards this job's: the share of its looked-up old rows the cache had."""
+        looked_up = [status for status in job.cache_status if status in ("hit", "miss")]
+        if looked_up:
+            share = looked_up.count("hit") / len(looked_up)
+            self.hit_ratio += HIT_WEIGHT * (share - self.hit_ratio)
 
     async def _transform_and_search(
         self, job: SearchJob, cascade: Cascade | None
@@ -558,7 +658,7 @@ class Pipeline:
         return candidate
 
     def default_nprobe(self) -> int:
-        """index.nprobe, capped at the gallery's nlist where it has one."""
+        """index.nprobe, capped at the gallery's nlist where it has one (only the unset default can be over it)."""
         limit = self.gallery.max_nprobe
         return self.settings.index.nprobe if limit is None else min(self.settings.index.nprobe, limit)
 
@@ -622,3 +722,10 @@ class Pipeline:
             "calibrated" if calibrated else "raw (the profile has no calibration)" if merge == "calibrated" else merge
         )
         return {**self.segment.segment.describe(), "merge": merge_line}
+
+
+def _retry_after(wait_s: float, limit_s: float) -> int:
+    """Whole seconds until a queue expected to take wait_s is down to limit_s (1 to RETRY_AFTER_MAX_S)."""
+    if math.isinf(wait_s):
+        return RETRY_AFTER_MAX_S
+    return min(max(1, math.ceil(wait_s - limit_s)), RETRY_AFTER_MAX_S)

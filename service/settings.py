@@ -36,6 +36,8 @@ ENV_PREFIX = "NOBACKFILL_"
 NESTED = "__"
 CONFIG_FILE_ENV = "NOBACKFILL_CONFIG_FILE"
 NO_MODEL = "none"  # old.backend after the cut-over
+# The built-in backends that load a local model folder (encoders/registry.py); plug-ins check their own.
+MODEL_FOLDER_BACKENDS = frozenset({"sentence-transformers", "clip"})
 # A value quoted in a refusal is cut to this many characters (the line stays one readable line).
 _QUOTED_CHARS = 80
 
@@ -87,6 +89,17 @@ class EncoderSettings(Section):
     # A batch with no answer after this long fails (504 encoder_timeout) and its replica is set
     # aside until the call returns; /readyz is 503 while every replica is stuck like that.
     timeout_s: float = Field(30.0, gt=0)
+    # An input that hung this encoder alone (its call timed out with no batch-mate to blame) is refused
+    # at once for this long (422 poison_input), so a client retrying it does not stick a replica
+    # again; at most poison_capacity inputs are remembered, by a hash of the input.  0: never refused.
+    poison_ttl_s: float = Field(600.0, ge=0)
+    poison_capacity: int = Field(10_000, ge=1)
+    # `isolation: thread`: a call past timeout_s cannot be interrupted.  Up to this many such calls keep
+    # running on threads of their own while a fresh thread takes their replica's place, so a hung input
+    # does not take a replica out of service (the encoder then sees two calls at once: set 0 for a model
+    # that cannot take that).  Past it, a replica is set aside until its call returns.  0: always set aside.
+    # A child process (`isolation: process`) is killed at the timeout and replaced instead.
+    stuck_threads: int = Field(2, ge=0)
     # `isolation: process`: a child that has not loaded and warmed its model after this long is
     # killed and the start (or the restart) fails, rather than wait on a hung load forever.
     load_timeout_s: float = Field(300.0, gt=0)
@@ -209,6 +222,11 @@ class ApiSettings(Section):
     max_body_bytes: int = Field(16 * 1024 * 1024, ge=1024)
     max_k: int = Field(1000, ge=1)
     max_in_flight: int = Field(256, ge=1)
+    # A search is admitted only while the wait it can expect in front of the encoders (queued items
+    # over each encoder's measured service rate, after the cache's hits) is under this; past it, 503
+    # overloaded with a Retry-After from the estimate.  An admitted search still queued twice this
+    # long is answered 503 before it is encoded.  max_in_flight stays the hard memory bound.  0: off.
+    max_queue_ms: float = Field(250.0, ge=0)
     # While the event loop wakes later than this, searches are refused with 503 before their body is
     # read (api/admission.py): the queue past the CPU's capacity, which max_in_flight never sees.  0: off.
     shed_lag_ms: float = Field(150.0, ge=0)
@@ -357,6 +375,10 @@ def _contradictions(settings: Settings) -> list[str]:
             problems.append(
                 f"{env_name(role, 'backend')}=external needs {' and '.join(missing)} "
                 "(the width of the embeddings the client sends, and the name of their model)"
+            )
+        if encoder.backend in MODEL_FOLDER_BACKENDS and not encoder.path:
+            problems.append(
+                f"{env_name(role, 'backend')}={encoder.backend} needs {env_name(role, 'path')} (its local model folder)"
             )
     index = settings.index
     wanted = {

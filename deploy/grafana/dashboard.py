@@ -180,6 +180,47 @@ ROWS: list[tuple[str, list[dict[str, Any]]]] = [
         ],
     ),
     (
+        "Bounded waits",
+        [
+            panel(
+                "Expected encoder queue wait",
+                [("max by (encoder) (nobackfill_encoder_expected_wait_seconds)", "{{encoder}}")],
+                "s",
+                width=8,
+                description="The wait a new call can expect in front of each encoder: the items queued at the "
+                "measured cost per batch. Searches are refused 503 while it is over API__MAX_QUEUE_MS.",
+            ),
+            panel(
+                "Admission refusals",
+                [
+                    (f"sum by (reason) (rate(nobackfill_admission_refusals_total[{RATE}]))", "{{reason}}"),
+                    (f"sum(rate(nobackfill_shed_requests_total[{RATE}]))", "loop_lag"),
+                ],
+                "reqps",
+                width=8,
+                description="Searches answered 503 overloaded: expected queue time over API__MAX_QUEUE_MS, "
+                "API__MAX_IN_FLIGHT reached, queued past their deadline (before being encoded), loop lag.",
+            ),
+            panel(
+                "Split batches and poison inputs",
+                [
+                    (
+                        f"sum by (encoder, cause) (rate(nobackfill_encoder_splits_total[{RATE}]))",
+                        "{{encoder}} split: {{cause}}",
+                    ),
+                    (
+                        f"sum by (encoder) (rate(nobackfill_poison_refusals_total[{RATE}]))",
+                        "{{encoder}} poison refused",
+                    ),
+                ],
+                "ops",
+                width=8,
+                description="Batches that raised or hung, split so each call ran alone; calls refused at once "
+                "(422 poison_input) because an input of theirs hung the encoder alone lately.",
+            ),
+        ],
+    ),
+    (
         "Encoders",
         [
             panel(

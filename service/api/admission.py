@@ -9,6 +9,11 @@ is read or parsed (503 overloaded, Retry-After), which costs the loop far less t
 the backlog drains and the requests it lets in keep a bounded latency.  Only POST /v1/search is
 shed: health, readiness, metrics and admin calls always get through.
 
+The queue the service does see, in front of the encoders, is admitted by time, not by count
+(Pipeline.queue_refusal): a search is refused while the wait it can expect there is over
+`api.max_queue_ms`.  The shedder asks that question too, for one query, before the body is read, so
+that in a burst the refusals stay cheap; the pipeline asks again with the request's own size.
+
     lag <- (1 - WEIGHT) * lag + WEIGHT * late          late = how long past its deadline a tick woke
 An average, not a maximum: one stall (a GC pass, a noisy neighbour taking the core for 200 ms) moves
 it by WEIGHT of the stall and sheds nothing; a loop that is late tick after tick (overload) reaches
@@ -69,16 +74,16 @@ class LoadShedder:
         self.limit_s = limit_ms / 1000
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if (
-            self.limit_s > 0
-            and scope["type"] == "http"
-            and self.lag.lag_s > self.limit_s
-            and scope["method"] == "POST"
-            and scope["path"] in SHED_PATHS
-        ):
-            metrics.SHED_REQUESTS.inc()
-            raise Overloaded(
-                f"overloaded: the server runs {self.lag.lag_s * 1000:.0f} ms behind "
-                f"(limit {self.limit_s * 1000:.0f} ms); retry later"
-            )
+        if scope["type"] == "http" and scope["method"] == "POST" and scope["path"] in SHED_PATHS:
+            if self.limit_s > 0 and self.lag.lag_s > self.limit_s:
+                metrics.SHED_REQUESTS.inc()
+                raise Overloaded(
+                    f"overloaded: the server runs {self.lag.lag_s * 1000:.0f} ms behind "
+                    f"(limit {self.limit_s * 1000:.0f} ms); retry later"
+                )
+            # The queue-time admission for one query, before the body is read and parsed: a refusal in a
+            # burst then costs the loop next to nothing.  The pipeline checks the request's own size again.
+            pipeline = getattr(scope["app"].state, "pipeline", None) if "app" in scope else None
+            if pipeline is not None and (refusal := pipeline.queue_refusal(1)) is not None:
+                raise refusal
         await self.app(scope, receive, send)

@@ -105,7 +105,8 @@ _ERROR_MEANINGS = {
     401: "Missing or wrong key (unauthorized).",
     404: "No such route (not_found).",
     413: "Too many queries (too_many_queries) or a body over the cap (body_too_large).",
-    422: "The body does not match this schema (invalid_request).",
+    422: "The body does not match this schema (invalid_request), or an input that hung an encoder lately "
+    "(poison_input, refused at once for encoder.poison_ttl_s).",
     500: "Internal failure (internal, encoder_failed); details only in the server log.",
     503: "Still loading (not_ready), full (overloaded, with Retry-After), or a Milvus gallery not answering "
     "(gallery_unavailable).",

@@ -16,9 +16,13 @@ SAMPLE = 256  # inputs timed to measure the new encoder's rate
 
 
 def assess(
-    source: Path = typer.Argument(..., help="A profile folder, or a support folder to fit one on (default options)."),
+    source: Path = typer.Argument(
+        ..., help="A profile folder, or a support folder to fit one on (default options).", metavar="SOURCE"
+    ),
     test_dir: Path | None = typer.Argument(
-        None, help="Labelled test folder with new_target.npy (default: the support folder itself, in-sample)."
+        None,
+        help="Labelled test folder with new_target.npy (default: the support folder itself, in-sample).",
+        metavar="TEST_DIR",
     ),
     gallery_items: int | None = typer.Option(None, "--gallery-items", min=1, help="Items in the gallery to re-encode."),
     rate: float | None = typer.Option(None, "--rate", min=0.0, help="The new encoder's items per second, if known."),

@@ -159,7 +159,7 @@ def _check_profile(profile_dir: Path, identity: Any) -> None:
 
 @app.command("status")
 def status(
-    segment: Path = typer.Argument(..., help="Segment folder."),
+    segment: Path = typer.Argument(..., help="Segment folder.", metavar="SEGMENT"),
     hits: str | None = typer.Option(None, "--hits", help="The service's hit counts (a folder or redis:// URL)."),
     as_json: bool = typer.Option(False, "--json", help="Print the status as JSON."),
 ) -> None:
@@ -199,8 +199,12 @@ def status(
 
 @app.command("curve")
 def curve(
-    profile_dir: Path = typer.Argument(..., help="Compat profile folder (its calibration merges the two lists)."),
-    test_dir: Path = typer.Argument(..., help="Test folder with old AND new targets (new_target.npy)."),
+    profile_dir: Path = typer.Argument(
+        ..., help="Compat profile folder (its calibration merges the two lists).", metavar="PROFILE_DIR"
+    ),
+    test_dir: Path = typer.Argument(
+        ..., help="Test folder with old AND new targets (new_target.npy).", metavar="TEST_DIR"
+    ),
     fractions: str = typer.Option("0,0.1,0.25,0.5,0.75,1", "--fractions", help="Moved shares to score."),
     merge: str = typer.Option("calibrated", "--merge", help="calibrated, raw or rrf (compare them)."),
     order: str = typer.Option("random", "--order", help="random, or hot (Zipf traffic's hit counts first)."),
@@ -254,8 +258,12 @@ def curve(
 
 @app.command("cascade")
 def cascade(
-    profile_dir: Path = typer.Argument(..., help="Compat profile folder (its head's query is stage 1)."),
-    test_dir: Path = typer.Argument(..., help="Test folder with old AND new targets (new_target.npy)."),
+    profile_dir: Path = typer.Argument(
+        ..., help="Compat profile folder (its head's query is stage 1).", metavar="PROFILE_DIR"
+    ),
+    test_dir: Path = typer.Argument(
+        ..., help="Test folder with old AND new targets (new_target.npy).", metavar="TEST_DIR"
+    ),
     candidates: str = typer.Option("10,20,50,100", "--candidates", help="Stage-1 candidates N to score, rising."),
     budget: int | None = typer.Option(
         None, "--budget", min=0, help="Re-rank only the first B candidates (new encodes per query; default: all N)."

@@ -76,73 +76,135 @@ def _support_dirs(support_dir: Path | None, specs: list[str], modality: str) -> 
     return dirs
 
 
+# fit's options in four groups of `--help`: what it reads and writes, which head, how alpha is chosen, the adapter.
+PANEL_DATA = "Data"
+PANEL_HEADS = "Heads"
+PANEL_SELECTION = "Choosing alpha"
+PANEL_ADAPTER = "Adapter training"
+
+
 def fit(
     support_dir: Path | None = typer.Argument(
-        None, help="Folder with old_query.npy, new_query.npy, old_target.npy, ... (queries of --query-modality)."
+        None,
+        help="Folder with old_query.npy, new_query.npy, old_target.npy, ... (queries of --query-modality).",
+        metavar="SUPPORT_DIR",
     ),
-    out: Path = typer.Option(..., "--out", help="Profile folder to write."),
+    out: Path = typer.Option(..., "--out", help="Profile folder to write.", rich_help_panel=PANEL_DATA),
     head: Head | None = typer.Option(
         None,
         help="Default head the profile serves [slerp; nlerp / adaptive when it beats slerp on the cross-fitted "
         "curve by more than slerp's standard error].",
+        rich_help_panel=PANEL_HEADS,
     ),
-    fit_on: FitOn = typer.Option(FitOn.both, help="Paired rows R (or the adapter) is fitted on."),
-    folds: int = typer.Option(5, help="Cross-fitting folds for choosing alpha."),
-    query_modality: Modality = typer.Option(Modality.text, help="Query modality the weight is chosen for."),
+    fit_on: FitOn = typer.Option(
+        FitOn.both, help="Paired rows R (or the adapter) is fitted on.", rich_help_panel=PANEL_HEADS
+    ),
+    folds: int = typer.Option(5, help="Cross-fitting folds for choosing alpha.", rich_help_panel=PANEL_SELECTION),
+    query_modality: Modality = typer.Option(
+        Modality.text, help="Query modality the weight is chosen for.", rich_help_panel=PANEL_DATA
+    ),
     support: list[str] | None = typer.Option(
         None,
         "--support",
         help="MODALITY=DIR, once per query modality (text, image): one R over every folder's pairs, "
         "the blend weights chosen per modality.  Instead of (or beside) SUPPORT_DIR.",
+        rich_help_panel=PANEL_DATA,
     ),
-    same_set: bool = typer.Option(False, help="Paper's rule: fit the map and choose alpha on the same support set."),
+    same_set: bool = typer.Option(
+        False,
+        help="Paper's rule: fit the map and choose alpha on the same support set.",
+        rich_help_panel=PANEL_SELECTION,
+    ),
     old_model_id: str | None = typer.Option(
-        None, help="Old model id to record (default: SUPPORT_DIR/models.json's; required without it)."
+        None,
+        help="Old model id to record (default: SUPPORT_DIR/models.json's; required without it).",
+        rich_help_panel=PANEL_DATA,
     ),
     new_model_id: str | None = typer.Option(
-        None, help="New model id to record (default: SUPPORT_DIR/models.json's; required without it)."
+        None,
+        help="New model id to record (default: SUPPORT_DIR/models.json's; required without it).",
+        rich_help_panel=PANEL_DATA,
     ),
-    eval_queries: int = typer.Option(5000, min=1, help="Held-out queries scored per fold (a seeded sample)."),
-    seed: int = typer.Option(0, help="Seed of the fold assignment, the query sample and the adapter."),
+    eval_queries: int = typer.Option(
+        5000, min=1, help="Held-out queries scored per fold (a seeded sample).", rich_help_panel=PANEL_SELECTION
+    ),
+    seed: int = typer.Option(
+        0, help="Seed of the fold assignment, the query sample and the adapter.", rich_help_panel=PANEL_SELECTION
+    ),
     criterion: Criterion = typer.Option(
-        Criterion.mrr_1se, help="How alpha is chosen on the cross-fitted curve (docs/alpha-selection.md)."
+        Criterion.mrr_1se,
+        help="How alpha is chosen on the cross-fitted curve (docs/alpha-selection.md).",
+        rich_help_panel=PANEL_SELECTION,
     ),
     eval_gallery: EvalGallery = typer.Option(
         EvalGallery.support,
         help="Held-out gallery a fold's queries are scored against: the old targets of every fold (at most "
         "50,000; the default) or of the held-out fold only.",
+        rich_help_panel=PANEL_SELECTION,
     ),
-    force: bool = typer.Option(False, help="Replace a non-empty --out."),
-    strict: bool = typer.Option(False, help="Refuse all-zero rows instead of dropping their pairs."),
+    force: bool = typer.Option(False, help="Replace a non-empty --out.", rich_help_panel=PANEL_DATA),
+    strict: bool = typer.Option(
+        False, help="Refuse all-zero rows instead of dropping their pairs.", rich_help_panel=PANEL_DATA
+    ),
     epochs: int | None = typer.Option(
-        None, min=1, help="Adapter: most training epochs; the folds pick when to stop [10, more below 300 steps]."
+        None,
+        min=1,
+        help="Adapter: most training epochs; the folds pick when to stop [10, more below 300 steps].",
+        rich_help_panel=PANEL_ADAPTER,
     ),
-    hidden: int | None = typer.Option(None, min=1, help="Adapter: hidden width [AdapterConfig: the input dim]."),
-    batch_size: int | None = typer.Option(None, min=3, help="Adapter: batch size [AdapterConfig: 256]."),
-    lr: float | None = typer.Option(None, min=0.0, help="Adapter: AdamW learning rate [AdapterConfig: 1e-3]."),
-    weight_decay: float | None = typer.Option(None, min=0.0, help="Adapter: weight decay [AdapterConfig: 1e-4]."),
-    dropout: float | None = typer.Option(None, min=0.0, help="Adapter: dropout [AdapterConfig: 0.1]."),
-    lam: float | None = typer.Option(None, min=0.0, help="Adapter: preservation loss weight [AdapterConfig: 1]."),
-    device: str | None = typer.Option(None, help="Adapter: auto / cpu / cuda:N [AdapterConfig: auto]."),
-    precision: str | None = typer.Option(None, help="Adapter: auto / bf16 / fp32 [AdapterConfig: auto]."),
-    threads: int | None = typer.Option(None, min=1, help="Torch CPU threads while training [torch's default]."),
+    hidden: int | None = typer.Option(
+        None, min=1, help="Adapter: hidden width [AdapterConfig: the input dim].", rich_help_panel=PANEL_ADAPTER
+    ),
+    batch_size: int | None = typer.Option(
+        None, min=3, help="Adapter: batch size [AdapterConfig: 256].", rich_help_panel=PANEL_ADAPTER
+    ),
+    lr: float | None = typer.Option(
+        None, min=0.0, help="Adapter: AdamW learning rate [AdapterConfig: 1e-3].", rich_help_panel=PANEL_ADAPTER
+    ),
+    weight_decay: float | None = typer.Option(
+        None, min=0.0, help="Adapter: weight decay [AdapterConfig: 1e-4].", rich_help_panel=PANEL_ADAPTER
+    ),
+    dropout: float | None = typer.Option(
+        None, min=0.0, help="Adapter: dropout [AdapterConfig: 0.1].", rich_help_panel=PANEL_ADAPTER
+    ),
+    lam: float | None = typer.Option(
+        None, min=0.0, help="Adapter: preservation loss weight [AdapterConfig: 1].", rich_help_panel=PANEL_ADAPTER
+    ),
+    device: str | None = typer.Option(
+        None, help="Adapter: auto / cpu / cuda:N [AdapterConfig: auto].", rich_help_panel=PANEL_ADAPTER
+    ),
+    precision: str | None = typer.Option(
+        None, help="Adapter: auto / bf16 / fp32 [AdapterConfig: auto].", rich_help_panel=PANEL_ADAPTER
+    ),
+    threads: int | None = typer.Option(
+        None, min=1, help="Torch CPU threads while training [torch's default].", rich_help_panel=PANEL_ADAPTER
+    ),
     old_classes: int | None = typer.Option(
-        None, min=2, help="psp / lsp: the old model's classes C_k [the width of old_query.npy]."
+        None,
+        min=2,
+        help="psp / lsp: the old model's classes C_k [the width of old_query.npy].",
+        rich_help_panel=PANEL_HEADS,
     ),
-    top_k: int | None = typer.Option(None, min=1, help="psp / lsp: keep the k largest entries per row [all]."),
+    top_k: int | None = typer.Option(
+        None, min=1, help="psp / lsp: keep the k largest entries per row [all].", rich_help_panel=PANEL_HEADS
+    ),
     class_map: str | None = typer.Option(
-        None, help="psp / lsp: new-model output index of each old class, comma-separated [identity]."
+        None,
+        help="psp / lsp: new-model output index of each old class, comma-separated [identity].",
+        rich_help_panel=PANEL_HEADS,
     ),
     add_query_pairs: list[Path] | None = typer.Option(
         None,
         "--add-query-pairs",
         help="Folder of unlabelled (old, new) query pairs (`nobackfill traffic export`), repeatable: they join R's "
         "fit in every fold; alpha is still scored on the labelled support only.",
+        rich_help_panel=PANEL_DATA,
     ),
     query_pairs_weight: float = typer.Option(
         QUERY_PAIRS_WEIGHT,
         min=0.0,
         help="Weight of one query pair against one labelled support row in R's fit (docs/traffic-learning.md).",
+        rich_help_panel=PANEL_DATA,
     ),
 ) -> None:
     """Fit a compat profile on a support set: Procrustes + blends, the MKP adapter (+ SLERP), or PSP / LSP."""
@@ -366,8 +428,10 @@ _CAPTIONS = {
 
 
 def evaluate(
-    profile_dir: Path = typer.Argument(..., help="Compat profile folder."),
-    test_dir: Path = typer.Argument(..., help="Test folder, same layout as the support folder (logits for psp / lsp)."),
+    profile_dir: Path = typer.Argument(..., help="Compat profile folder.", metavar="PROFILE_DIR"),
+    test_dir: Path = typer.Argument(
+        ..., help="Test folder, same layout as the support folder (logits for psp / lsp).", metavar="TEST_DIR"
+    ),
     query_modality: str | None = typer.Option(
         None, help="Modality whose weights to use (default: the profile's only fitted modality)."
     ),

@@ -272,7 +272,7 @@ def _logit_features(logits_path: Path, out: Path, mode: str, top_k: int | None) 
 
 @app.command("info")
 def info(
-    gallery_dir: Path | None = typer.Argument(None, help="Gallery folder (backend faiss)."),
+    gallery_dir: Path | None = typer.Argument(None, help="Gallery folder (backend faiss).", metavar="GALLERY_DIR"),
     verify: bool = typer.Option(False, "--verify", help="Also check the sha256 of index.faiss and open it."),
     backend: str = typer.Option("faiss", "--backend", help="faiss (a folder) or milvus (a collection)."),
     uri: str | None = typer.Option(None, "--uri", help="milvus: http://host:19530, or a milvus-lite ./x.db."),
@@ -308,13 +308,13 @@ def info(
 
 @app.command("eval")
 def evaluate(
-    gallery_dir: Path = typer.Argument(..., help="Gallery folder."),
+    gallery_dir: Path = typer.Argument(..., help="Gallery folder.", metavar="GALLERY_DIR"),
     queries: int = typer.Option(200, "--queries", min=1, help="Evaluation queries."),
     nprobe: str = typer.Option("1,4,8,16,32,64", "--nprobe", help="Comma-separated nprobe values."),
     sample: int = typer.Option(100_000, "--sample", min=1, help="Entries in the sub-gallery used for recall."),
     batch: int = typer.Option(256, "--batch", min=1, help="Batch size for the batched latency."),
     from_npy: Path | None = typer.Option(None, "--from-npy", help="Source vectors, if they moved since the build."),
-    json_out: Path | None = typer.Option(None, "--json", help="Also write the report as JSON here."),
+    as_json: bool = typer.Option(False, "--json", help="Print the report as JSON (with the recommended nprobe)."),
 ) -> None:
     """Recall@1/@10 of IVF-PQ against exact search (sampled sub-gallery) and latency per nprobe."""
     from service.errors import InputError
@@ -331,15 +331,15 @@ def evaluate(
     report = evaluate_gallery(
         gallery, source_of(gallery, from_npy), queries=queries, nprobes=probes, sample=sample, batch=batch
     )
-    typer.echo(format_report(report))
-    if json_out is not None:
-        json_out.write_text(json.dumps(report.as_dict(), indent=2) + "\n", encoding="utf-8")
+    typer.echo(json.dumps(report.as_dict(), indent=2) if as_json else format_report(report))
 
 
 @app.command("hubness")
 def hubness(
-    gallery_dir: Path = typer.Argument(..., help="The frozen FAISS gallery (its source vectors are read back)."),
-    profile_dir: Path = typer.Argument(..., help="The profile whose head maps the queries."),
+    gallery_dir: Path = typer.Argument(
+        ..., help="The frozen FAISS gallery (its source vectors are read back).", metavar="GALLERY_DIR"
+    ),
+    profile_dir: Path = typer.Argument(..., help="The profile whose head maps the queries.", metavar="PROFILE_DIR"),
     queries: Path = typer.Option(
         ..., "--queries", help="A support folder, or an exported traffic folder: the (old, new) queries to map."
     ),

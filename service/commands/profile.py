@@ -119,7 +119,7 @@ def _show_classes(console: Any, profile: CompatProfile) -> None:
 
 
 def profile_show(
-    profile_dir: Path = typer.Argument(..., help="Compat profile folder."),
+    profile_dir: Path = typer.Argument(..., help="Compat profile folder.", metavar="PROFILE_DIR"),
     as_json: bool = typer.Option(False, "--json", help="Print profile.json as loaded (verified) instead."),
 ) -> None:
     """Show a profile: ids, dims, weights, residual angles, support recall per alpha, checksum."""
@@ -133,9 +133,11 @@ def profile_show(
 
 
 def profile_compare(
-    current: Path = typer.Argument(..., help="The profile being served."),
-    candidate: Path = typer.Argument(..., help="The profile that would replace it (e.g. refitted with traffic)."),
-    test_dir: Path = typer.Argument(..., help="Labelled test folder (the `eval` layout)."),
+    current: Path = typer.Argument(..., help="The profile being served.", metavar="CURRENT"),
+    candidate: Path = typer.Argument(
+        ..., help="The profile that would replace it (e.g. refitted with traffic).", metavar="CANDIDATE"
+    ),
+    test_dir: Path = typer.Argument(..., help="Labelled test folder (the `eval` layout).", metavar="TEST_DIR"),
     traffic: Path | None = typer.Option(
         None, "--traffic", help="Exported traffic folder: shadow agreement of the two profiles on its queries."
     ),

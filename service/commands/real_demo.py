@@ -26,6 +26,7 @@ from pathlib import Path
 
 import typer
 
+from service.commands.invocation import cli_invocation
 from service.settings import CompatSettings, EncoderSettings, IndexSettings, Settings
 
 REAL_DIR = Path("artifacts/real")
@@ -38,7 +39,7 @@ Run = Callable[..., None]
 
 CURL = """\
 curl -s http://{host}:{port}/v1/search -H 'content-type: application/json' \\
-  -d '{body}' | nobackfill realworld texts --corpus {corpus}"""
+  -d '{body}' | {nobackfill} realworld texts --corpus {corpus}"""
 
 
 @dataclass(frozen=True)
@@ -156,4 +157,5 @@ def example_query(real: RealDeployment) -> str:
 def curl_example(real: RealDeployment, host: str, port: int) -> str:
     """A curl that asks a real question and shows the texts of the top hits."""
     body = json.dumps({"queries": [{"text": example_query(real)}], "k": 5})
-    return CURL.format(host=host, port=port, body=body.replace("'", "'\\''"), corpus=real.corpus)
+    quoted = body.replace("'", "'\\''")
+    return CURL.format(host=host, port=port, body=quoted, corpus=real.corpus, nobackfill=cli_invocation())

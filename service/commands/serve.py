@@ -12,6 +12,8 @@ from pathlib import Path
 
 import typer
 
+from service.commands.invocation import cli_invocation
+from service.configured_paths import refuse_missing
 from service.settings import CompatSettings, IndexSettings, Settings
 
 # Same string as service.metrics.MULTIPROC_ENV: importing that module here would load prometheus-client
@@ -39,6 +41,7 @@ def serve(
 ) -> None:
     """Run the HTTP service with the configured encoders, gallery and profile."""
     settings = Settings()
+    refuse_missing(settings)  # one `error:` line and exit 2, before uvicorn or any model starts
     _run(settings, host or settings.api.host, port or settings.api.port, workers or settings.api.workers)
 
 
@@ -113,17 +116,24 @@ def demo(
     if not (gallery_dir / "gallery.json").exists():
         typer.echo(f"building a {gallery_size:,}-item synthetic gallery in {gallery_dir}")
         _cli("gallery", "build", "--size", str(gallery_size), "--out", str(gallery_dir), "--force")
+    else:
+        _found("gallery", gallery_dir)
     fitted = not (profile_dir / "profile.json").exists()
     if fitted:
         if not (support_dir / "old_query.npy").exists():
             _cli("synth", "support", "--n", str(DEMO_SUPPORT_SIZE), "--out", str(support_dir))
         _cli("fit", str(support_dir), "--out", str(profile_dir), "--force")
+    else:
+        _found("profile", profile_dir)
     saved_eval = _demo_eval(profile_dir, again=fitted)
     items_dir = DEMO_DIR / "items"
     if not (items_dir / "items.json").exists():  # the operator page shows the items' texts from it
         ntotal = json.loads((gallery_dir / "gallery.json").read_text())["ntotal"]
         _cli("synth", "items", "--size", str(ntotal), "--out", str(items_dir), "--force")
+    else:
+        _found("item store", items_dir)
     if prepare_only:
+        typer.echo(f"the demo's artifacts are ready in {DEMO_DIR}/: `make serve` serves them (or `nobackfill demo`)")
         return
     settings = _with_ui(
         Settings(
@@ -139,6 +149,11 @@ def demo(
     _run(settings, "127.0.0.1", port, 1)
 
 
+def _found(what: str, folder: Path) -> None:
+    """Say that an artifact the demo would build is already there (delete the folder to rebuild it)."""
+    typer.echo(f"found the demo's {what} in {folder} (delete it to rebuild)")
+
+
 def _demo_eval(profile_dir: Path, again: bool) -> Path:
     """The demo profile's eval on a synthetic test split, saved for the operator page (again after a new fit)."""
     test_dir, saved = DEMO_DIR / "test", DEMO_DIR / "eval.json"
@@ -147,6 +162,8 @@ def _demo_eval(profile_dir: Path, again: bool) -> Path:
             _cli("synth", "test", "--n", str(DEMO_TEST_SIZE), "--gallery-size", str(DEMO_TEST_TARGETS),
                  "--out", str(test_dir), "--force")  # fmt: skip
         _cli("eval", str(profile_dir), str(test_dir), "--json-out", str(saved))
+    else:
+        _found("saved eval", saved)
     return saved
 
 
@@ -164,7 +181,7 @@ def _real_demo(port: int, prepare_only: bool) -> None:
     prepare(deployment, _cli)
     if prepare_only:
         return
-    typer.echo(f"serving the real upgrade on http://127.0.0.1:{port}; the same with `nobackfill serve`:")
+    typer.echo(f"serving the real upgrade on http://127.0.0.1:{port}; the same with `{cli_invocation()} serve`:")
     typer.echo(deployment.environment())
     typer.echo("ask it a real question (the texts of the hits come from the corpus):")
     typer.echo(curl_example(deployment, "127.0.0.1", port))

@@ -18,19 +18,32 @@ arrived meanwhile.
 A call larger than `max_batch_size` is split into chunks; entries are never split further, so a
 batch holds whole entries of one modality.  The batcher's `name` labels its metrics (`old` / `new`).
 
-What a model does is not trusted.  Failures reach the callers of the affected batch only, and the
+What a model does is not trusted.  A failure costs only the calls whose inputs cause it, and the
 batcher keeps serving:
-    the encoder raises                         the batch is retried one call at a time; the calls that
-                                               still raise get EncoderFailed (encoder_failed, 500)
+    the encoder raises, or gives no answer     a batch of several calls is split: each call goes back to
+    within timeout_s                           the front of the queue to run alone, on whichever replica
+                                               is free first; only a call that fails alone gets the error:
+                                               EncoderFailed (encoder_failed, 500) or EncoderTimeout
+                                               (encoder_timeout, 504).  A call that hung alone is
+                                               remembered (encoders/poison.py) and refused at once for
+                                               poison_ttl_s (PoisonInput, 422), so a retry costs nothing
+    ... the timed-out replica                  its thread cannot be interrupted, so it is "stuck" until
+                                               the call returns, and takes no batch meanwhile; a replica
+                                               with interrupt() (a child process) is told to give up, so
+                                               the call returns soon.  A call split out of a hung batch
+                                               may hang too: it never takes the last replica that is not
+                                               stuck (unless there is only one), so one keeps serving
     rows not [n, dim]                          EncoderFailed for the batch; counted as bad_rows
     a NaN / inf in some rows                   EncoderFailed for the calls those rows belong to only
-    no answer within timeout_s                 EncoderTimeout (encoder_timeout, 504); the replica's
-                                               thread cannot be interrupted, so the replica is "stuck"
-                                               until the call returns, and takes no batch meanwhile;
-                                               a replica with interrupt() (a child process) is told
-                                               to give up, so the call returns soon
-    an entry queued for timeout_s              EncoderTimeout (no free replica, or a queue behind stuck ones),
-                                               so no caller waits much past 2 x timeout_s in all
+    an entry queued for timeout_s              EncoderTimeout (no free replica, or a queue behind stuck
+                                               ones); a split call gets 2 x timeout_s more to start alone,
+                                               so no caller waits much past 5 x timeout_s in all (2 x when
+                                               its batch did not fail)
+    an entry queued past its request's         Overloaded (503 + Retry-After) before it is encoded, never
+    queue deadline (encoders/ticket.py)        after: admission let it in on an estimate that proved wrong
+The batcher measures its cost per batch (encoders/service_rate.py); `expected_wait_s` turns the items
+queued in front of a call into the seconds it can expect to wait, which admission compares with
+api.max_queue_ms.
 All-zero rows are data (a static model's row for text with no known token), not failures: the
 pipeline answers them with its fallback.  If the collector task itself dies (a bug), the pending
 callers fail, it is restarted (counted), and `alive` is False only if it keeps dying
@@ -42,6 +55,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import math
 import time
 from collections import deque
 from collections.abc import Awaitable, Sequence
@@ -51,8 +65,19 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from service import metrics
+from service.encoders import ticket as tickets
 from service.encoders.base import Embeddings, Encoder
-from service.errors import EncoderFailed, EncoderProcessExited, EncoderTimeout, NobackfillError, NotReady
+from service.encoders.poison import PoisonMemory
+from service.encoders.service_rate import ServiceRate
+from service.errors import (
+    EncoderFailed,
+    EncoderProcessExited,
+    EncoderTimeout,
+    NobackfillError,
+    NotReady,
+    Overloaded,
+    PoisonInput,
+)
 from service.vocabulary import Modality
 
 log = logging.getLogger(__name__)
@@ -60,6 +85,9 @@ log = logging.getLogger(__name__)
 # A collector that dies this often this quickly is broken, not unlucky: stop restarting it.
 MAX_RESTARTS = 5
 RESTART_WINDOW_S = 60.0
+# How often a collector holding only split calls that may not take a free replica looks again.
+RECHECK_S = 0.02
+RETRY_AFTER_MAX_S = 60
 
 
 @dataclass(eq=False)
@@ -69,7 +97,11 @@ class _Entry:
     items: list[str]
     modality: Modality
     future: asyncio.Future[Embeddings]
+    expires: float  # queued past this: EncoderTimeout
+    deadline: float | None = None  # its request's queue deadline: still queued past it, Overloaded
     enqueued: float = field(default_factory=time.perf_counter)
+    # Why it was split out of a batch to run alone ("raised" or "timeout"); None: never run yet.
+    suspect: str | None = None
 
 
 class MicroBatcher:
@@ -84,6 +116,9 @@ class MicroBatcher:
         *,
         batching: bool = True,
         timeout_s: float = 30.0,
+        poison_ttl_s: float = 0.0,
+        poison_capacity: int = 10_000,
+        stuck_threads: int = 0,
     ) -> None:
         replicas = [encoder] if isinstance(encoder, Encoder) else list(encoder)
         if not replicas or max_batch_size < 1 or max_wait_ms < 0 or timeout_s <= 0:
@@ -97,10 +132,20 @@ class MicroBatcher:
         # batching=False: one entry per encoder call, no waiting (the baseline for benchmarks).
         self.batching = batching
         self.timeout_s = timeout_s
+        self.poison = PoisonMemory(poison_ttl_s, poison_capacity)
+        self.rate = ServiceRate()
+        # Hung calls that may keep running on a thread of their own while a fresh thread takes their
+        # replica's place (threads cannot be interrupted); past it, a replica is set aside until its call returns.
+        self.stuck_threads = stuck_threads
+        self._abandoned = 0  # hung calls still running on an abandoned thread
         self._stuck: set[int] = set()  # replicas whose call outlived timeout_s and has not returned yet
+        self._stuck_since: dict[int, float] = {}
+        # How long a replica set aside stays stuck (moving average; a child process: until it is replaced).
+        self._stuck_s = timeout_s
         self._restarts: deque[float] = deque()
         self._pending: dict[Modality, deque[_Entry]] = {}
         self._depth = 0
+        self._reserved = 0  # items admitted searches are expected to bring, not queued yet (encoders/ticket.py)
         self._wakeup = asyncio.Event()
         self._executors: list[ThreadPoolExecutor] = []
         self._idle: asyncio.Queue[int] = asyncio.Queue()
@@ -137,6 +182,7 @@ class MicroBatcher:
             self._idle.put_nowait(i)
         self._draining = False
         self._stuck.clear()
+        self._stuck_since.clear()
         self._accepting = True
         self._collector = asyncio.create_task(self._collect_forever(), name=f"batcher-{self.name}")
 
@@ -181,7 +227,20 @@ class MicroBatcher:
             empty.set_result(np.empty((0, self.encoder.dim), dtype=np.float32))
             return empty
         step = self.max_batch_size
-        entries = [_Entry(items[i : i + step], modality, loop.create_future()) for i in range(0, len(items), step)]
+        chunks = [items[i : i + step] for i in range(0, len(items), step)]
+        if any(self.poison.holds(modality, chunk) for chunk in chunks):
+            metrics.POISON_REFUSALS.labels(encoder=self.name).inc()
+            raise PoisonInput(
+                f"an input of this request made encoder {self.name!r} hang alone within the last "
+                f"{self.poison.ttl_s:g} s; it is refused until then"
+            )
+        ticket = tickets.current()
+        if ticket is not None:  # its reservation becomes queued items
+            taken = min(ticket.reserved.get(self.name, 0), len(items))
+            ticket.reserved[self.name] = ticket.reserved.get(self.name, 0) - taken
+            self.unreserve(taken)
+        expires, until = time.perf_counter() + self.timeout_s, None if ticket is None else ticket.deadline
+        entries = [_Entry(chunk, modality, loop.create_future(), expires, until) for chunk in chunks]
         queue = self._pending.setdefault(modality, deque())
         queue.extend(entries)
         self._set_depth(self._depth + len(items))
@@ -237,8 +296,8 @@ class MicroBatcher:
                 await self._wakeup.wait()
                 continue
             replica = await self._free_replica()  # a batch is formed only once a replica can take it
-            # Entries that already waited timeout_s fail now rather than wait (longer) for a batch.
-            self._expire(time.perf_counter() - self.timeout_s)
+            # Entries past their time fail now rather than wait (longer) for a batch.
+            self._expire()
             if replica is None:
                 continue
             try:
@@ -248,6 +307,10 @@ class MicroBatcher:
                 raise
             if not batch:
                 self._idle.put_nowait(replica)
+                if self._depth:  # only split calls that may not take this replica: look again soon
+                    self._wakeup.clear()
+                    with contextlib.suppress(TimeoutError):
+                        await asyncio.wait_for(self._wakeup.wait(), RECHECK_S)
                 continue
             task = asyncio.create_task(self._run(batch, replica), name=f"batch-{self.name}-{replica}")
             self._running.add(task)
@@ -260,24 +323,65 @@ class MicroBatcher:
         except TimeoutError:
             return None
 
-    def _expire(self, enqueued_before: float) -> None:
-        """Fail the pending entries enqueued before the given time with EncoderTimeout."""
-        error = EncoderTimeout(f"encoder {self.name!r} left a call queued for {self.timeout_s:g} s")
+    def _expire(self) -> None:
+        """Fail the pending entries past their time: Overloaded past their request's queue deadline (never
+        for a split call, which was encoded once already), EncoderTimeout past `expires`."""
+        now = time.perf_counter()
         for queue in self._pending.values():
-            while queue and queue[0].enqueued < enqueued_before:
-                entry = queue.popleft()
+            if not any(self._expired(entry, now) for entry in queue):
+                continue
+            kept = [entry for entry in queue if not self._expired(entry, now)]
+            gone = [entry for entry in queue if self._expired(entry, now)]
+            for entry in gone:
                 self._set_depth(self._depth - len(entry.items))
-                if not entry.future.done():
-                    entry.future.set_exception(error)
+                if entry.future.done():  # the caller gave up
+                    continue
+                if entry.suspect is None and entry.deadline is not None and entry.deadline < now:
+                    metrics.ADMISSION_REFUSALS.labels(reason="deadline").inc()
+                    entry.future.set_exception(
+                        Overloaded(
+                            f"overloaded: encoder {self.name!r} did not reach this search within its queue "
+                            "deadline; retry later",
+                            self.retry_after_s(),
+                        )
+                    )
+                else:
                     metrics.ENCODER_FAILURES.labels(encoder=self.name, reason="timeout").inc()
+                    entry.future.set_exception(
+                        EncoderTimeout(f"encoder {self.name!r} left a call queued for {self.timeout_s:g} s")
+                    )
+            queue.clear()
+            queue.extend(kept)
+
+    @staticmethod
+    def _expired(entry: _Entry, now: float) -> bool:
+        late = entry.suspect is None and entry.deadline is not None and entry.deadline < now
+        return late or entry.expires < now or entry.future.done()
+
+    def _may_take(self, entry: _Entry) -> bool:
+        """Whether a free replica may run this entry now: a call split out of a hung batch may hang its replica
+        too, so it never takes the last one that is not stuck (unless the encoder has only one)."""
+        if entry.suspect != "timeout" or len(self.replicas) == 1:
+            return True
+        return len(self.replicas) - len(self._stuck) > 1
 
     async def _next_batch(self) -> list[_Entry]:
-        """Take entries of the oldest entry's modality, waiting up to max_wait for the batch to fill."""
-        queue = min((q for q in self._pending.values() if q), key=lambda q: q[0].enqueued)
+        """The oldest entry a free replica may take: alone when it was split out of a batch; else entries of its
+        modality (never split ones), waiting up to max_wait for the batch to fill."""
+        heads = [
+            (entry, queue) for queue in self._pending.values() if (entry := self._first_takeable(queue)) is not None
+        ]
+        if not heads:
+            return []
+        head, queue = min(heads, key=lambda pair: pair[0].enqueued)
+        if head.suspect is not None:
+            queue.remove(head)
+            self._set_depth(self._depth - len(head.items))
+            return [] if head.future.done() else [head]
         if self.batching and not self._draining:
-            deadline = queue[0].enqueued + self.max_wait_s
+            until = head.enqueued + self.max_wait_s
             while sum(len(e.items) for e in queue) < self.max_batch_size and not self._draining:
-                remaining = deadline - time.perf_counter()
+                remaining = until - time.perf_counter()
                 if remaining <= 0:
                     break
                 self._wakeup.clear()
@@ -286,18 +390,60 @@ class MicroBatcher:
                 except TimeoutError:
                     break
         batch: list[_Entry] = []
+        kept: list[_Entry] = []
         size = 0
-        while queue:
-            entry = queue[0]
-            if batch and (not self.batching or size + len(entry.items) > self.max_batch_size):
-                break
-            queue.popleft()
+        closed = False  # once a plain entry is left for the next batch, every later one waits too (in order)
+        for entry in queue:
+            closed = closed or bool(batch) and (not self.batching or size + len(entry.items) > self.max_batch_size)
+            if entry.suspect is not None or closed:
+                kept.append(entry)
+                continue
             self._set_depth(self._depth - len(entry.items))
             if entry.future.done():  # the caller gave up (cancelled): do not spend compute on it
                 continue
             batch.append(entry)
             size += len(entry.items)
+        queue.clear()
+        queue.extend(kept)
         return batch
+
+    def _first_takeable(self, queue: deque[_Entry]) -> _Entry | None:
+        """The first entry of a queue that a free replica may run now."""
+        return next((entry for entry in queue if self._may_take(entry)), None)
+
+    def reserve(self, n: int) -> None:
+        """Count n items an admitted search is expected to submit (admission sees them before they queue)."""
+        self._reserved += n
+
+    def unreserve(self, n: int) -> None:
+        """Forget n reserved items: queued now, or never coming (a cache hit, a failed request)."""
+        self._reserved = max(0, self._reserved - n)
+
+    def expected_wait_s(self, n: int = 1) -> float:
+        """Seconds a call of n items can expect to queue before its last chunk's batch starts: the batches in
+        front of it (queued or reserved) at the measured cost, shared by the replicas that answer (inf while
+        none does)."""
+        answering = len(self.replicas) - len(self._stuck)
+        size = self.max_batch_size if self.batching else 1
+        queued = self._depth + self._reserved + max(n, 1)
+        if answering <= 0:  # until the first stuck replica is expected back, then the queue on that one
+            if not self._stuck_since:
+                return math.inf
+            now = time.perf_counter()
+            back = min(self._stuck_s - (now - since) for since in self._stuck_since.values())
+            back = back if back > 0 else self._stuck_s  # stuck longer than usual: as long again
+            return back + math.ceil(queued / size) * self.rate.batch_s(min(size, queued))
+        ahead = math.ceil(queued / size) - 1  # batches that start before its last one
+        idle = self._idle.qsize()
+        if ahead < idle:
+            return 0.0
+        # Each running batch is on average half done.
+        return (ahead - idle + 0.5) * self.rate.batch_s(min(size, queued)) / answering
+
+    def retry_after_s(self) -> int:
+        """Whole seconds until the queue in front of a new call has drained (1 to RETRY_AFTER_MAX_S)."""
+        wait = self.expected_wait_s(0)
+        return RETRY_AFTER_MAX_S if math.isinf(wait) else min(max(1, math.ceil(wait)), RETRY_AFTER_MAX_S)
 
     async def _run(self, batch: list[_Entry], replica: int) -> None:
         """Encode one batch on a replica's worker thread and hand each entry its rows (or the exception)."""
@@ -306,25 +452,26 @@ class MicroBatcher:
         for entry in batch:
             wait_hist.observe(started - entry.enqueued)
         try:
-            if not await self._encode_batch(batch, replica) and len(batch) > 1:
-                await self._one_by_one(batch, replica)
+            await self._encode_batch(batch, replica)
         finally:
             if replica not in self._stuck:
                 self._idle.put_nowait(replica)
 
-    async def _one_by_one(self, batch: list[_Entry], replica: int) -> None:
-        """Re-run a batch that raised one call at a time, so only the calls whose inputs break the model fail."""
-        for i, entry in enumerate(batch):
-            if replica in self._stuck:  # a retry hung: the rest would queue behind it
-                self._fail(
-                    batch[i:], EncoderTimeout(f"encoder {self.name!r} did not answer within {self.timeout_s:g} s")
-                )
-                return
-            await self._encode_batch([entry], replica)
+    def _split(self, batch: list[_Entry], cause: str) -> None:
+        """Send each call of a failed batch back to the front of its queue, to run alone (cause: raised, timeout)."""
+        metrics.ENCODER_SPLITS.labels(encoder=self.name, cause=cause).inc()
+        # Twice the timeout: time for a stuck replica to come back when the split calls may not take the last one.
+        expires = time.perf_counter() + 2 * self.timeout_s
+        for entry in reversed(batch):
+            if entry.future.done():
+                continue
+            entry.suspect, entry.expires = cause, expires
+            self._pending.setdefault(entry.modality, deque()).appendleft(entry)
+            self._set_depth(self._depth + len(entry.items))
+        self._wakeup.set()
 
-    async def _encode_batch(self, batch: list[_Entry], replica: int) -> bool:
-        """Encode on a replica and settle every entry; False when the model raised (the entries are then
-        failed only if there is one, so the caller can retry a larger batch call by call)."""
+    async def _encode_batch(self, batch: list[_Entry], replica: int) -> None:
+        """Encode on a replica and settle every entry; a batch of several calls that raised or hung is split."""
         modality = batch[0].modality
         items = [item for entry in batch for item in entry.items]
         started = time.perf_counter()
@@ -341,35 +488,45 @@ class MicroBatcher:
             self._fail(batch, NotReady(f"encoder {self.name!r} stopped"))
             raise
         except TimeoutError:
-            self._stuck_until_done(replica, call)
             interrupt = getattr(encoder, "interrupt", None)
+            if interrupt is None and self._abandoned < self.stuck_threads:
+                self._replace_thread(replica, call)
+            else:
+                self._stuck_until_done(replica, call)
             if interrupt is not None and not call.done():
                 interrupt()
             log.error("encoder %r: no answer for a batch of %d within %g s", self.name, len(items), self.timeout_s)
             metrics.ENCODER_FAILURES.labels(encoder=self.name, reason="timeout").inc()
+            if len(batch) > 1:
+                self._split(batch, "timeout")
+                return
+            # It hung alone: the input is to blame, and a retry of it would stick another replica.
+            self.poison.remember(modality, batch[0].items)
             self._fail(batch, EncoderTimeout(f"encoder {self.name!r} did not answer within {self.timeout_s:g} s"))
-            return True
+            return
         except EncoderFailed as exc:  # wrong shape: the whole batch; the batcher keeps serving
             log.warning("encoder %r failed on a batch of %d: %s", self.name, len(items), exc)
             metrics.ENCODER_FAILURES.labels(encoder=self.name, reason="bad_rows").inc()
             self._fail(batch, exc)
-            return True
-        except Exception as exc:  # the model raised: retried call by call when the batch holds several
+            return
+        except Exception as exc:  # the model raised: each call retried alone when the batch holds several
             log.warning("encoder %r raised on a batch of %d: %r", self.name, len(items), exc)
             metrics.ENCODER_FAILURES.labels(encoder=self.name, reason="raised").inc()
             if len(batch) > 1:
-                return False
+                self._split(batch, "raised")
+                return
             # Ours on purpose (e.g. `external` refusing content): as is.  A dead child process is no answer
             # meant for the caller: a plain encoder_failed, as for any other crash.
             if isinstance(exc, NobackfillError) and not isinstance(exc, EncoderProcessExited):
                 self._fail(batch, exc)
-                return True
+                return
             failed = EncoderFailed(f"encoder {self.name!r} failed on {len(items)} input(s)")
             failed.__cause__ = exc  # for the server log; the response names nothing of it
             self._fail(batch, failed)
-            return True
+            return
         finally:
             metrics.ENCODER_BATCH_DURATION.labels(encoder=self.name).observe(time.perf_counter() - started)
+        self.rate.observe(len(items), time.perf_counter() - started)
         # Rows with a NaN / inf fail only the calls they belong to.
         bad = set() if np.isfinite(rows).all() else set(np.flatnonzero(~np.isfinite(rows).all(axis=1)).tolist())
         start = 0
@@ -383,7 +540,6 @@ class MicroBatcher:
                 metrics.ENCODER_FAILURES.labels(encoder=self.name, reason="bad_rows").inc()
                 entry.future.set_exception(EncoderFailed(f"encoder {self.name!r} returned NaN or infinite values"))
             start = stop
-        return True
 
     def _shaped(self, raw: object, n: int, dim: int) -> Embeddings:
         """The encoder's output as float32 [n, dim], or EncoderFailed saying what came back instead."""
@@ -392,14 +548,35 @@ class MicroBatcher:
             raise EncoderFailed(f"encoder {self.name!r} returned shape {rows.shape} for a batch of {n} (dim {dim})")
         return rows
 
+    def _replace_thread(self, replica: int, call: asyncio.Future[Embeddings]) -> None:
+        """Leave a hung call its thread and give the replica a fresh one: the replica keeps serving meanwhile."""
+        hung, self._executors[replica] = (
+            self._executors[replica],
+            ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"encoder-{self.name}-{replica}"),
+        )
+        hung.shutdown(wait=False)  # its thread ends once the hung call returns
+        self._abandoned += 1
+        metrics.ENCODER_THREADS_REPLACED.labels(encoder=self.name).inc()
+
+        def returned(_: asyncio.Future[Embeddings]) -> None:
+            self._abandoned -= 1
+            log.info("encoder %r: a hung call returned on its abandoned thread", self.name)
+
+        call.add_done_callback(returned)
+
     def _stuck_until_done(self, replica: int, call: asyncio.Future[Embeddings]) -> None:
         """Keep a timed-out replica out of rotation until its call returns, then free it."""
         self._stuck.add(replica)
+        self._stuck_since[replica] = time.perf_counter()
 
         def release(_: asyncio.Future[Embeddings]) -> None:
             self._stuck.discard(replica)
+            since = self._stuck_since.pop(replica, None)
+            if since is not None:
+                self._stuck_s += 0.3 * (time.perf_counter() - since - self._stuck_s)
             if self._accepting:
                 self._idle.put_nowait(replica)
+                self._wakeup.set()  # split calls held back for want of a second replica may go now
             log.info("encoder %r replica %d answered again", self.name, replica)
 
         call.add_done_callback(release)
@@ -418,3 +595,4 @@ class MicroBatcher:
     def _set_depth(self, depth: int) -> None:
         self._depth = depth
         metrics.QUEUE_DEPTH.labels(encoder=self.name).set(depth)
+        metrics.EXPECTED_WAIT.labels(encoder=self.name).set(self.expected_wait_s(0))

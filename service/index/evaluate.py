@@ -31,6 +31,10 @@ from service.index.sources import NpySource, Rows, Source, SyntheticSource
 Ids = npt.NDArray[np.int64]
 
 
+# PQ codes cap recall below 1 whatever the nprobe: the knee is where more probes stop adding recall.
+RECALL_TOLERANCE = 0.01
+
+
 @dataclass(frozen=True)
 class ProbeResult:
     """Recall and latency at one nprobe."""
@@ -57,9 +61,14 @@ class EvalReport:
     probes: list[ProbeResult]
     item_recall_exact: dict[str, float] = field(default_factory=dict)
 
+    def recommended(self, tolerance: float = RECALL_TOLERANCE) -> ProbeResult:
+        """The smallest nprobe whose recall@10 is within `tolerance` of the best: past it, probes buy latency only."""
+        best = max(p.recall_at_10 for p in self.probes)
+        return min((p for p in self.probes if p.recall_at_10 >= best - tolerance), key=lambda p: p.nprobe)
+
     def as_dict(self) -> dict[str, Any]:
-        """JSON-ready copy."""
-        return asdict(self)
+        """JSON-ready copy, with the recommended nprobe."""
+        return {**asdict(self), "recommended_nprobe": self.recommended().nprobe}
 
 
 def source_of(gallery: Gallery, npy_override: Path | None = None) -> Source:
@@ -222,4 +231,9 @@ def format_report(report: EvalReport) -> str:
     if report.item_recall_exact:
         pairs = ", ".join(f"{k} {v:.3f}" for k, v in report.item_recall_exact.items())
         lines.append(f"synthetic captions finding their own item, exact search on the sub-gallery: {pairs}")
+    pick = report.recommended()
+    lines.append(
+        f"recommended: NOBACKFILL_INDEX__NPROBE={pick.nprobe} (the smallest nprobe measured whose recall@10, "
+        f"{pick.recall_at_10:.3f}, is within {RECALL_TOLERANCE} of the best; 1-thread p50 {pick.single_p50_ms:.3f} ms)"
+    )
     return "\n".join(lines)

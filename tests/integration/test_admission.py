@@ -6,7 +6,7 @@ import asyncio
 import time
 
 from service import metrics
-from service.settings import ApiSettings, CompatSettings, IndexSettings, Settings
+from service.settings import ApiSettings, CompatSettings, EncoderSettings, IndexSettings, Settings
 from tests.support.app import start_app
 from tests.support.world import World
 
@@ -48,3 +48,42 @@ async def test_shedding_off_serves_however_late(world: World) -> None:
             time.sleep(0.05)
             await asyncio.sleep(0)
         assert (await running.search(queries=[{"text": CAPTION.format(4)}])).status_code == 200
+
+
+async def test_searches_that_would_queue_past_max_queue_ms_are_refused_with_retry_after(world: World) -> None:
+    # One 100 ms call at a time on each encoder: from the second search sent at once, the expected wait is
+    # half a call or more, far over a 10 ms budget.
+    encoder = {"simulated_cost_ms": 100, "max_batch_size": 1, "max_wait_ms": 0}
+    settings = settings_for(world, shed_lag_ms=0).model_copy(
+        update={
+            "api": ApiSettings(shed_lag_ms=0, max_queue_ms=10),
+            "old": EncoderSettings(backend="synthetic-old", **encoder),
+            "new": EncoderSettings(backend="synthetic-new", **encoder),
+        }
+    )
+    async for running in start_app(settings):
+        assert (await running.search(queries=[{"text": CAPTION.format(1)}])).status_code == 200  # measures the cost
+        before = refusals()
+        answers = await asyncio.gather(*(running.search(queries=[{"text": CAPTION.format(i)}]) for i in range(8)))
+        refused = [a for a in answers if a.status_code == 503]
+        assert refused and all(a.status_code == 200 for a in answers if a not in refused), [a.text for a in answers]
+        assert all(a.json()["error"]["code"] == "overloaded" and int(a.headers["retry-after"]) >= 1 for a in refused)
+        # Refused at admission (the expected wait), or admitted and then answered before being encoded (its
+        # queue deadline, 2 x MAX_QUEUE_MS, passed): never encoded and then refused.
+        messages = [a.json()["error"]["message"] for a in refused]
+        assert any("NOBACKFILL_API__MAX_QUEUE_MS" in m for m in messages), messages
+        assert all("NOBACKFILL_API__MAX_QUEUE_MS" in m or "queue deadline" in m for m in messages), messages
+        after = refusals()
+        assert after["queue_time"] > before["queue_time"]
+        # One count per search refused at admission, per encoder call refused at its deadline (a search has two).
+        assert len(refused) <= sum(after.values()) - sum(before.values()) <= 2 * len(refused)
+        assert running.pipeline.new.expected_wait_s(1) == 0.0  # drained: the next one is admitted
+        assert (await running.search(queries=[{"text": CAPTION.format(9)}])).status_code == 200
+
+
+def refusals() -> dict[str, float]:
+    """nobackfill_admission_refusals_total by reason, now."""
+    return {
+        reason: metrics.REGISTRY.get_sample_value("nobackfill_admission_refusals_total", {"reason": reason}) or 0.0
+        for reason in metrics.ADMISSION_REASONS
+    }

@@ -225,3 +225,32 @@ def test_version_prints_the_package_version() -> None:
 
     done = nobackfill("--version")
     assert done.returncode == 0 and done.stdout.strip() == f"nobackfill {service.__version__}"
+
+
+@pytest.mark.parametrize(
+    ("args", "said"),
+    [
+        (
+            ("fit", "--suport", "x"),
+            "error: No such option: --suport (Possible options: --out, --support) (see `nobackfill fit --help`)",
+        ),
+        (("encode",), "error: Missing option '--backend'. (see `nobackfill encode --help`)"),
+        (("gallery", "build", "--size", "abc"), "error: Invalid value for '--size': "),
+        (("nosuch",), "error: No such command 'nosuch'. (see `nobackfill --help`)"),
+    ],
+)
+def test_a_usage_error_is_one_error_line_like_ours(args: tuple[str, ...], said: str) -> None:
+    done = nobackfill(*args)
+    assert done.returncode == 2 and done.stdout == ""
+    assert done.stderr.count("\n") == 1 and done.stderr.startswith(said), done.stderr
+
+
+def test_positional_arguments_read_as_words_in_the_usage_line() -> None:
+    usage = next(line for line in nobackfill("eval", "--help").stdout.splitlines() if "Usage:" in line)
+    assert "PROFILE_DIR" in usage and "TEST_DIR" in usage and "profile_dir" not in usage
+
+
+def test_fit_help_groups_its_options_in_panels() -> None:
+    shown = nobackfill("fit", "--help").stdout
+    for panel in ("Data", "Heads", "Choosing alpha", "Adapter training"):
+        assert f"─ {panel} ─" in shown, shown

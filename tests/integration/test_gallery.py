@@ -530,6 +530,14 @@ def test_eval_reports_recall_and_latency_per_nprobe(built: Path) -> None:
     assert "recall" in text and "p50" in text, done.stdout
     for nprobe in ("1", "8"):
         assert nprobe in done.stdout
+    report = json.loads(
+        ok("gallery", "eval", built, "--queries", 50, "--nprobe", "1,8", "--sample", 2000, "--json").stdout
+    )
+    by_nprobe = {p["nprobe"]: p["recall_at_10"] for p in report["probes"]}
+    best = max(by_nprobe.values())
+    wanted = min(n for n, recall in by_nprobe.items() if recall >= best - 0.01)
+    assert report["recommended_nprobe"] == wanted
+    assert f"recommended: NOBACKFILL_INDEX__NPROBE={wanted} " in done.stdout  # recall is seeded: the same twice
 
 
 def test_eval_works_on_an_npy_gallery(npy_gallery: Path) -> None:

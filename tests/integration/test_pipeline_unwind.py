@@ -22,7 +22,7 @@ from pydantic import ValidationError
 from service import metrics
 from service.api.app import create_app
 from service.cpu_limit import usable_cpus
-from service.errors import ArtifactError, InputError, NobackfillError
+from service.errors import ArtifactError, InputError, NobackfillError, SettingsError
 from service.pipeline import Pipeline, Query
 from service.query.search import search_pool_size
 from service.settings import (
@@ -139,6 +139,44 @@ async def test_a_redis_store_without_a_url_refused_late_unwinds_every_part(world
     assert "\n" not in refused.value.message and "NOBACKFILL_TRAFFIC__REDIS_URL" in refused.value.message
     assert children_left(before) == set()
     assert part_threads() == [] and part_tasks() == []
+
+
+async def test_an_nprobe_setting_over_the_nlist_is_refused_as_a_request_would_be(world: World) -> None:
+    settings = settings_for(world, isolation="thread")
+    settings.index.nprobe = 100_000  # set, not defaulted: a request asking for it gets 400
+    with pytest.raises(SettingsError) as refused:
+        await Pipeline.build(settings)
+    message = refused.value.message
+    assert message.startswith("NOBACKFILL_INDEX__NPROBE=100000 is over the gallery's nlist "), message
+    assert part_threads() == [] and part_tasks() == []
+
+
+async def test_the_unset_nprobe_default_is_capped_at_a_small_gallerys_nlist(world: World) -> None:
+    settings = settings_for(world, isolation="thread")
+    settings.index = IndexSettings(gallery_dir=world.gallery_dir)  # nprobe left at its default
+    pipeline = await Pipeline.build(settings)
+    try:
+        nlist = pipeline.gallery.max_nprobe
+        assert nlist is not None
+        assert pipeline.default_nprobe() == min(settings.index.nprobe, nlist)
+    finally:
+        await pipeline.aclose()
+
+
+async def test_every_missing_folder_is_named_at_once_before_a_model_loads(tmp_path: Path) -> None:
+    settings = Settings(
+        index=IndexSettings(gallery_dir=tmp_path / "no-gallery"),
+        compat=CompatSettings(profile_dir=tmp_path / "no-profile"),
+    )
+    before = encoder_children()
+    with pytest.raises(ArtifactError) as refused:
+        await Pipeline.build(settings)
+    message = refused.value.message
+    assert "\n" not in message
+    assert f"NOBACKFILL_INDEX__GALLERY_DIR={tmp_path / 'no-gallery'}: no such folder" in message
+    assert f"NOBACKFILL_COMPAT__PROFILE_DIR={tmp_path / 'no-profile'}: no such folder" in message
+    assert "make demo" in message and "artifacts/demo/" in message
+    assert children_left(before) == set() and part_threads() == []
 
 
 async def test_the_app_refuses_a_late_failure_in_one_line(world: World, tmp_path: Path) -> None:

@@ -10,6 +10,7 @@ import socket
 import subprocess
 import sys
 import uuid
+from pathlib import Path
 
 import psutil
 import pytest
@@ -66,3 +67,21 @@ def test_serve_with_a_bad_setting_exits_2_in_one_line_and_starts_nothing(env: di
     assert _marked(marker) == []  # no uvicorn worker, no encoder child outlives the refusal
     with socket.socket() as probe:
         assert probe.connect_ex(("127.0.0.1", port)) != 0  # nothing listens on its port
+
+
+def test_serve_with_nothing_configured_names_the_variables_and_the_demo(tmp_path: Path) -> None:
+    inherited = {k: v for k, v in os.environ.items() if not ("__" in k and k.upper().startswith("NOBACKFILL_"))}
+    done = subprocess.run(
+        [sys.executable, "-m", "service.cli", "serve"],
+        env={**inherited, "NOBACKFILL_API__PORT": str(free_port())},
+        cwd=tmp_path,  # a fresh folder: the default artifacts/gallery and artifacts/profile are not there
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 2, done.stderr
+    lines = done.stderr.splitlines()
+    assert len(lines) == 1, done.stderr
+    assert "NOBACKFILL_INDEX__GALLERY_DIR=artifacts/gallery: no such folder" in lines[0]
+    assert "NOBACKFILL_COMPAT__PROFILE_DIR=artifacts/profile: no such folder" in lines[0]
+    assert "make demo" in lines[0] and "make serve" in lines[0]

@@ -37,6 +37,9 @@ def test_redis_killed_and_restarted_under_locust_fails_nothing(results: dict[str
 def test_redis_paused_under_load_fails_nothing(results: dict[str, dict[str, Any]]) -> None:
     run = results["redis-pause"]
     assert run["paused_requests"] > 0 and run["failed"] == 0, run
+    # Searches shed by admission when this box's cores are taken (503 + Retry-After) are not Redis faults;
+    # most of those sent while Redis was frozen must still be answered.
+    assert run["paused_answered"] >= run["paused_requests"] / 2, run
 
 
 def test_a_burst_is_refused_with_retry_after_and_recovers(results: dict[str, dict[str, Any]]) -> None:
@@ -50,10 +53,16 @@ def test_encoder_faults_fail_only_the_affected_requests(results: dict[str, dict[
     by_input = results["encoder-faults"]["by_input"]
     for tag in ("raise", "nan"):
         assert set(by_input[tag]["answers"]) <= {"500 encoder_failed"}, by_input
-    assert set(by_input["hang"]["answers"]) <= {"504 encoder_timeout"}, by_input
-    # A clean input can only share a hung call's batch (and its timeout); nothing else fails it.
-    assert set(by_input["clean"]["answers"]) <= {"200", "504 encoder_timeout"}, by_input
+    # A hanging input times out alone, or is refused at once when it hung lately (the hot set repeats).
+    assert set(by_input["hang"]["answers"]) <= {"504 encoder_timeout", "422 poison_input"}, by_input
+    # A clean input is re-run without a hung batch-mate; it can still wait in vain while every replica is
+    # stuck (refused or timed out), never fail otherwise.
+    assert set(by_input["clean"]["answers"]) <= {"200", "503 overloaded", "504 encoder_timeout"}, by_input
     assert by_input["clean"]["answers"].get("200", 0) > 0
+    # A probe hangs alone, then it and every input that hung are sent again: each refused at once.
+    assert by_input["hang_probe"]["answers"] == {"504 encoder_timeout": 1}, by_input
+    repeated = by_input["hang_repeated"]
+    assert repeated["answers"] == {"422 poison_input": repeated["requests"]}, by_input
 
 
 def test_sigterm_answers_every_accepted_request(results: dict[str, dict[str, Any]]) -> None:

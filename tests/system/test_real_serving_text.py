@@ -184,3 +184,19 @@ def test_a_missing_model_folder_is_refused_in_one_line(upgrade: TextUpgrade, tmp
     line = next(line for line in done.stderr.splitlines() if "refusing to start" in line)
     assert done.returncode != 0
     assert f"NOBACKFILL_OLD__PATH={tmp_path / 'nowhere'}" in line and "does not exist" in line
+
+
+def test_the_curl_demo_real_prints_works_when_pasted_into_a_shell(served: str, upgrade: TextUpgrade) -> None:
+    from service.commands.real_demo import RealDeployment, curl_example
+
+    host, port = served.removeprefix("http://").split(":")
+    pasted = curl_example(RealDeployment(upgrade.corpus.parent), host, int(port))
+    # A newcomer's shell after `make install`: the virtualenv's bin folder is not on PATH.
+    shell_path = ":".join(p for p in os.environ["PATH"].split(":") if not Path(p, "nobackfill").exists())
+    repo = Path(__file__).resolve().parents[2]
+    done = subprocess.run(
+        ["bash", "-c", pasted], cwd=repo, env={**os.environ, "PATH": shell_path}, capture_output=True, text=True
+    )
+    assert done.returncode == 0, f"{pasted}\n{done.stderr}"
+    assert pasted.rstrip().split("| ")[-1].startswith((".venv/bin/nobackfill ", "/"))
+    assert done.stdout.count("\n") >= 5, done.stdout  # the texts of the 5 hits

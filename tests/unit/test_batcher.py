@@ -17,7 +17,8 @@ import pytest
 from service import metrics
 from service.encoders.base import Embeddings, Modality
 from service.encoders.batcher import MicroBatcher
-from service.errors import EncoderFailed, NotReady
+from service.encoders.ticket import Ticket, admitted
+from service.errors import EncoderFailed, EncoderTimeout, NotReady, Overloaded, PoisonInput
 
 DIM = 8
 
@@ -405,3 +406,126 @@ async def test_stop_without_drain_fails_running_and_pending_calls_on_every_repli
     outcomes = await asyncio.gather(*calls, return_exceptions=True)
     assert all(isinstance(o, NotReady) for o in outcomes), outcomes
     assert batcher.problem() == "stopped"
+
+
+# -- bounded waits: the split of a failed batch, the poison memory, the queue deadline ------------
+
+
+class HangingEncoder(FakeEncoder):
+    """A FakeEncoder on which any batch holding 'hang' sleeps hang_s first (a stuck model call)."""
+
+    def __init__(self, hang_s: float) -> None:
+        super().__init__()
+        self.hang_s = hang_s
+
+    def encode(self, batch: list[str], modality: Modality = "text") -> Embeddings:
+        self.calls.append((modality, list(batch)))
+        if "hang" in batch:
+            time.sleep(self.hang_s)
+        return np.stack([expected(item, modality) for item in batch])
+
+
+def sample(name: str, labels: dict[str, str]) -> float:
+    return metrics.REGISTRY.get_sample_value(name, labels) or 0.0
+
+
+async def test_a_hung_batch_costs_only_the_input_that_hangs_alone_and_a_retry_is_refused_at_once() -> None:
+    # Two copies of one model (shared call log); a batch holding 'hang' outlives the timeout.
+    encoder = HangingEncoder(hang_s=0.4)  # back before the split calls expire (2 x timeout_s)
+    batcher = MicroBatcher([encoder, encoder], 32, 20.0, name="split-test", timeout_s=0.2, poison_ttl_s=60)
+    refusals = sample("nobackfill_poison_refusals_total", {"encoder": "split-test"})
+    await batcher.start()
+    try:
+        clean, bad = batcher.submit(["a"]), batcher.submit(["hang"])  # queued together: one batch
+        outcomes = await asyncio.gather(clean, bad, return_exceptions=True)
+        with pytest.raises(PoisonInput):  # refused before it is queued: no replica is stuck again
+            batcher.submit(["hang"])
+        with pytest.raises(PoisonInput):  # inside another call too
+            batcher.submit(["b", "hang"])
+        assert (await batcher.encode(["b"])).shape == (1, DIM)  # its batch-mates are not refused
+    finally:
+        await batcher.stop()
+    np.testing.assert_array_equal(outcomes[0], expected("a", "text")[None])
+    assert isinstance(outcomes[1], EncoderTimeout)
+    batches = [items for _, items in encoder.calls]
+    assert batches[0] == ["a", "hang"] and sorted(batches[1:3]) == [["a"], ["hang"]] and batches[3:] == [["b"]]
+    assert sample("nobackfill_poison_refusals_total", {"encoder": "split-test"}) == refusals + 2
+    assert sample("nobackfill_encoder_splits_total", {"encoder": "split-test", "cause": "timeout"}) >= 1
+
+
+class BlockingEncoder(FakeEncoder):
+    """A FakeEncoder on which a batch holding 'hang' blocks until the test releases it (a hung model call)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.release = threading.Event()
+
+    def encode(self, batch: list[str], modality: Modality = "text") -> Embeddings:
+        self.threads.add(threading.current_thread().name)
+        if "hang" in batch:
+            self.release.wait(10)
+        return np.stack([expected(item, modality) for item in batch])
+
+
+@pytest.mark.parametrize("stuck_threads", [1, 0])
+async def test_a_hung_call_keeps_its_thread_while_a_fresh_one_serves_the_replica(stuck_threads: int) -> None:
+    # One replica: without a fresh thread, nothing is answered until the hung call returns.
+    encoder = BlockingEncoder()
+    batcher = MicroBatcher(encoder, 32, 1.0, name="thread-test", timeout_s=0.1, stuck_threads=stuck_threads)
+    await batcher.start()
+    try:
+        with pytest.raises(EncoderTimeout):
+            await batcher.encode(["hang"])
+        clean = asyncio.ensure_future(batcher.encode(["a"]))
+        done, _ = await asyncio.wait([clean], timeout=2.0)  # the hung call is still held, whatever happens
+        answered_while_hung = clean in done and clean.exception() is None
+        problem = batcher.problem()
+    finally:
+        encoder.release.set()
+        await asyncio.gather(clean, return_exceptions=True)
+        await batcher.stop()
+    if stuck_threads:
+        assert answered_while_hung and problem is None  # the replica kept serving
+    else:
+        assert not answered_while_hung and problem is not None and "stuck" in problem
+
+
+async def test_a_call_queued_past_its_deadline_is_refused_before_it_is_encoded() -> None:
+    encoder = FakeEncoder(gated=True)
+    batcher = await started(encoder)
+    before = sample("nobackfill_admission_refusals_total", {"reason": "deadline"})
+    try:
+        first = asyncio.create_task(batcher.encode(["first"]))
+        await wait_entered(encoder)  # the only replica is busy: what comes now queues
+        with admitted(Ticket(time.perf_counter() + 0.01)):
+            late = batcher.submit(["late"])
+        with admitted(Ticket(time.perf_counter() + 60)):
+            kept = batcher.submit(["kept"])
+        await asyncio.sleep(0.05)  # past the first deadline, well before the second
+        encoder.gate.set()
+        outcomes = await asyncio.gather(first, late, kept, return_exceptions=True)
+    finally:
+        await batcher.stop()
+    assert isinstance(outcomes[1], Overloaded) and outcomes[1].retry_after_s >= 1
+    assert outcomes[2].shape == (1, DIM)  # type: ignore[union-attr]
+    assert [items for _, items in encoder.calls] == [["first"], ["kept"]]  # "late" never reached the model
+    assert sample("nobackfill_admission_refusals_total", {"reason": "deadline"}) == before + 1
+
+
+async def test_the_expected_wait_counts_the_batches_ahead_at_the_measured_cost() -> None:
+    encoder = FakeEncoder(gated=True)
+    batcher = await started(encoder, max_batch_size=4)
+    for _ in range(50):  # a cost of 10 ms + 5 ms per item
+        batcher.rate.observe(1, 0.015)
+        batcher.rate.observe(4, 0.030)
+    try:
+        assert batcher.expected_wait_s(1) == 0.0  # an idle replica takes it at once
+        first = asyncio.create_task(batcher.encode(["first"]))
+        await wait_entered(encoder)
+        queued = [batcher.submit([f"q{i}"]) for i in range(8)]
+        # 8 queued + 1: two full batches before its own, behind half a running one, on one replica.
+        assert batcher.expected_wait_s(1) == pytest.approx(2.5 * 0.030)
+        encoder.gate.set()
+        await asyncio.gather(first, *queued)
+    finally:
+        await batcher.stop()

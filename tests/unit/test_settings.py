@@ -115,6 +115,27 @@ def test_an_external_encoder_without_dim_is_refused(monkeypatch: pytest.MonkeyPa
     assert getattr(Settings(), role).dim == 10
 
 
+@pytest.mark.parametrize(("role", "backend"), [("old", "sentence-transformers"), ("new", "clip")])
+def test_a_model_folder_backend_without_a_path_names_the_path_variable(
+    monkeypatch: pytest.MonkeyPatch, role: str, backend: str
+) -> None:
+    prefix = f"NOBACKFILL_{role.upper()}__"
+    message = refusal(monkeypatch, **{prefix + "BACKEND": backend})
+    assert f"{prefix}BACKEND={backend} needs {prefix}PATH (its local model folder)" in message
+    monkeypatch.setenv(prefix + "PATH", "/models/mine")
+    assert getattr(Settings(), role).path == "/models/mine"
+
+
+def test_a_setting_of_the_wrong_type_is_one_line_naming_variable_value_and_type(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    message = refusal(monkeypatch, NOBACKFILL_INDEX__NPROBE="abc")
+    assert message == (
+        "invalid settings: NOBACKFILL_INDEX__NPROBE (index.nprobe)='abc': input should be a valid integer, "
+        "unable to parse string as an integer"
+    )
+
+
 def test_more_queries_per_request_than_may_be_in_flight_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
     message = refusal(monkeypatch, NOBACKFILL_API__MAX_IN_FLIGHT="8")
     assert "NOBACKFILL_API__MAX_QUERIES=64 is over NOBACKFILL_API__MAX_IN_FLIGHT=8" in message
