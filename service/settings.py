@@ -236,6 +236,11 @@ class ApiSettings(Section):
     # The operator page at /ui (api/ui/: old and new answers side by side, the profile, health).  Off by
     # default: a search service exposes no browser page unless asked to; with api_key set it asks for it.
     ui: bool = False
+    # What the page's profile view shows beside the fit report: a saved `eval ... --json-out` of the
+    # served profile, and a saved `profile compare ... --json-out` whose current profile is the served
+    # one (compat/saved.py).  A file that is not one, or scores another profile, is refused at startup.
+    ui_eval: Path | None = None
+    ui_compare: Path | None = None
 
 
 class TrafficSettings(Section):

@@ -138,6 +138,8 @@ async def _start(app: FastAPI, settings: Settings, loop_lag: LoopLag, running: c
         await pipeline.aclose()
 
     running.push_async_callback(close_pipeline)
+    if settings.api.ui:  # the saved results the page shows must score the served profile: refused here if not
+        app.state.ui_saved = ui.load_saved(settings.api, pipeline)
     app.state.pipeline = pipeline
     if settings.api.metrics_port is not None:
         metrics_server = MetricsServer(settings.api.host, settings.api.metrics_port)

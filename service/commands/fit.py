@@ -436,6 +436,9 @@ def evaluate(
         None, help="Modality whose weights to use (default: the profile's only fitted modality)."
     ),
     as_json: bool = typer.Option(False, "--json", help="Print only a JSON list of rows (every figure and interval)."),
+    json_out: Path | None = typer.Option(
+        None, "--json-out", help="Also write the rows with the profile's id as JSON here (NOBACKFILL_API__UI_EVAL)."
+    ),
     strict: bool = typer.Option(False, help="Refuse all-zero rows instead of dropping their pairs."),
     judge: str = typer.Option(
         "recall@10", "--judge", help="Metric `compatible` is judged on: recall@1, recall@5, recall@10, mrr@10, ndcg@10."
@@ -474,6 +477,10 @@ def evaluate(
     few = few_queries_line(len(split.old_query), str(test_dir))
     if few is not None:
         _warn(few)
+    if json_out is not None:
+        from service.compat.saved import eval_document, write_document
+
+        write_document(json_out, eval_document(profile, test_dir, modality, judge, rows))
     if as_json:
         typer.echo(json.dumps(rows))
         return

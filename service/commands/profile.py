@@ -143,6 +143,9 @@ def profile_compare(
     ),
     query_modality: str | None = typer.Option(None, help="Modality to score (default: the current profile's one)."),
     as_json: bool = typer.Option(False, "--json", help="Print the comparison as one JSON object."),
+    json_out: Path | None = typer.Option(
+        None, "--json-out", help="Also write it with both profiles' ids as JSON here (NOBACKFILL_API__UI_COMPARE)."
+    ),
     strict: bool = typer.Option(False, help="Refuse all-zero rows instead of dropping their pairs."),
     max_nfr: float = typer.Option(
         0.03, "--max-nfr", min=0.0, max=1.0, help="Share of the queries the current profile answers that may break."
@@ -167,6 +170,10 @@ def profile_compare(
     result = compare(cur, cand, test, traffic=pairs, modality=query_modality, max_nfr=max_nfr, judge=judge)
     if result["warning"]:
         typer.echo(f"warning: {result['warning']}", err=True)
+    if json_out is not None:
+        from service.compat.saved import compare_document, write_document
+
+        write_document(json_out, compare_document(result, cur, cand))
     if as_json:
         typer.echo(json.dumps(result, indent=2))
     else:

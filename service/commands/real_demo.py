@@ -9,8 +9,12 @@ run goes straight to serving:
     realworld corpus   artifacts/real/corpus/{support,test}.jsonl, gallery.{txt,jsonl}, gallery_ids.npy
     support build      artifacts/real/support and artifacts/real/test (both models, models.json)
     encode             artifacts/real/gallery-old.npy (+ .json): the gallery through the OLD model only
-    gallery build      artifacts/real/gallery (IVF-PQ of the old embeddings, ids = corpus ids)
-    fit / eval         artifacts/real/profile; the eval table on the test pairs
+    realworld items    artifacts/real/items: id -> text of every gallery item (the operator page shows them)
+    gallery build      artifacts/real/gallery (IVF-PQ of the old embeddings, ids = corpus ids, the items' identity)
+    fit / eval         artifacts/real/profile; the eval table on the test pairs, saved as artifacts/real/eval.json
+
+A folder prepared before the item store existed keeps its gallery (which then records no item store:
+the service only checks the count) and gets the store and the saved eval added.
 """
 
 from __future__ import annotations
@@ -69,12 +73,22 @@ class RealDeployment:
         """The fitted compat profile."""
         return self.root / "profile"
 
+    @property
+    def items(self) -> Path:
+        """The gallery's item store (id -> text)."""
+        return self.root / "items"
+
+    @property
+    def saved_eval(self) -> Path:
+        """The profile's eval on the test pairs, as `eval --json-out` saves it (the operator page's table)."""
+        return self.root / "eval.json"
+
     def settings(self) -> Settings:
         """The service settings that serve this upgrade (what the printed environment variables say)."""
         return Settings(
             old=EncoderSettings(backend=BACKEND, path=str(self.old_model)),
             new=EncoderSettings(backend=BACKEND, path=str(self.new_model)),
-            index=IndexSettings(gallery_dir=self.gallery, nprobe=NPROBE),
+            index=IndexSettings(gallery_dir=self.gallery, nprobe=NPROBE, item_store=self.items),
             compat=CompatSettings(profile_dir=self.profile),
         )
 
@@ -85,7 +99,9 @@ class RealDeployment:
                 f"export NOBACKFILL_OLD__BACKEND={BACKEND} NOBACKFILL_OLD__PATH={self.old_model}",
                 f"export NOBACKFILL_NEW__BACKEND={BACKEND} NOBACKFILL_NEW__PATH={self.new_model}",
                 f"export NOBACKFILL_INDEX__GALLERY_DIR={self.gallery} NOBACKFILL_INDEX__NPROBE={NPROBE}",
+                f"export NOBACKFILL_INDEX__ITEM_STORE={self.items}",
                 f"export NOBACKFILL_COMPAT__PROFILE_DIR={self.profile}",
+                f"export NOBACKFILL_API__UI=true NOBACKFILL_API__UI_EVAL={self.saved_eval}",
             ]
         )
 
@@ -113,12 +129,16 @@ def prepare(real: RealDeployment, run: Run) -> None:
     if not embeddings.with_suffix(".json").exists():
         run("encode", "--backend", BACKEND, "--path", real.old_model, "--input", real.corpus / "gallery.txt",
             "--out", embeddings, "--force")  # fmt: skip
+    if not (real.items / "items.json").exists():
+        run("realworld", "items", "--corpus", real.corpus, "--out", real.items, "--force")
     if not (real.gallery / "gallery.json").exists():
         run("gallery", "build", "--from-npy", embeddings, "--ids", real.corpus / "gallery_ids.npy",
-            "--out", real.gallery, "--force")  # fmt: skip
-    if not (real.profile / "profile.json").exists():
+            "--items", real.items, "--out", real.gallery, "--force")  # fmt: skip
+    fitted = not (real.profile / "profile.json").exists()
+    if fitted:
         run("fit", real.root / "support", "--out", real.profile, "--force")
-        run("eval", real.profile, real.root / "test")
+    if fitted or not real.saved_eval.exists():
+        run("eval", real.profile, real.root / "test", "--json-out", real.saved_eval)
 
 
 def example_query(real: RealDeployment) -> str:

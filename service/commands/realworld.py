@@ -3,6 +3,7 @@
     realworld corpus --out DIR    docstring pairs of the installed dependencies -> support / test / gallery files
     realworld models --out DIR    DIR/all-MiniLM-L6-v2 (new, 384-d) and DIR/minilm-static-256 (old, distilled)
     realworld texts --corpus DIR  a /v1/search answer (stdin) -> the texts of its hits (the API gives ids)
+    realworld items --corpus DIR --out ITEMS   the gallery's item store (id -> text), for the operator page
 
 Then, with the other commands: `encode` the gallery with the old model, `support build` from
 support.jsonl, `fit`, `gallery build --from-npy ... --ids gallery_ids.npy`, `eval` on test.jsonl.
@@ -82,6 +83,31 @@ def models(
     typer.echo(f"models ready in {time.perf_counter() - started:.0f} s:")
     typer.echo(f"  old  {built.old}  dim {embedding_dim(built.old)}")
     typer.echo(f"  new  {built.new}  dim {embedding_dim(built.new)}")
+
+
+@app.command("items")
+def items(
+    corpus: Path = typer.Option(..., "--corpus", help="The corpus folder the gallery was built from."),
+    out: Path = typer.Option(..., "--out", help="Item store folder to write (NOBACKFILL_INDEX__ITEM_STORE)."),
+    force: bool = typer.Option(False, "--force", help="Replace an item store written earlier."),
+) -> None:
+    """The item store of the corpus's gallery: each gallery id -> its text, keyed as `gallery build --ids` keys it."""
+    import numpy as np
+
+    from service.errors import InputError
+    from service.items.store import write_item_store
+    from service.realdata.layout import GALLERY_IDS, GALLERY_JSONL, read_jsonl
+    from service.vocabulary import Modality
+
+    rows = read_jsonl(corpus / GALLERY_JSONL)
+    ids = np.load(corpus / GALLERY_IDS)
+    # The gallery's rows are gallery_ids.npy's ids: a store keyed otherwise would show other items' texts.
+    if [int(r["id"]) for r in rows] != ids.tolist():
+        raise InputError(f"{corpus}: {GALLERY_JSONL} and {GALLERY_IDS} list other ids; rebuild the corpus")
+    meta = write_item_store(
+        out, ((int(r["id"]), str(r["text"])) for r in rows), Modality.text, str(corpus / GALLERY_JSONL), force=force
+    )
+    typer.echo(f"wrote item store {out}: {meta['count']:,} gallery texts of {corpus}")
 
 
 @app.command("texts")

@@ -23,6 +23,10 @@ MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"
 DEMO_DIR = Path("artifacts/demo")
 DEMO_GALLERY_SIZE = 50_000
 DEMO_SUPPORT_SIZE = 10_000
+# The eval the operator page shows: captions of 500 of the first 5,000 items, ~10 s once (a test split's
+# targets are its own, not the gallery: more of them would only cost time).
+DEMO_TEST_SIZE = 500
+DEMO_TEST_TARGETS = 5_000
 
 CURL_EXAMPLE = """\
 curl -s http://{host}:{port}/v1/search -H 'content-type: application/json' \\
@@ -114,12 +118,14 @@ def demo(
         _cli("gallery", "build", "--size", str(gallery_size), "--out", str(gallery_dir), "--force")
     else:
         _found("gallery", gallery_dir)
-    if not (profile_dir / "profile.json").exists():
+    fitted = not (profile_dir / "profile.json").exists()
+    if fitted:
         if not (support_dir / "old_query.npy").exists():
             _cli("synth", "support", "--n", str(DEMO_SUPPORT_SIZE), "--out", str(support_dir))
         _cli("fit", str(support_dir), "--out", str(profile_dir), "--force")
     else:
         _found("profile", profile_dir)
+    saved_eval = _demo_eval(profile_dir, again=fitted)
     items_dir = DEMO_DIR / "items"
     if not (items_dir / "items.json").exists():  # the operator page shows the items' texts from it
         ntotal = json.loads((gallery_dir / "gallery.json").read_text())["ntotal"]
@@ -133,7 +139,8 @@ def demo(
         Settings(
             index=IndexSettings(gallery_dir=gallery_dir, item_store=items_dir),
             compat=CompatSettings(profile_dir=profile_dir),
-        )
+        ),
+        ui_eval=saved_eval,
     )
     cache = settings.cache.redis_url or "in-process LRU (set NOBACKFILL_CACHE__REDIS_URL for Redis)"
     typer.echo(f"serving on http://127.0.0.1:{port} (cache: {cache}); try:")
@@ -147,9 +154,23 @@ def _found(what: str, folder: Path) -> None:
     typer.echo(f"found the demo's {what} in {folder} (delete it to rebuild)")
 
 
-def _with_ui(settings: Settings) -> Settings:
+def _demo_eval(profile_dir: Path, again: bool) -> Path:
+    """The demo profile's eval on a synthetic test split, saved for the operator page (again after a new fit)."""
+    test_dir, saved = DEMO_DIR / "test", DEMO_DIR / "eval.json"
+    if again or not saved.exists():
+        if not (test_dir / "old_query.npy").exists():
+            _cli("synth", "test", "--n", str(DEMO_TEST_SIZE), "--gallery-size", str(DEMO_TEST_TARGETS),
+                 "--out", str(test_dir), "--force")  # fmt: skip
+        _cli("eval", str(profile_dir), str(test_dir), "--json-out", str(saved))
+    else:
+        _found("saved eval", saved)
+    return saved
+
+
+def _with_ui(settings: Settings, ui_eval: Path | None = None) -> Settings:
     """The same settings with the operator page on (the demos always show it; `serve` only with NOBACKFILL_API__UI)."""
-    return settings.model_copy(update={"api": settings.api.model_copy(update={"ui": True})})
+    given = {"ui_eval": ui_eval} if ui_eval is not None else {}  # else NOBACKFILL_API__UI_EVAL's, if any
+    return settings.model_copy(update={"api": settings.api.model_copy(update={"ui": True, **given})})
 
 
 def _real_demo(port: int, prepare_only: bool) -> None:
@@ -165,4 +186,4 @@ def _real_demo(port: int, prepare_only: bool) -> None:
     typer.echo("ask it a real question (the texts of the hits come from the corpus):")
     typer.echo(curl_example(deployment, "127.0.0.1", port))
     typer.echo(UI_LINE.format(host="127.0.0.1", port=port))
-    _run(_with_ui(deployment.settings()), "127.0.0.1", port, 1)
+    _run(_with_ui(deployment.settings(), deployment.saved_eval), "127.0.0.1", port, 1)

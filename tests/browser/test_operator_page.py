@@ -50,6 +50,8 @@ def base(operator_world: OperatorWorld) -> Iterator[str]:
         "NOBACKFILL_API__API_KEY": API_KEY,
         "NOBACKFILL_INDEX__ITEM_STORE": str(operator_world.items),
         "NOBACKFILL_INDEX__SEGMENT_DIR": str(operator_world.segment),
+        "NOBACKFILL_API__UI_EVAL": str(operator_world.eval),
+        "NOBACKFILL_API__UI_COMPARE": str(operator_world.compare),
         # Hybrid re-ranks through the item store by default and writes what it encodes into the segment;
         # off here, so the segment stays as the backfill left it and the health panel can match /v1/info.
         "NOBACKFILL_CASCADE__IN_HYBRID": "false",
@@ -238,7 +240,9 @@ def test_the_health_panel_matches_v1_info(tab: Tab, base: str, info: dict[str, A
     assert tab.errors == []
 
 
-def test_the_profile_view_draws_each_fitted_curve(tab: Tab, info: dict[str, Any], world: World) -> None:
+def test_the_profile_view_draws_each_fitted_curve_and_the_saved_results(
+    tab: Tab, info: dict[str, Any], world: World, operator_world: OperatorWorld
+) -> None:
     profile = json.loads((world.profile_dir / "profile.json").read_text())
     report = profile["fit_report"]
     tab.page.click(".tab[data-view='profile']")
@@ -247,7 +251,14 @@ def test_the_profile_view_draws_each_fitted_curve(tab: Tab, info: dict[str, Any]
     assert tab.page.inner_text("[data-field='gallery.fingerprint']") == info["gallery"]["fingerprint"]
     points = sum(len(rows) for rows in report["support_recall"].values())
     assert len(tab.page.query_selector_all("svg.curve circle")) == points
-    assert "No candidate profile" in tab.page.inner_text("#profile-compare")
+    saved = json.loads(operator_world.eval.read_text())
+    shown = tab.page.eval_on_selector_all(
+        "#profile-eval table.eval tbody tr", "rows => rows.map(r => [...r.cells].map(c => c.textContent))"
+    )
+    assert [row[0] for row in shown] == [row["method"] for row in saved["rows"]]
+    slerp = next(row for row in saved["rows"] if row["method"] == "slerp")
+    assert next(row for row in shown if row[0] == "slerp")[2:5] == [f"{slerp[f'recall@{k}']:.4f}" for k in (1, 5, 10)]
+    assert tab.page.inner_text("#profile-compare .verdict strong") == "PASS"  # the profile against itself
     tab.page.screenshot(path=str(ARTEFACTS / "profile.png"), full_page=True)
     assert tab.errors == []
 

@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 
 from service.compat import selection
+from service.compat.profile import load_profile
 from tests.support.upgrade_standin import make_world, write_split
 
 CLI = [str(Path(sys.executable).with_name("nobackfill"))]
@@ -52,9 +53,12 @@ def test_fit_writes_profile_and_plot(world: dict[str, Path]) -> None:
 
 def test_eval_json_slerp_beats_aligned_and_old(world: dict[str, Path]) -> None:
     args = (world["profile"], world["test"], "--json")
-    done = nobackfill("eval", *args)
+    done = nobackfill("eval", *args, "--json-out", world["root"] / "eval.json")
     assert done.returncode == 0, done.stderr
     rows = json.loads(done.stdout)
+    saved = json.loads((world["root"] / "eval.json").read_text())  # what the operator page shows (api.ui_eval)
+    assert saved["kind"] == "nobackfill-eval" and saved["rows"] == rows and saved["test"] == str(world["test"])
+    assert saved["profile_id"] == load_profile(world["profile"]).profile_id
     assert [r["method"] for r in rows] == ["old", "new", "aligned", "midpoint", "slerp", "nlerp", "adaptive", "oracle"]
     assert all(set(r) == EVAL_KEYS for r in rows)
     by = {r["method"]: r for r in rows}

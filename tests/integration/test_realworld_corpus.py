@@ -6,12 +6,14 @@ The extraction and cleaning in process: tests/unit/test_realdata.py.
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import numpy as np
 
+from service.items.store import ItemStore
 from service.realdata import layout
-from tests.support.cli import run_cli
+from tests.support.cli import cli, run_cli
 
 
 def _read(folder: Path) -> dict[str, object]:
@@ -68,6 +70,17 @@ def test_corpus_cli_writes_a_consistent_folder(tmp_path: Path) -> None:
     refused = run_cli("realworld", "texts", "--corpus", out, "--input", answer, check=False)
     assert refused.returncode == 2 and "not_ready" in refused.stderr
     answer.unlink()
+
+    # `realworld items`: the item store of the gallery, keyed by the ids `gallery build --ids` gives its rows.
+    done = cli("realworld", "items", "--corpus", out, "--out", tmp_path / "items")
+    assert done.returncode == 0, done.stderr
+    store = ItemStore.open(tmp_path / "items")
+    assert store.count == len(gallery) and store.modality == "text"
+    assert store.get_many(files["ids"]) == [r["text"] for r in gallery]
+    assert store.get_many([first["target_id"]]) == [first["target"]]
+    store.close()
+    assert cli("realworld", "items", "--corpus", out, "--out", tmp_path / "items").returncode == 2  # no --force
+    shutil.rmtree(tmp_path / "items")
 
     # Deterministic: the same arguments give byte-identical files.
     run_cli(*args, "--out", tmp_path / "again")

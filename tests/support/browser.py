@@ -10,7 +10,7 @@ from PIL import Image
 from service.encoders.synthetic import IMAGE_VIEW, format_item
 from service.items.store import write_item_store
 from service.vocabulary import Modality
-from tests.support.cli import run_cli
+from tests.support.cli import cli, run_cli
 from tests.support.world import WORLD_GALLERY_SIZE, World
 
 CHROMIUM = Path("/usr/bin/chromium")  # Debian's (make browser); Playwright's own download cannot reach the internet
@@ -28,6 +28,8 @@ class OperatorWorld:
     world: World
     items: Path
     segment: Path
+    eval: Path
+    compare: Path
 
 
 def build_operator_world(world: World, root: Path) -> OperatorWorld:
@@ -39,7 +41,24 @@ def build_operator_world(world: World, root: Path) -> OperatorWorld:
         "backfill", "run", "--segment", segment, "--input", items, "--gallery", world.gallery_dir,
         "--backend", "synthetic-new", "--profile", world.profile_dir, "--fraction", "0.25", "--order", "random",
     )  # fmt: skip
-    return OperatorWorld(world, items, segment)
+    return OperatorWorld(world, items, segment, *save_results(world, root))
+
+
+def save_results(world: World, root: Path) -> tuple[Path, Path]:
+    """`eval --json-out` of the world's profile on a small test split; `profile compare --json-out` of it with itself.
+
+    In this process (no interpreter start): about a second.  Comparing the profile with itself is a
+    real verdict (no difference, nothing broken) without fitting a second profile.
+    """
+    test, saved_eval, saved_compare = root / "test", root / "eval.json", root / "compare.json"
+    for args in (
+        ("synth", "test", "--n", 300, "--gallery-size", 3000, "--out", test),
+        ("eval", world.profile_dir, test, "--json-out", saved_eval),
+        ("profile", "compare", world.profile_dir, world.profile_dir, test, "--json-out", saved_compare),
+    ):
+        done = cli(*args)
+        assert done.returncode in (0, 3), f"nobackfill {' '.join(map(str, args))}: {done.stderr}"
+    return saved_eval, saved_compare
 
 
 def save_small(screenshot: Path, out: Path) -> None:

@@ -16,6 +16,7 @@ from service import metrics
 from service.api.auth import ApiKey
 from service.api.deps import PipelineDep
 from service.api.ui.recent import RecentTraffic, counter_value
+from service.api.ui.saved import SavedResults
 from service.compat.profile import CompatProfile
 from service.pipeline import Pipeline
 from service.vocabulary import Role
@@ -52,17 +53,19 @@ async def items(body: ItemsRequest, pipeline: PipelineDep, _: ApiKey) -> dict[st
 
 
 @router.get("/profile")
-async def profile(pipeline: PipelineDep) -> dict[str, Any]:
-    """The served profile's identity and whole fit report (the page draws the curves), and the gallery's identity."""
+async def profile(request: Request, pipeline: PipelineDep) -> dict[str, Any]:
+    """The served profile's identity and whole fit report (the page draws the curves), the gallery's identity,
+    and the saved eval and compare results that score this profile (api.ui_eval / api.ui_compare)."""
     gallery = {**pipeline.gallery.describe(), "meta": pipeline.gallery.meta}
+    saved: SavedResults = request.app.state.ui_saved
     if pipeline.settings.cut_over:
-        return {"profile": None, "gallery": gallery, "eval": None, "compare": None}
+        return {"profile": None, "gallery": gallery, "support_eval": None, **saved.shown(None)}
+    profile = pipeline.profile  # one profile for the whole answer, even if a reload lands meanwhile
     return {
-        "profile": _profile_block(pipeline.profile),
+        "profile": _profile_block(profile),
         "gallery": gallery,
-        # Neither is kept beside a served profile (its manifest refuses extra files): the page says how to get them.
-        "eval": pipeline.profile.fit_report.get("support_eval"),
-        "compare": None,
+        "support_eval": profile.fit_report.get("support_eval"),  # psp / lsp: scored on the support logits
+        **saved.shown(profile.profile_id),
     }
 
 

@@ -15,9 +15,10 @@ from fastapi.responses import RedirectResponse, Response
 from service.errors import NotFound
 
 # Scripts and styles from this origin only (no inline script, no eval, no inline style attribute),
-# fetch only back to this service, images only as data: URLs (a query image's preview), no framing.
+# fetch only back to this service, images only as data: URLs (a query image's preview) or blob: URLs (the
+# thumbnails, fetched with the API key in a header, which an <img src> cannot send), no framing.
 CSP = (
-    "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self' data:; connect-src 'self'; "
+    "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self' data: blob:; connect-src 'self'; "
     "font-src 'self'; base-uri 'none'; form-action 'none'; frame-ancestors 'none'"
 )
 HEADERS = {

@@ -37,6 +37,11 @@
     return String(x);
   }
 
+  // A figure with a fixed number of digits (1 shows as 1.0000, as the CLI prints it), "-" when missing.
+  function fixed(x, digits = 4) {
+    return typeof x === "number" ? x.toFixed(digits) : "-";
+  }
+
   function dl(rows) {
     const list = el("dl");
     for (const [label, value, field] of rows) {
@@ -155,18 +160,20 @@
           return { mode, result: body.results[0], roundTripMs: performance.now() - started };
         }),
       );
-      let texts = null;
-      if (withTexts) {
-        const ids = answers.flatMap((a) => a.result.ids.concat(a.result.old_ids || []));
-        const found = await call("/ui/api/items", { ids });
-        texts = found.store ? found.items : null;
-      }
-      renderColumns(answers, texts, k);
+      // One lookup for every column, after the slowest search. Asking for each column's items as soon as
+      // its own search answered was measured slower (docs/ui.md): on one process the early lookups take
+      // the CPU from the searches still running, and the slowest column still needs its own lookup.
+      let found = null;
+      if (withTexts) found = await call("/ui/api/items", { ids: answers.flatMap((a) => a.result.ids.concat(a.result.old_ids || [])) });
+      const texts = found && found.store ? found.items : null;
+      const images = texts !== null && found.modality === "image";
+      renderColumns(answers, texts, k, images);
       performance.mark("search-rendered");
       const took = performance.measure("search", "search-start", "search-rendered").duration;
       document.body.dataset.renderMs = took.toFixed(2);
       const source = texts ? "item texts from the item store" : withTexts ? "ids only (no item store)" : "ids only";
       setStatus(`${modes.length} column(s), k ${k}, ${source}; ${took.toFixed(0)} ms`);
+      if (images) loadThumbs(); // after the measured render: thumbnails fill in as they arrive
     } catch (error) {
       $("columns").replaceChildren();
       if (error.status === 401) {
@@ -185,7 +192,35 @@
     return a.slice(0, k).filter((id) => other.has(id)).length / k;
   }
 
-  function renderColumns(answers, texts, k) {
+  // Image items: each row's thumbnail from /ui/api/thumb/{id} (the operator's item store, never a path
+  // from the page), fetched with the key and shown through a blob: URL, which is freed on the next search.
+  let thumbUrls = [];
+
+  async function loadThumbs() {
+    for (const url of thumbUrls) URL.revokeObjectURL(url);
+    thumbUrls = [];
+    const cache = new Map();
+    await Promise.all([...document.querySelectorAll("#columns img.thumb[data-thumb]")].map(async (img) => {
+      const id = img.dataset.thumb;
+      if (!cache.has(id)) cache.set(id, thumbUrl(id));
+      const url = await cache.get(id);
+      if (url) img.src = url;
+      else img.replaceWith(el("span", { class: "thumb none", title: "no thumbnail" }, "\u2013"));
+    }));
+  }
+
+  async function thumbUrl(id) {
+    const response = await fetch(`/ui/api/thumb/${encodeURIComponent(id)}`, {
+      headers: state.key ? { authorization: `Bearer ${state.key}` } : {},
+      credentials: "omit",
+    });
+    if (!response.ok) return null;
+    const url = URL.createObjectURL(await response.blob());
+    thumbUrls.push(url);
+    return url;
+  }
+
+  function renderColumns(answers, texts, k, images) {
     const lists = answers.map((a) => a.result.ids.filter((id) => id >= 0));
     const counts = new Map();
     for (const ids of lists) for (const id of new Set(ids)) counts.set(id, (counts.get(id) || 0) + 1);
@@ -208,6 +243,7 @@
           "tr",
           { class: only ? "only" : null, dataset: { id: String(id) } },
           el("td", { class: "rank" }, rank + 1),
+          images ? el("td", { class: "thumb" }, el("img", { class: "thumb", alt: "", dataset: { thumb: String(id) } })) : null,
           el("td", { class: "text" }, label, " ", only ? el("span", { class: "mark only" }, "only here") : null, " ", move),
           el("td", { class: "id" }, id),
           el("td", { class: "score" }, fmt(r.scores[rank], 3)),
@@ -281,8 +317,8 @@
     );
     $("profile-identity").replaceChildren(...cards);
     renderCurves(p);
-    renderEval(data.eval);
-    renderCompare(data.compare);
+    renderEval(data.eval, data.support_eval, data.notes);
+    renderCompare(data.compare, data.notes);
   }
 
   function reportsOf(profile) {
@@ -364,30 +400,120 @@
     return el("div", { class: "card", dataset: { modality } }, el("h3", {}, `${modality} queries`), chart, ...lines.map((l) => el("p", { class: "muted" }, l)));
   }
 
-  function renderEval(rows) {
-    const box = $("profile-eval");
-    if (!Array.isArray(rows) || !rows.length) {
-      box.replaceChildren(el("div", { class: "placeholder" },
-        "No evaluation is kept with this profile. Score it on a held-out test folder with ",
-        el("code", {}, "nobackfill eval PROFILE_DIR TEST_DIR"), " (every head against old->old, with intervals and flip rates)."));
-      return;
-    }
-    const keys = Object.keys(rows[0]).filter((key) => typeof rows[0][key] !== "object");
-    const head = el("tr", {}, keys.map((key) => el("th", {}, key)));
-    const body = rows.map((row) => el("tr", {}, keys.map((key) => el("td", {}, fmt(row[key])))));
-    box.replaceChildren(el("table", { class: "eval" }, el("thead", {}, head), el("tbody", {}, body)));
+  // A difference from a reference in points with its 95 % interval, as `eval` prints it: "+1.2 [-1.8, +4.2]".
+  function points(d) {
+    if (!d) return "-";
+    const p = (x) => `${x >= 0 ? "+" : ""}${(100 * x).toFixed(1)}`;
+    return `${p(d.diff)} [${p(d.low)}, ${p(d.high)}]`;
   }
 
-  function renderCompare(verdict) {
-    const box = $("profile-compare");
-    if (!verdict) {
-      box.replaceChildren(el("div", { class: "placeholder" },
-        "No candidate profile is being compared. The rollout gate is ",
-        el("code", {}, "nobackfill profile compare CURRENT_DIR CANDIDATE_DIR TEST_DIR --traffic TRAFFIC_DIR"),
-        " (exit 0: safe to ship); its verdict will show here once the service is given a candidate."));
+  function verdictCell(verdict) {
+    if (!verdict) return el("td", {}, "-");
+    const kind = verdict === "compatible" ? "ok" : verdict === "not compatible" ? "bad" : "muted";
+    return el("td", {}, el("span", { class: kind }, verdict));
+  }
+
+  function table(className, headers, rows) {
+    return el("table", { class: className },
+      el("thead", {}, el("tr", {}, headers.map((h) => el("th", {}, h)))),
+      el("tbody", {}, rows));
+  }
+
+  // The eval table: the columns `nobackfill eval` prints, from the rows it saved (--json-out).
+  function evalTable(rows) {
+    const judged = (rows.find((r) => r.judged_on) || {}).judged_on || "recall@10";
+    const short = (m) => m.replace("recall", "R");
+    const arr = (r) => {
+      const part = (r.retention || {})["arr@10"];
+      return part ? `${part.value.toFixed(3)} [${part.low.toFixed(3)}, ${part.high.toFixed(3)}]` : "-";
+    };
+    const headers = ["method", "alpha", "R@1", "R@5", "R@10", "MRR@10", "nDCG@10", "R@1 vs old (pt) [95 %]",
+      "R@10 vs old (pt) [95 %]", `compatible (${short(judged)})`, "compatible (R@1)", "ARR@10 [95 %]", "pfr", "nfr"];
+    const body = rows.map((r) => el("tr", { dataset: { method: String(r.method) } },
+      el("td", {}, r.method), el("td", {}, fixed(r.alpha, 2)),
+      ["recall@1", "recall@5", "recall@10", "mrr@10", "ndcg@10"].map((m) => el("td", {}, fixed(r[m]))),
+      el("td", {}, points((r.vs_old || {})["recall@1"])), el("td", {}, points((r.vs_old || {})["recall@10"])),
+      verdictCell(r.compatible), verdictCell(r["compatible@1"]),
+      el("td", {}, arr(r)), el("td", {}, fixed(r.pfr)), el("td", {}, fixed(r.nfr))));
+    return table("eval", headers, body);
+  }
+
+  function notesOf(notes) {
+    return (notes || []).map((note) => el("p", { class: "status error" }, note));
+  }
+
+  function renderEval(saved, supportRows, notes) {
+    const box = $("profile-eval");
+    if (saved) {
+      box.replaceChildren(
+        el("p", { class: "muted" }, `profile ${saved.profile_id} (${saved.head}) on ${saved.test}, ${saved.modality} queries; `,
+          `saved ${saved.created_at}. Differences from old->old in points with 95 % paired bootstrap intervals; `,
+          "compatible: the interval is above 0 (below: not compatible; across: not distinguishable); ",
+          "ARR@10 = R@10 / new->new's; pfr / nfr: flips against old->old at R@1."),
+        evalTable(saved.rows));
       return;
     }
-    box.replaceChildren(el("pre", {}, JSON.stringify(verdict, null, 2)));
+    const how = el("div", { class: "placeholder" },
+      "No saved evaluation of this profile. Score it on a held-out test folder with ",
+      el("code", {}, "nobackfill eval PROFILE_DIR TEST_DIR --json-out EVAL.json"),
+      " and serve with NOBACKFILL_API__UI_EVAL=EVAL.json.");
+    if (Array.isArray(supportRows) && supportRows.length) {
+      box.replaceChildren(...notesOf(notes), el("p", { class: "muted" }, "on the support logits (from the fit report):"), evalTable(supportRows), how);
+    } else {
+      box.replaceChildren(...notesOf(notes), how);
+    }
+  }
+
+  const OUTCOMES = {
+    pass: ["PASS", "ok", "the candidate is compatible and not worse than the current profile beyond the noise"],
+    fail: ["FAIL", "bad", "the candidate must not replace the current profile"],
+    undecided: ["NOT ENOUGH DATA", "muted", "neither better nor worse can be told on this test set"],
+    refused: ["REFUSED", "bad", "the two profiles cannot be compared"],
+  };
+
+  function renderCompare(verdict, notes) {
+    const box = $("profile-compare");
+    if (!verdict) {
+      box.replaceChildren(...notesOf(notes), el("div", { class: "placeholder" },
+        "No candidate profile is being compared. The rollout gate is ",
+        el("code", {}, "nobackfill profile compare CURRENT_DIR CANDIDATE_DIR TEST_DIR --json-out COMPARE.json"),
+        " (exit 0: safe to ship); serve with NOBACKFILL_API__UI_COMPARE=COMPARE.json to show its verdict here."));
+      return;
+    }
+    const [label, kind, meaning] = OUTCOMES[verdict.outcome] || [verdict.outcome, "muted", ""];
+    const parts = [
+      el("p", { class: "verdict", dataset: { outcome: verdict.outcome } }, el("strong", { class: kind }, label), ` ${meaning}`),
+      el("p", { class: "muted" }, `candidate ${verdict.candidate_profile_id} against the served ${verdict.profile_id}, `,
+        `on ${verdict.test} (${fmt(verdict.queries)} ${verdict.modality} queries); saved ${verdict.created_at}`),
+    ];
+    if (verdict.reasons && verdict.reasons.length) parts.push(el("ul", { class: "reasons" }, verdict.reasons.map((r) => el("li", {}, r))));
+    if (verdict.current) {
+      const judged = verdict.judged_on;
+      const headers = ["profile", "head", "alpha", "R@1", "R@5", "R@10", `vs old ${judged.replace("recall", "R")} (pt)`,
+        "vs old R@1 (pt)", "compatible", "compatible (R@1)", "pfr", "nfr"];
+      const old = verdict.old;
+      const rows = [el("tr", {}, el("td", {}, "old->old"), el("td", {}, "old"), el("td", {}, fixed(0, 2)),
+        ["recall@1", "recall@5", "recall@10"].map((m) => el("td", {}, fixed(old[m]))), Array(6).fill(0).map(() => el("td", {}, "-")))];
+      for (const name of ["current", "candidate"]) {
+        const p = verdict[name];
+        rows.push(el("tr", { dataset: { profile: name } },
+          el("td", {}, `${name} ${p.profile_id.slice(0, 12)}`), el("td", {}, p.head), el("td", {}, fixed(p.alpha, 2)),
+          ["recall@1", "recall@5", "recall@10"].map((m) => el("td", {}, fixed(p[m]))),
+          el("td", {}, points(p.vs_old[judged])), el("td", {}, points(p.vs_old["recall@1"])),
+          verdictCell(p.compatible), verdictCell(p["compatible@1"]), el("td", {}, fixed(p.pfr)), el("td", {}, fixed(p.nfr))));
+      }
+      parts.push(table("eval compare", headers, rows));
+      const d = verdict.difference;
+      parts.push(el("p", { class: "figures" },
+        `candidate - current: R@1 ${d["recall@1"] >= 0 ? "+" : ""}${d["recall@1"].toFixed(4)} (paired s.e. ${d["se@1"].toFixed(4)}); `,
+        `it fixes ${d.fixed} and breaks ${d.broken} queries at R@1 (sign test P = ${d.p_worse.toPrecision(2)}, worse below ${verdict.p_worse}); `,
+        `it breaks ${(100 * d.nfr_vs_current).toFixed(1)} % of the queries (at most ${(100 * verdict.max_nfr).toFixed(0)} %)`));
+    }
+    if (verdict.traffic) {
+      const t = verdict.traffic;
+      parts.push(el("p", { class: "muted" }, `traffic shadow (${fmt(t.pairs)} queries over ${t.gallery}): overlap@10 ${fmt(t["overlap@10"], 3)} (p5 ${fmt(t["overlap@10_p5"], 2)})`));
+    }
+    box.replaceChildren(...notesOf(notes), ...parts);
   }
 
   // -- health ------------------------------------------------------------------------------------
