@@ -94,10 +94,11 @@ class EncoderSettings(Section):
     # again; at most poison_capacity inputs are remembered, by a hash of the input.  0: never refused.
     poison_ttl_s: float = Field(600.0, ge=0)
     poison_capacity: int = Field(10_000, ge=1)
-    # `isolation: thread`: a call past timeout_s cannot be interrupted.  Up to this many such calls keep
-    # running on threads of their own while a fresh thread takes their replica's place, so a hung input
-    # does not take a replica out of service (the encoder then sees two calls at once: set 0 for a model
-    # that cannot take that).  Past it, a replica is set aside until its call returns.  0: always set aside.
+    # `isolation: thread`: a call cannot be interrupted.  Up to this many calls that run past 10 x their
+    # measured cost (at least 0.25 s) keep running on threads of their own while a fresh thread takes
+    # their replica's place, so a hung input holds a replica for 0.25 s, not timeout_s (the encoder then
+    # sees two calls at once: set 0 for a model that cannot take that).  Past it, a replica whose call
+    # times out is set aside until the call returns.  0: always set aside.
     # A child process (`isolation: process`) is killed at the timeout and replaced instead.
     stuck_threads: int = Field(2, ge=0)
     # `isolation: process`: a child that has not loaded and warmed its model after this long is

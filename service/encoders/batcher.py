@@ -27,12 +27,16 @@ batcher keeps serving:
                                                (encoder_timeout, 504).  A call that hung alone is
                                                remembered (encoders/poison.py) and refused at once for
                                                poison_ttl_s (PoisonInput, 422), so a retry costs nothing
-    ... the timed-out replica                  its thread cannot be interrupted, so it is "stuck" until
-                                               the call returns, and takes no batch meanwhile; a replica
-                                               with interrupt() (a child process) is told to give up, so
-                                               the call returns soon.  A call split out of a hung batch
-                                               may hang too: it never takes the last replica that is not
-                                               stuck (unless there is only one), so one keeps serving
+    ... a slow or timed-out replica            a thread cannot be interrupted: a call past SLOW_FACTOR x
+                                               its measured cost (>= SLOW_FLOOR_S) keeps its thread and the
+                                               replica takes the next batch on a fresh one (stuck_threads
+                                               such calls at most); past that bound a timed-out replica is
+                                               "stuck" until its call returns, and takes no batch meanwhile.
+                                               A replica with interrupt() (a child process) is told to give
+                                               up at the timeout, so the call returns soon.  A call split
+                                               out of a hung batch may hang too: it never takes the last
+                                               replica that is not stuck (unless there is only one), so
+                                               one keeps serving
     rows not [n, dim]                          EncoderFailed for the batch; counted as bad_rows
     a NaN / inf in some rows                   EncoderFailed for the calls those rows belong to only
     an entry queued for timeout_s              EncoderTimeout (no free replica, or a queue behind stuck
@@ -88,6 +92,19 @@ RESTART_WINDOW_S = 60.0
 # How often a collector holding only split calls that may not take a free replica looks again.
 RECHECK_S = 0.02
 RETRY_AFTER_MAX_S = 60
+# A thread call this many times its measured cost (and at least SLOW_FLOOR_S) is left its thread while
+# the replica takes the next batch on a fresh one (stuck_threads at most at once): a hung input then holds
+# a replica for SLOW_FLOOR_S, not for timeout_s, and two hangs at once no longer stop every replica.
+SLOW_FACTOR = 10.0
+SLOW_FLOOR_S = 0.25
+
+
+@dataclass(eq=False)
+class _Lease:
+    """A replica taken for one batch; `returned` once it is back in rotation."""
+
+    replica: int
+    returned: bool = False
 
 
 @dataclass(eq=False)
@@ -138,6 +155,7 @@ class MicroBatcher:
         # replica's place (threads cannot be interrupted); past it, a replica is set aside until its call returns.
         self.stuck_threads = stuck_threads
         self._abandoned = 0  # hung calls still running on an abandoned thread
+        self._replacements = 0
         self._stuck: set[int] = set()  # replicas whose call outlived timeout_s and has not returned yet
         self._stuck_since: dict[int, float] = {}
         # How long a replica set aside stays stuck (moving average; a child process: until it is replaced).
@@ -451,11 +469,19 @@ class MicroBatcher:
         wait_hist = metrics.STAGE_DURATION.labels(stage="queue_wait")
         for entry in batch:
             wait_hist.observe(started - entry.enqueued)
+        lease = _Lease(replica)
         try:
-            await self._encode_batch(batch, replica)
+            await self._encode_batch(batch, lease)
         finally:
-            if replica not in self._stuck:
-                self._idle.put_nowait(replica)
+            self._give_back(lease)
+
+    def _give_back(self, lease: _Lease) -> None:
+        """Put a batch's replica back in rotation, once: early when its slow call was left its own thread."""
+        if lease.returned:
+            return
+        lease.returned = True
+        if lease.replica not in self._stuck:
+            self._idle.put_nowait(lease.replica)
 
     def _split(self, batch: list[_Entry], cause: str) -> None:
         """Send each call of a failed batch back to the front of its queue, to run alone (cause: raised, timeout)."""
@@ -470,18 +496,18 @@ class MicroBatcher:
             self._set_depth(self._depth + len(entry.items))
         self._wakeup.set()
 
-    async def _encode_batch(self, batch: list[_Entry], replica: int) -> None:
+    async def _encode_batch(self, batch: list[_Entry], lease: _Lease) -> None:
         """Encode on a replica and settle every entry; a batch of several calls that raised or hung is split."""
         modality = batch[0].modality
         items = [item for entry in batch for item in entry.items]
         started = time.perf_counter()
         metrics.ENCODER_BATCH_SIZE.labels(encoder=self.name).observe(len(items))
         loop = asyncio.get_running_loop()
+        replica = lease.replica
         encoder = self.replicas[replica]
         call = loop.run_in_executor(self._executors[replica], encoder.encode, items, modality)
         try:
-            # shield: a timeout gives up waiting, it cannot stop the thread; the call still ends later.
-            raw = await asyncio.wait_for(asyncio.shield(call), self.timeout_s)
+            raw = await self._answer(call, lease, len(items))
             rows = self._shaped(raw, len(items), encoder.dim)
         except asyncio.CancelledError:
             # stop(drain=False) cancelled us mid-batch; the thread finishes on its own.
@@ -489,7 +515,9 @@ class MicroBatcher:
             raise
         except TimeoutError:
             interrupt = getattr(encoder, "interrupt", None)
-            if interrupt is None and self._abandoned < self.stuck_threads:
+            if lease.returned:  # already left its own thread while the replica went back to work
+                pass
+            elif interrupt is None and self._abandoned < self.stuck_threads:
                 self._replace_thread(replica, call)
             else:
                 self._stuck_until_done(replica, call)
@@ -548,14 +576,30 @@ class MicroBatcher:
             raise EncoderFailed(f"encoder {self.name!r} returned shape {rows.shape} for a batch of {n} (dim {dim})")
         return rows
 
+    async def _answer(self, call: asyncio.Future[Embeddings], lease: _Lease, n: int) -> Embeddings:
+        """The call's rows within timeout_s (TimeoutError after).  A thread call still running after
+        slow_after_s is left its thread and the replica goes back to work on a fresh one, so one slow
+        or hung input does not hold a replica for the whole timeout."""
+        # shield: a timeout gives up waiting, it cannot stop the thread; the call still ends later.
+        slow_s = max(SLOW_FLOOR_S, SLOW_FACTOR * self.rate.batch_s(n))
+        replaceable = getattr(self.replicas[lease.replica], "interrupt", None) is None
+        if slow_s < self.timeout_s and replaceable and self._abandoned < self.stuck_threads:
+            done, _ = await asyncio.wait([call], timeout=slow_s)
+            if not done and self._abandoned < self.stuck_threads:
+                self._replace_thread(lease.replica, call)
+                self._give_back(lease)
+            return await asyncio.wait_for(asyncio.shield(call), self.timeout_s - slow_s)
+        return await asyncio.wait_for(asyncio.shield(call), self.timeout_s)
+
     def _replace_thread(self, replica: int, call: asyncio.Future[Embeddings]) -> None:
         """Leave a hung call its thread and give the replica a fresh one: the replica keeps serving meanwhile."""
-        hung, self._executors[replica] = (
-            self._executors[replica],
-            ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"encoder-{self.name}-{replica}"),
-        )
-        hung.shutdown(wait=False)  # its thread ends once the hung call returns
         self._abandoned += 1
+        self._replacements += 1  # in the fresh thread's name, so a thread dump tells them apart
+        fresh = ThreadPoolExecutor(
+            max_workers=1, thread_name_prefix=f"encoder-{self.name}-{replica}-r{self._replacements}"
+        )
+        hung, self._executors[replica] = self._executors[replica], fresh
+        hung.shutdown(wait=False)  # its thread ends once the hung call returns
         metrics.ENCODER_THREADS_REPLACED.labels(encoder=self.name).inc()
 
         def returned(_: asyncio.Future[Embeddings]) -> None:

@@ -463,6 +463,7 @@ class BlockingEncoder(FakeEncoder):
     def encode(self, batch: list[str], modality: Modality = "text") -> Embeddings:
         self.threads.add(threading.current_thread().name)
         if "hang" in batch:
+            self.entered.set()
             self.release.wait(10)
         return np.stack([expected(item, modality) for item in batch])
 
@@ -488,6 +489,31 @@ async def test_a_hung_call_keeps_its_thread_while_a_fresh_one_serves_the_replica
         assert answered_while_hung and problem is None  # the replica kept serving
     else:
         assert not answered_while_hung and problem is not None and "stuck" in problem
+
+
+async def test_a_slow_call_hands_its_replica_on_and_still_returns_its_rows() -> None:
+    # One replica, a timeout far off: the slow call is left its thread after SLOW_FLOOR_S, the replica
+    # answers the next call meanwhile, and the slow call, released in time, gets its own rows.
+    encoder = BlockingEncoder()
+    batcher = MicroBatcher(encoder, 32, 1.0, name="slow-test", timeout_s=30.0, stuck_threads=1)
+    before = sample("nobackfill_encoder_threads_replaced_total", {"encoder": "slow-test"})
+    await batcher.start()
+    try:
+        slow = asyncio.ensure_future(batcher.encode(["hang"]))
+        await wait_entered(encoder)  # its batch holds it alone
+        clean = asyncio.ensure_future(batcher.encode(["a"]))
+        done, _ = await asyncio.wait([clean], timeout=5.0)
+        answered_while_slow = clean in done and not slow.done()
+        encoder.release.set()
+        rows = await slow
+    finally:
+        encoder.release.set()
+        await asyncio.gather(clean, return_exceptions=True)
+        await batcher.stop()
+    assert answered_while_slow
+    np.testing.assert_array_equal(rows, expected("hang", "text")[None])
+    assert len(encoder.threads) == 2  # the slow call's thread and the fresh one
+    assert sample("nobackfill_encoder_threads_replaced_total", {"encoder": "slow-test"}) == before + 1
 
 
 async def test_a_call_queued_past_its_deadline_is_refused_before_it_is_encoded() -> None:
