@@ -61,7 +61,7 @@ def main() -> None:
         command = exc.ctx.command_path if isinstance(exc, CLICK.UsageError) and exc.ctx else "nobackfill"
         typer.echo(f"error: {exc.format_message()} (see `{command} --help`)", err=True)
         sys.exit(exc.exit_code)
-    except (CLICK.Abort, typer.Abort):
+    except typer.Abort:
         typer.echo("aborted", err=True)
         sys.exit(1)
     sys.exit(code if isinstance(code, int) else 0)

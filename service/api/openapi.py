@@ -50,13 +50,33 @@ def state_limits(schema: dict[str, Any], api: ApiSettings) -> None:
     ]
 
 
+def declare_only_configured_keys(schema: dict[str, Any], api: ApiSettings) -> None:
+    """Drop from `schema`, in place, the bearer schemes whose key is not configured: a keyless deployment (as
+    `make demo` is) would otherwise declare an Authorization header that it never asks for."""
+    unset = {name for name, key in (("ApiKey", api.api_key), ("AdminKey", api.admin_key)) if key is None}
+    for operations in schema.get("paths", {}).values():
+        for operation in operations.values():
+            if "security" not in operation:
+                continue
+            operation["security"] = [need for need in operation["security"] if not set(need) & unset]
+            if not operation["security"]:
+                del operation["security"]
+    schemes = schema.get("components", {}).get("securitySchemes", {})
+    for name in unset:
+        schemes.pop(name, None)
+    if not schemes:
+        schema.get("components", {}).pop("securitySchemes", None)
+
+
 def publish_limits(app: FastAPI, api: ApiSettings) -> None:
-    """Make `app.openapi()` return FastAPI's document with the limits of `api` written in."""
+    """Make `app.openapi()` return FastAPI's document with the limits of `api` written in, and only its keys."""
     generate = app.openapi
 
     def openapi() -> dict[str, Any]:
         if app.openapi_schema is None:
-            state_limits(generate(), api)
+            schema = generate()
+            state_limits(schema, api)
+            declare_only_configured_keys(schema, api)
         assert app.openapi_schema is not None
         return app.openapi_schema
 

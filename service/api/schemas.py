@@ -70,6 +70,8 @@ class QueryResultOut(BaseModel):
     # cascade (and hybrid with an item store): the first `reranked` ids were re-ranked by the new query
     # (their scores are new-model cosines); the rest keep their stage-1 order and scores.
     reranked: int | None = None
+    # compare: the mode that answered ids / scores (the head, or its fallback), then "old" (old_ids / old_scores).
+    compared: list[str] | None = None
 
 
 class SearchResponse(BaseModel):

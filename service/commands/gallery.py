@@ -54,7 +54,12 @@ def build(
     uri: str | None = typer.Option(None, "--uri", help="milvus: http://host:19530, or a milvus-lite ./x.db."),
     collection: str | None = typer.Option(None, "--collection", help="milvus: collection to create or resume."),
     token: str | None = typer.Option(None, "--token", envvar="MILVUS_TOKEN", help="milvus: user:password or key."),
-    index: str = typer.Option("IVF_PQ", "--index", help="milvus: IVF_PQ, IVF_FLAT, IVF_SQ8, HNSW, FLAT, AUTOINDEX."),
+    index: str | None = typer.Option(
+        None,
+        "--index",
+        help="milvus: IVF_PQ (a server's default), IVF_FLAT (milvus-lite's), IVF_SQ8, HNSW, FLAT, AUTOINDEX; "
+        "milvus-lite also HNSW_SQ and BRUTE_FORCE, not IVF_PQ.",
+    ),
     metric: str = typer.Option("IP", "--metric", help="milvus: IP, or COSINE (same ranking on unit rows)."),
 ) -> None:
     """Build a gallery: train on a sample, add in chunks, publish atomically with its fingerprint."""
@@ -151,27 +156,29 @@ def _build_milvus(
     size: int | None,
     ids_npy: Path | None,
     model_id: str | None,
-    index: str,
+    index: str | None,
     nlist: int | None,
     pq_m: int,
     metric: str,
 ) -> None:
     """`gallery build --backend milvus`: load --from-npy (or the synthetic world) into the collection, index, load."""
     from service.errors import InputError
-    from service.index.milvus_build import build_collection, index_params, progress_default
+    from service.index.milvus_build import build_collection, chosen_index, index_params, progress_default
 
     if from_npy is not None and not from_npy.exists():
         raise InputError(f"{from_npy}: no such file or directory")
+    if uri is None or collection is None:
+        raise InputError("--backend milvus needs --uri URI and --collection NAME")
+    index_type = chosen_index(index, uri)  # one the target builds, before a row is inserted
     source = _source(size, from_npy, ids_npy, model_id)  # --size: the same rows and ids as the faiss build's
-    index_params(index.upper(), nlist, pq_m, source.ntotal, source.dim)  # bad --index / --pq-m before connecting
+    index_params(index_type, nlist, pq_m, source.ntotal, source.dim)  # bad --pq-m before connecting
     client = _milvus_client(uri, collection, token)
-    assert collection is not None
     try:
         done = build_collection(
             client,
             collection,
             source,
-            index_type=index.upper(),
+            index_type=index_type,
             nlist=nlist,
             pq_m=pq_m,
             metric=metric.upper(),
@@ -288,9 +295,16 @@ def info(
         client = _milvus_client(uri, collection, token)
         assert collection is not None
         try:
-            typer.echo(json.dumps(describe_collection(client, collection), indent=2, sort_keys=True, default=str))
+            described = describe_collection(client, collection)
         finally:
             client.close()
+        typer.echo(json.dumps(described, indent=2, sort_keys=True, default=str))
+        if described["index"] is None:
+            raise InputError(
+                f"collection {collection} has no vector index: serving it would fail (Milvus loads only an indexed "
+                "collection); re-run `nobackfill gallery build --backend milvus` with the same --uri and "
+                "--collection (it resumes, and indexes what is there)"
+            )
         return
     if backend != "faiss":
         raise InputError(f"--backend must be faiss or milvus, got {backend!r}")

@@ -34,12 +34,39 @@ PRIMARY_FIELD = "id"
 # any dim up to 4,096 (32 MiB), and big enough that per-call overhead stays small.
 BATCH_ROWS = 2000
 INDEX_TYPES = ("IVF_PQ", "IVF_FLAT", "IVF_SQ8", "HNSW", "FLAT", "AUTOINDEX")
+# What the embedded milvus-lite (a ./x.db URI) builds, by its own refusal message (pymilvus 3 / milvus-lite
+# 3.2): IVF_PQ is not among them.  IVF_FLAT is the default there: it keeps nprobe, as IVF_PQ does.
+LITE_INDEX_TYPES = ("IVF_FLAT", "IVF_SQ8", "HNSW", "HNSW_SQ", "BRUTE_FORCE", "FLAT", "AUTOINDEX")
+DEFAULT_INDEX, LITE_DEFAULT_INDEX = "IVF_PQ", "IVF_FLAT"
+
+
+def is_lite(uri: str) -> bool:
+    """Whether a Milvus URI names an embedded milvus-lite file rather than a server."""
+    return not uri.startswith(("http://", "https://", "tcp://", "grpc://", "unix:"))
+
+
+def chosen_index(index: str | None, uri: str) -> str:
+    """The --index to build at `uri`: the target's default when none is given; InputError, before any row is
+    inserted, for one the target does not build."""
+    lite = is_lite(uri)
+    if index is None:
+        return LITE_DEFAULT_INDEX if lite else DEFAULT_INDEX
+    wanted, known = index.upper(), LITE_INDEX_TYPES if lite else INDEX_TYPES
+    if wanted not in known:
+        target = f"milvus-lite ({uri})" if lite else f"the Milvus server at {uri}"
+        raise InputError(
+            f"--index {index}: {target} does not build it; give one of {', '.join(known)} "
+            f"(default there: {known[0] if lite else DEFAULT_INDEX})"
+        )
+    return wanted
 
 
 def index_params(index_type: str, nlist: int | None, pq_m: int, ntotal: int, dim: int) -> dict[str, Any]:
     """Milvus build params for index_type; InputError for an unknown type or a pq_m that does not divide dim."""
-    if index_type not in INDEX_TYPES:
-        raise InputError(f"--index must be one of {', '.join(INDEX_TYPES)}, got {index_type!r}")
+    if index_type not in {*INDEX_TYPES, *LITE_INDEX_TYPES}:
+        raise InputError(
+            f"--index must be one of {', '.join(dict.fromkeys([*INDEX_TYPES, *LITE_INDEX_TYPES]))}, got {index_type!r}"
+        )
     lists = nlist if nlist is not None else max(1, min(65536, int(4 * np.sqrt(max(ntotal, 1)))))
     if index_type == "IVF_PQ":
         if dim % pq_m:
@@ -47,7 +74,7 @@ def index_params(index_type: str, nlist: int | None, pq_m: int, ntotal: int, dim
         return {"nlist": lists, "m": pq_m, "nbits": 8}
     if index_type.startswith("IVF"):
         return {"nlist": lists}
-    if index_type == "HNSW":
+    if index_type.startswith("HNSW"):
         return {"M": 16, "efConstruction": 200}
     return {}
 
@@ -195,7 +222,8 @@ def _absent(client: Any, collection: str, ids: np.ndarray[Any, Any]) -> np.ndarr
 
 
 def describe_collection(client: Any, collection: str) -> dict[str, Any]:
-    """What `gallery info --backend milvus` prints: fields, index, row count, load state, recorded identity."""
+    """What `gallery info --backend milvus` prints: fields, index, row count, load state, recorded identity
+    (`serve` refuses a collection with no index: Milvus cannot load one)."""
     try:
         if not client.has_collection(collection):
             raise ArtifactError(f"no collection {collection!r}")

@@ -44,6 +44,7 @@ class QueryResult:
     fallback: str | None = None  # which endpoint answered alone after an all-zero encoder row (old | new | none)
     segment_hits: int | None = None  # hybrid / new: how many of the ids came from the new-model segment
     reranked: int | None = None  # cascade: how many of the first ids were re-ranked in the new space
+    compared: list[str] | None = None  # compare: the mode of ids / scores, then of old_ids / old_scores (old)
 
 
 @dataclass

@@ -79,7 +79,7 @@ def transform_and_search(
                 ids=id_lists[i] if found else [],
                 scores=score_lists[i] if found else [],
                 mode=job.mode if job.mode in (Mode.hybrid, Mode.cascade) and fallback is None else row_mode,
-                alpha=alpha,
+                alpha=_as_fitted(alpha),
                 cache=job.cache_status[i],
                 theta=None if math.isnan(theta) else theta,
                 fallback=fallback,
@@ -91,6 +91,11 @@ def transform_and_search(
     if compare:
         _add_old_side(job, results, id_lists[len(results) :], score_lists[len(results) :])
     return results
+
+
+def _as_fitted(alpha: float) -> float:
+    """An alpha as the profile states it: the float32 rows carry 0.6 as 0.6000000238..., and float32 holds 7 digits."""
+    return float(f"{alpha:.7g}")
 
 
 def _needed(segment: SegmentSearch | None) -> SegmentSearch:
@@ -154,6 +159,8 @@ def _add_old_side(
     """compare: each result's old-mode top-k beside it, and the share of ids both found."""
     old_found = np.any(job.old != 0, axis=1).tolist()
     for i, result in enumerate(results):
+        result.compared = [result.mode, Mode.old]  # ids / scores, then old_ids / old_scores
+        result.mode = Mode.compare
         result.old_ids = old_ids[i] if old_found[i] else []
         result.old_scores = old_scores[i] if old_found[i] else []
         kept = {x for x in result.ids if x >= 0}

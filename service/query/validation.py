@@ -16,19 +16,22 @@ from service.vocabulary import CLASS_HEADS, SEGMENT_MODES, Mode
 
 
 def served_modes(settings: Settings, profile: CompatProfile) -> list[str]:
-    """What a request may ask for: the profile's modes, hybrid and new beside a segment, cascade beside a segment or
-    an item store (where new-model rows of the items come from); new alone after the cut-over.
+    """What a request may ask for: the profile's modes (and compare, the head beside old, where old is one),
+    hybrid and new beside a segment, cascade beside a segment or an item store (where new-model rows of the
+    items come from); new alone after the cut-over.
 
     The segment holds new-model embeddings, so a head whose new query is logits (psp, lsp) has neither.
     """
     if settings.cut_over:
         return [Mode.new]
+    own = list(profile.modes())
+    compare = [Mode.compare] if Mode.old in own else []
     if profile.head in CLASS_HEADS:
-        return list(profile.modes())
+        return [*own, *compare]
     segment = settings.index.segment_dir is not None
     beside = list(SEGMENT_MODES) if segment else []
     cascade = [Mode.cascade] if segment or settings.index.item_store is not None else []
-    return [*profile.modes(), *beside, *cascade]
+    return [*own, *compare, *beside, *cascade]
 
 
 def default_mode(settings: Settings, profile: CompatProfile) -> str:
@@ -40,7 +43,7 @@ def default_mode(settings: Settings, profile: CompatProfile) -> str:
     if settings.cut_over:
         return Mode.new
     mode = settings.compat.default_mode or (Mode.hybrid if Mode.hybrid in served else profile.head)
-    if mode not in {*served, Mode.compare}:
+    if mode not in served:
         hint = "; hybrid and new need NOBACKFILL_INDEX__SEGMENT_DIR" if mode in SEGMENT_MODES else ""
         if mode == Mode.cascade:
             hint = "; cascade needs NOBACKFILL_INDEX__ITEM_STORE or NOBACKFILL_INDEX__SEGMENT_DIR"
@@ -63,14 +66,14 @@ def validate(
     check_nprobe(job.nprobe, max_nprobe)  # before any encoder runs; the gallery checks it again
     if job.alpha is not None and not (math.isfinite(job.alpha) and 0.0 <= job.alpha <= 1.0):
         raise InputError(f"alpha must be in [0, 1], got {job.alpha}")
-    if job.mode != Mode.compare and job.mode not in served:
+    if job.mode not in served:
         needs_segment = job.mode in SEGMENT_MODES and Mode.new not in served
         hint = " (hybrid and new need a new-model segment: NOBACKFILL_INDEX__SEGMENT_DIR)" if needs_segment else ""
         if job.mode == Mode.cascade:
             hint = " (cascade needs NOBACKFILL_INDEX__ITEM_STORE or NOBACKFILL_INDEX__SEGMENT_DIR)"
+        if job.mode == Mode.compare:
+            hint = " (compare puts the head beside old: it needs a profile that serves old)"
         raise UnsupportedMode(f"mode {job.mode!r} is not served by this profile; it serves {', '.join(served)}{hint}")
-    if job.mode == Mode.compare and Mode.old not in served:
-        raise UnsupportedMode(f"mode 'compare' needs a profile that serves 'old'; this one serves {', '.join(served)}")
     for i, query in enumerate(job.queries):
         _check_query(i, query, job, api.max_text_chars, (old, new))
 

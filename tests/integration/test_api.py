@@ -87,6 +87,14 @@ async def test_compare_mode_reports_both_lists_and_overlap(service: Running) -> 
     assert len(result["old_ids"]) == 10 and len(result["ids"]) == 10
     expected = len(set(result["ids"]) & set(result["old_ids"])) / 10
     assert result["overlap"] == pytest.approx(expected)
+    # It says what it did: mode compare, the head's ids beside old's, and both named.
+    info = (await service.client.get("/v1/info")).json()
+    assert result["mode"] == "compare" and result["compared"] == [info["profile"]["head"], "old"]
+    assert "compare" in info["modes"]
+    fitted = info["profile"]["alphas"]["text"]
+    assert result["alpha"] == fitted and len(repr(result["alpha"])) <= 9, result["alpha"]  # not 0.6000000238418579
+    unknown = await service.search(queries=[{"text": CAPTION.format(3)}], mode="slerpy")
+    assert response.status_code == 200 and "compare" in unknown.json()["error"]["message"]
 
 
 async def test_explicit_alpha_zero_equals_old_mode(service: Running) -> None:

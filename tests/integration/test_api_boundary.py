@@ -235,6 +235,16 @@ async def test_admin_routes_are_off_without_an_admin_key(world: World) -> None:
         assert RELOAD not in (await running.client.get("/openapi.json")).json()["paths"]
 
 
+async def test_openapi_declares_bearer_security_only_for_the_keys_configured(world: World, locked: Running) -> None:
+    keyed = (await locked.client.get("/openapi.json")).json()
+    assert keyed["paths"]["/v1/search"]["post"]["security"] == [{"ApiKey": []}]
+    assert set(keyed["components"]["securitySchemes"]) == {"ApiKey", "AdminKey"}
+    async for running in start_app(make_settings(world)):  # keyless, as `make demo` serves
+        keyless = (await running.client.get("/openapi.json")).json()
+        assert "security" not in keyless["paths"]["/v1/search"]["post"]
+        assert "securitySchemes" not in keyless.get("components", {})
+
+
 async def test_search_and_admin_refuse_a_missing_or_wrong_key(locked: Running) -> None:
     body = {"queries": [{"text": CAPTION.format(3)}]}
     for headers in ({}, {"Authorization": "Bearer wrong"}, {"Authorization": f"Basic {API_KEY}"}, ADMIN):

@@ -240,7 +240,7 @@ async def test_ivf_collection_bounds_nprobe_by_its_nlist(world: World, milvus: L
         "--from-npy", npy, "--index", "IVF_FLAT", "--nlist", "8", "--model-id", "synthetic-old",
     )  # fmt: skip
     assert done.returncode == 0, done.stderr
-    async for served in start_app(milvus_settings(world, milvus.server.uri, "ivf", nprobe=16)):
+    async for served in start_app(milvus_settings(world, milvus.server.uri, "ivf")):
         assert served.pipeline.gallery.max_nprobe == 8
         assert (await served.client.get("/v1/info")).json()["gallery"]["nprobe_default"] == 8
         ok = await served.search(queries=[{"text": text} for text in CAPTIONS], k=5, mode="slerp", nprobe=8)
@@ -423,3 +423,37 @@ async def test_an_embedded_db_file_is_served_in_process(world: World, milvus: Lo
         response = await served.search(queries=[{"old_embedding": milvus.vectors[42].tolist()}], k=3, mode="old")
         assert response.status_code == 200, response.text
         assert response.json()["results"][0]["ids"][0] == 42  # a stored vector finds itself
+
+
+def test_an_embedded_db_builds_an_index_it_has_and_refuses_one_it_lacks_before_inserting(
+    milvus: Loaded, tmp_path: Path
+) -> None:
+    npy, db = tmp_path / "few.npy", tmp_path / "lite.db"
+    np.save(npy, milvus.vectors[:60])
+    base = ["gallery", "build", "--backend", "milvus", "--uri", db, "--from-npy", npy, "--model-id", "synthetic-old"]
+    info = ["gallery", "info", "--backend", "milvus", "--uri", db, "--collection"]
+    no_pq = cli(*base, "--collection", "pq", "--index", "IVF_PQ")
+    assert no_pq.returncode == 2 and no_pq.stderr.count("\n") == 1, no_pq.stderr
+    assert f"--index IVF_PQ: milvus-lite ({db}) does not build it" in no_pq.stderr and "IVF_FLAT" in no_pq.stderr
+    absent = cli(*info, "pq")  # refused before a row was inserted: no collection at all
+    assert absent.returncode == 2 and "no collection 'pq'" in absent.stderr, absent.stderr
+    default = cli(*base, "--collection", "plain")  # no --index: one milvus-lite builds
+    assert default.returncode == 0 and "60 rows" in default.stdout and "IVF_FLAT" in default.stdout, default.stderr
+    brute = cli(*base, "--collection", "brute", "--index", "brute_force")  # the target's own name, any case
+    assert brute.returncode == 0, brute.stderr
+    assert json.loads(cli(*info, "brute").stdout)["index"]["index_type"] == "BRUTE_FORCE"
+
+
+def test_info_says_plainly_that_a_collection_without_an_index_cannot_be_served(tmp_path: Path) -> None:
+    db = tmp_path / "bare.db"
+    client = pymilvus.MilvusClient(uri=str(db))
+    schema = pymilvus.MilvusClient.create_schema(auto_id=False)
+    schema.add_field("pk", pymilvus.DataType.INT64, is_primary=True)
+    schema.add_field("emb", pymilvus.DataType.FLOAT_VECTOR, dim=8)
+    client.create_collection("bare", schema=schema)
+    client.insert("bare", [{"pk": i, "emb": [1.0] * 8} for i in range(5)])
+    client.flush("bare")
+    client.close()
+    done = cli("gallery", "info", "--backend", "milvus", "--uri", db, "--collection", "bare")
+    assert done.returncode == 2 and json.loads(done.stdout)["index"] is None
+    assert "error: collection bare has no vector index: serving it would fail" in done.stderr, done.stderr

@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import os
 import threading
+import time
 import uuid
 from collections.abc import AsyncIterator
 from typing import Any
@@ -147,7 +148,11 @@ async def test_a_crashing_collector_is_restarted_then_given_up(monkeypatch: pyte
 def faulty_settings(world: World, **overrides: Any) -> Settings:
     return Settings(
         old=EncoderSettings(backend="faulty-old"),
-        new=EncoderSettings(backend="faulty-new", timeout_s=overrides.pop("new_timeout_s", 30.0)),
+        new=EncoderSettings(
+            backend="faulty-new",
+            timeout_s=overrides.pop("new_timeout_s", 30.0),
+            stuck_threads=overrides.pop("new_stuck_threads", 2),
+        ),
         index=IndexSettings(gallery_dir=world.gallery_dir, nprobe=8),
         compat=CompatSettings(profile_dir=world.profile_dir),
         **overrides,
@@ -201,9 +206,24 @@ async def test_zero_rows_fall_back_to_the_other_endpoint_and_are_counted(service
     assert compare.status_code == 200 and compare.json()["results"][0]["old_ids"] == []
 
 
-async def test_readiness_is_503_while_every_replica_is_stuck(world: World, monkeypatch: pytest.MonkeyPatch) -> None:
+async def test_a_hung_call_leaves_its_replica_serving_and_ready(world: World, monkeypatch: pytest.MonkeyPatch) -> None:
+    # The default: the hung call keeps its thread, the replica serves on a fresh one (encoder.stuck_threads).
     monkeypatch.setattr("tests.support.faulty_encoder.HANG_S", 1.5)
-    async for running in start_app(faulty_settings(world, new_timeout_s=0.4)):
+    async for running in start_app(faulty_settings(world, new_timeout_s=0.6)):
+        hung = asyncio.ensure_future(running.search(queries=[{"text": CAPTION.format(1) + " !hang-new"}], mode="slerp"))
+        await asyncio.sleep(0.4)  # past the slow-call bound (0.25 s), within the hang
+        clean = await running.search(queries=[{"text": CAPTION.format(2)}], mode="slerp")
+        ready = await running.client.get("/readyz")
+        still_hung = not hung.done()
+        answer = await hung
+    assert still_hung and clean.status_code == 200 and ready.status_code == 200, ready.text
+    assert answer.status_code == 504 and answer.json()["error"]["code"] == "encoder_timeout", answer.text
+
+
+async def test_readiness_is_503_while_every_replica_is_stuck(world: World, monkeypatch: pytest.MonkeyPatch) -> None:
+    # With no thread to spare (stuck_threads 0) the one replica is set aside until its call returns.
+    monkeypatch.setattr("tests.support.faulty_encoder.HANG_S", 1.5)
+    async for running in start_app(faulty_settings(world, new_timeout_s=0.4, new_stuck_threads=0)):
         hung = await running.search(queries=[{"text": CAPTION.format(1) + " !hang-new"}], mode="slerp")
         assert hung.status_code == 504 and hung.json()["error"]["code"] == "encoder_timeout", hung.text
         ready = await running.client.get("/readyz")
@@ -269,6 +289,12 @@ async def test_zero_rows_are_never_cached(world: World, redis_url: str) -> None:
 
 
 def test_no_thread_is_left_behind() -> None:
-    # Hung calls of the tests above have returned by now (HANG_S <= 1.5 s): no encoder thread lingers.
-    lingering = [t.name for t in threading.enumerate() if t.name.startswith("encoder-") and t.is_alive()]
+    # Hung calls of the tests above return within HANG_S <= 1.5 s: then no encoder thread lingers, not even
+    # one a hung call was left on.
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline:
+        lingering = [t.name for t in threading.enumerate() if t.name.startswith("encoder-") and t.is_alive()]
+        if not lingering:
+            break
+        time.sleep(0.1)
     assert lingering == []

@@ -114,7 +114,8 @@
     const box = $("modes");
     const chosen = new Set(defaultModes(info));
     box.replaceChildren(el("legend", {}, "modes"));
-    for (const mode of info.modes || []) {
+    // compare is the head beside old: those are columns of their own here.
+    for (const mode of (info.modes || []).filter((m) => m !== "compare")) {
       const input = el("input", { type: "checkbox", value: mode, checked: chosen.has(mode) });
       box.append(el("label", {}, input, ` ${mode}`));
     }
