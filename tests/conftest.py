@@ -154,14 +154,15 @@ def new() -> SyntheticNewEncoder:
 
 @pytest.fixture(scope="session")
 def real_models(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str]:
-    """`nobackfill realworld models` with a restricted vocabulary: (the models folder, what it printed).
+    """`nobackfill realworld models` with a restricted vocabulary: (the models folder, what it printed on
+    stdout and stderr).
 
     The new model is the packaged all-MiniLM-L6-v2 (real weights); the old one is distilled from it
     over its first REAL_VOCAB_LIMIT word pieces, so a test run pays seconds, not the full distillation.
     """
     out = tmp_path_factory.mktemp("real-models")
     done = run_cli("realworld", "models", "--out", out, "--vocab-limit", REAL_VOCAB_LIMIT)
-    return out, done.stdout
+    return out, done.stdout + done.stderr
 
 
 @pytest.fixture

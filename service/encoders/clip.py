@@ -23,11 +23,11 @@ from service.encoders.torch_runtime import (
     loading,
     model_folder,
     model_id,
-    quiet_transformers,
     unit_rows,
 )
 from service.errors import InputError
 from service.images import rgb_image
+from service.quiet import quiet_transformers
 from service.settings import EncoderSettings
 from service.vocabulary import Modality
 

@@ -37,14 +37,6 @@ def go_offline() -> None:
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")  # the worker threads are the parallelism
 
 
-def quiet_transformers() -> None:
-    """Keep transformers' per-load reports (unexpected keys and the like) out of the service log."""
-    from transformers.utils import logging as hf_logging
-
-    hf_logging.set_verbosity_error()  # type: ignore[no-untyped-call]
-    hf_logging.disable_progress_bar()  # type: ignore[no-untyped-call]
-
-
 # Two encoders load at once on two threads; transformers' lazy modules are not safe to import
 # concurrently (one thread can see a half-initialised module and fail with ImportError).
 LOADING = threading.Lock()

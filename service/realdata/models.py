@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from service.errors import InputError
+from service.quiet import quiet_transformers
 from service.realdata.publish import check_output, staging
 
 MINILM_NAME = "all-MiniLM-L6-v2"
@@ -150,6 +151,7 @@ def distill_static(
         from model2vec.distill import distill
     except ImportError as exc:
         raise InputError(f"distilling needs model2vec[distill] ({exc}); pip install 'nobackfill[models]'") from exc
+    quiet_transformers()  # distilling loads MiniLM through transformers, which prints a load report
     started = time.perf_counter()
     try:
         model = distill(

@@ -557,3 +557,10 @@ def test_quick_verify_still_catches_damage_at_the_ends(damaged: Path) -> None:
     # verify="size" (fast restarts) hashes only the first and last MiB, so this must still be caught.
     with pytest.raises(ArtifactError, match="fingerprint"):
         Gallery.load(damaged, verify="size")
+
+
+def test_too_few_training_vectors_for_the_lists_is_one_note_not_a_faiss_warning(tmp_path: Path) -> None:
+    done = run_cli("gallery", "build", "--size", "3000", "--nlist", "256", "--out", tmp_path / "g")
+    assert "WARNING clustering" not in done.stderr, done.stderr  # faiss's own, printed from C
+    notes = [line for line in done.stderr.splitlines() if line.startswith("note: 3,000 training vectors for 256")]
+    assert len(notes) == 1 and "faiss advises 9,984" in notes[0], done.stderr
