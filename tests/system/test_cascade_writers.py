@@ -62,9 +62,14 @@ def test_two_workers_and_a_backfill_run_write_one_segment_without_losing_or_doub
         errors: list[str] = []
 
         def searching() -> None:
-            """Fresh connections, so both workers get traffic, until the backfill ends."""
-            i = 0
-            while backfill.poll() is None or i < 40:
+            """Fresh connections, so both workers get traffic, until the backfill ends and both workers wrote
+            (which worker accepts a connection is the kernel's choice: on a busy box one may take them all)."""
+            i, until = 0, time.monotonic() + 120
+
+            def both_wrote() -> bool:
+                return len(shard_writers(segment).get("service-cascade", set())) >= 2
+
+            while backfill.poll() is None or i < 40 or (not both_wrote() and time.monotonic() < until):
                 body = {"queries": [{"text": CAPTION.format((i * 7919) % WORLD_GALLERY_SIZE)}], "k": 10}
                 with httpx.Client() as fresh:
                     response = fresh.post(f"{base}/v1/search", json=body, timeout=30)
