@@ -517,7 +517,7 @@ class MicroBatcher:
             interrupt = getattr(encoder, "interrupt", None)
             if lease.returned:  # already left its own thread while the replica went back to work
                 pass
-            elif interrupt is None and self._abandoned < self.stuck_threads:
+            elif self._may_replace(replica):
                 self._replace_thread(replica, call)
             else:
                 self._stuck_until_done(replica, call)
@@ -582,14 +582,18 @@ class MicroBatcher:
         or hung input does not hold a replica for the whole timeout."""
         # shield: a timeout gives up waiting, it cannot stop the thread; the call still ends later.
         slow_s = max(SLOW_FLOOR_S, SLOW_FACTOR * self.rate.batch_s(n))
-        replaceable = getattr(self.replicas[lease.replica], "interrupt", None) is None
-        if slow_s < self.timeout_s and replaceable and self._abandoned < self.stuck_threads:
+        if slow_s < self.timeout_s and self._may_replace(lease.replica):
             done, _ = await asyncio.wait([call], timeout=slow_s)
-            if not done and self._abandoned < self.stuck_threads:
+            if not done and self._may_replace(lease.replica):
                 self._replace_thread(lease.replica, call)
                 self._give_back(lease)
             return await asyncio.wait_for(asyncio.shield(call), self.timeout_s - slow_s)
         return await asyncio.wait_for(asyncio.shield(call), self.timeout_s)
+
+    def _may_replace(self, replica: int) -> bool:
+        """Whether a call on this replica may be left its thread now: a thread replica (a child process is
+        interrupted instead) and fewer than stuck_threads such calls running."""
+        return getattr(self.replicas[replica], "interrupt", None) is None and self._abandoned < self.stuck_threads
 
     def _replace_thread(self, replica: int, call: asyncio.Future[Embeddings]) -> None:
         """Leave a hung call its thread and give the replica a fresh one: the replica keeps serving meanwhile."""

@@ -152,3 +152,8 @@ def encoder_children() -> set[int]:
         except psutil.NoSuchProcess:
             continue
     return found
+
+
+def metric_writer_pids(metrics_dir: Path) -> set[str]:
+    """The pids of the worker processes that keep metrics in a PROMETHEUS_MULTIPROC_DIR (one file set each)."""
+    return {path.stem.rsplit("_", 1)[-1] for path in metrics_dir.glob("*.db")}

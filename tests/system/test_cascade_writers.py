@@ -21,7 +21,7 @@ from service.encoders.synthetic import SyntheticNewEncoder, format_item
 from service.segment.layout import IDS, SHARD_JSON, SHARDS, shard_names
 from service.segment.reader import Segment
 from tests.support.cli import cli
-from tests.support.servers import serve_process
+from tests.support.servers import metric_writer_pids, serve_process
 from tests.support.world import WORLD_GALLERY_SIZE, World
 
 CAPTION = "item-{:010d} caption-1"
@@ -55,7 +55,7 @@ def test_two_workers_and_a_backfill_run_write_one_segment_without_losing_or_doub
         # none until the backfill has moved every item (nothing left for it to encode): search until both
         # workers have answered (each keeps its metrics in a file named by its pid) before the backfill starts.
         sent = 0
-        while len({path.stem.rsplit("_", 1)[-1] for path in (tmp_path / "metrics").glob("*.db")}) < 2 and sent < 400:
+        while len(metric_writer_pids(tmp_path / "metrics")) < 2 and sent < 400:
             body = {"queries": [{"text": CAPTION.format((sent * 104729) % WORLD_GALLERY_SIZE)}], "k": 10}
             with httpx.Client() as fresh:
                 assert fresh.post(f"{base}/v1/search", json=body, timeout=30).status_code == 200

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import httpx
 
-from tests.support.servers import serve_process
+from tests.support.servers import metric_writer_pids, serve_process
 from tests.support.world import World
 
 API_KEY = "search-key"
@@ -34,17 +34,16 @@ def test_two_workers_add_up_their_metrics(world: World, tmp_path: Path) -> None:
     with serve_process(world, "--workers", "2", env={"PROMETHEUS_MULTIPROC_DIR": str(metrics_dir)}) as base:
         body = {"queries": [{"text": "item-0000000042 caption-1"}], "k": 3}
 
-        def writers() -> set[str]:
-            return {re.sub(r"\D", "", path.stem.rsplit("_", 1)[-1]) for path in metrics_dir.glob("*.db")}
-
         # Which worker accepts a new connection is the kernel's choice (on a busy box one may take them all
         # for a while): send until both have answered, at least 12.
         sent = 0
-        while sent < 12 or (len(writers()) < 2 and sent < 400):
+        while sent < 12 or (len(metric_writer_pids(metrics_dir)) < 2 and sent < 400):
             with httpx.Client() as fresh:  # a new connection each time, so both workers get traffic
                 assert fresh.post(f"{base}/v1/search", json=body, timeout=10).status_code == 200
             sent += 1
-        assert len(writers()) >= 2, sorted(p.name for p in metrics_dir.glob("*.db"))  # both workers record
+        assert len(metric_writer_pids(metrics_dir)) >= 2, sorted(
+            p.name for p in metrics_dir.glob("*.db")
+        )  # both workers record
         for _ in range(3):
             exposition = httpx.get(f"{base}/metrics", timeout=10).text
             served = re.search(r'requests_total\{mode="slerp",route="/v1/search",status="200"\} (\S+)', exposition)
