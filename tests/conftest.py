@@ -20,7 +20,7 @@ import pytest
 
 from service.compat.io import Split, load_split
 from service.encoders.synthetic import SyntheticNewEncoder, SyntheticOldEncoder
-from tests.support.app import Running, start_app
+from tests.support.app import Running, serving
 from tests.support.cli import NOBACKFILL, Done, cli, run_cli
 from tests.support.servers import (
     REDIS_SERVER,
@@ -61,7 +61,7 @@ __all__ = [
     "free_port",
     "run_cli",
     "serve_process",
-    "start_app",
+    "serving",
 ]
 
 

@@ -20,8 +20,9 @@ over a socket pair through multiprocessing's Connection (pickled messages).
     the child loads past load_timeout_s  it is killed and reaped; EncoderFailed naming the deadline (a hung
                                          load refuses the start instead of blocking it forever)
     the model raises in the child        the same exception, re-raised here (the batcher's rules apply)
-    the child dies (OOM kill, a crash)   EncoderProcessExited for the batch in flight, after a new child
-                                         is started, so the batcher's call-by-call retry finds it ready;
+    the child dies (OOM kill, a crash)   EncoderProcessExited for the batch in flight at once; a new child
+                                         loads on a thread of its own meanwhile, and the next call (the
+                                         batcher's call-by-call retry too) waits for it, not the failed one;
                                          one that died between calls is replaced before the next call
     a call outlives the batcher's timeout  the batcher calls interrupt(): the child is killed, so the
                                          replica is back (a new child) once it has loaded, not whenever
@@ -126,9 +127,10 @@ class ProcessEncoder:
         self._process: subprocess.Popen[bytes] | None = None
         self._described: dict[str, Any] = {}  # the child encoder's describe(), as it reported it
         self._closed = False
-        # Set by interrupt(), cleared when a call starts: an interrupt that finds no live child (it is
-        # being replaced) is honoured by the call once the replacement is ready.
+        # Set by interrupt(), cleared when a call ends: an interrupt that finds no live child (it is
+        # being replaced) is honoured by the waiting call once the replacement is ready.
         self._interrupted = threading.Event()
+        self._respawner: threading.Thread | None = None  # loads the child that replaces one died mid-call
         self._spawn()
         # What the service reads of an encoder, from that report (a restarted child is the same model).
         self.dim: int = self._described["dim"]
@@ -175,30 +177,52 @@ class ProcessEncoder:
         with self._lock:
             self._closed = True
             self._stop()
+        if self._respawner is not None:
+            self._respawner.join()
 
     def _call(self, message: tuple[Any, ...]) -> Any:
         with self._lock:
-            if self._closed:
-                raise EncoderProcessExited(f"{self.role} encoder process was stopped")
-            self._interrupted.clear()  # an earlier call's interrupt is spent (it killed that call's child)
-            if self._conn is None:  # the last restart failed: try again now
-                self._restart()
-            elif self._process is not None and self._process.poll() is not None:
-                # It died between calls (or was interrupted just as its call returned): no call of
-                # its was lost, so this one waits for a new child instead of failing.
-                self._replace_dead("between calls")
-            if self._interrupted.is_set():  # the batcher gave up on this call while the new child loaded
-                raise EncoderProcessExited(f"{self.role} encoder call was interrupted while its process was replaced")
-            assert self._conn is not None
             try:
-                self._conn.send(message)
-                status, value = self._conn.recv()
-            except (EOFError, OSError) as exc:
-                code = self._replace_dead("during a call")
-                raise EncoderProcessExited(f"{self.role} encoder process exited with code {code}") from exc
+                status, value = self._call_locked(message)
+            finally:
+                self._interrupted.clear()  # this call's interrupt is spent (it killed its child, or ended it)
         if status == "error":
             raise value
         return value
+
+    def _call_locked(self, message: tuple[Any, ...]) -> tuple[str, Any]:
+        if self._closed:
+            raise EncoderProcessExited(f"{self.role} encoder process was stopped")
+        if self._conn is None:  # the last restart failed: try again now
+            self._restart()
+        elif self._process is not None and self._process.poll() is not None:
+            # It died between calls (or was interrupted just as its call returned): no call of
+            # its was lost, so this one waits for a new child instead of failing.
+            self._replace_dead("between calls")
+            self._restart()
+        if self._interrupted.is_set():  # the batcher gave up on this call while the new child loaded
+            raise EncoderProcessExited(f"{self.role} encoder call was interrupted while its process was replaced")
+        assert self._conn is not None
+        try:
+            self._conn.send(message)
+            report: tuple[str, Any] = self._conn.recv()
+        except (EOFError, OSError) as exc:
+            # This call fails now, not after a new child loaded (seconds that would read as a hung input).
+            code = self._replace_dead("during a call")
+            self._respawner = threading.Thread(target=self._respawn, name=f"spawn-{self.role}-again", daemon=True)
+            self._respawner.start()
+            raise EncoderProcessExited(f"{self.role} encoder process exited with code {code}") from exc
+        return report
+
+    def _respawn(self) -> None:
+        """Load the child that replaces one that died mid-call (the next call waits on the lock for it)."""
+        with self._lock:
+            if self._closed or self._conn is not None:
+                return
+            try:
+                self._restart()
+            except EncoderProcessExited as exc:  # the next call tries again, and fails with this if it must
+                log.error("%s", exc.message)
 
     # -- the child's lifecycle -------------------------------------------------------------------
 
@@ -247,11 +271,10 @@ class ProcessEncoder:
         return report
 
     def _replace_dead(self, when: str) -> int | None:
-        """Reap a child that exited, count it, start a new one; the dead child's exit code."""
+        """Reap a child that exited and count it (the caller starts the new one); the dead child's exit code."""
         code = self._reap()
         log.error("%s encoder process exited (code %s) %s; starting a new one", self.role, code, when)
         metrics.ENCODER_PROCESS_RESTARTS.labels(encoder=self.role).inc()
-        self._restart()
         return code
 
     def _restart(self) -> None:

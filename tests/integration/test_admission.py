@@ -7,7 +7,7 @@ import time
 
 from service import metrics
 from service.settings import ApiSettings, CompatSettings, EncoderSettings, IndexSettings, Settings
-from tests.support.app import start_app
+from tests.support.app import serving
 from tests.support.world import World
 
 CAPTION = "item-{:010d} caption-1"
@@ -22,7 +22,7 @@ def settings_for(world: World, shed_lag_ms: float) -> Settings:
 
 
 async def test_a_late_loop_sheds_searches_with_503_and_recovers_by_itself(world: World) -> None:
-    async for running in start_app(settings_for(world, shed_lag_ms=100)):
+    async with serving(settings_for(world, shed_lag_ms=100)) as running:
         assert (await running.search(queries=[{"text": CAPTION.format(1)}])).status_code == 200
         shed_before = metrics.REGISTRY.get_sample_value("nobackfill_shed_requests_total") or 0.0
         time.sleep(0.3)  # one stall (a GC pass, a noisy neighbour) is averaged away: nothing is shed
@@ -43,7 +43,7 @@ async def test_a_late_loop_sheds_searches_with_503_and_recovers_by_itself(world:
 
 
 async def test_shedding_off_serves_however_late(world: World) -> None:
-    async for running in start_app(settings_for(world, shed_lag_ms=0)):
+    async with serving(settings_for(world, shed_lag_ms=0)) as running:
         for _ in range(40):
             time.sleep(0.05)
             await asyncio.sleep(0)
@@ -61,7 +61,7 @@ async def test_searches_that_would_queue_past_max_queue_ms_are_refused_with_retr
             "new": EncoderSettings(backend="synthetic-new", **encoder),
         }
     )
-    async for running in start_app(settings):
+    async with serving(settings) as running:
         assert (await running.search(queries=[{"text": CAPTION.format(1)}])).status_code == 200  # measures the cost
         before = refusals()
         answers = await asyncio.gather(*(running.search(queries=[{"text": CAPTION.format(i)}]) for i in range(8)))

@@ -16,7 +16,7 @@ from PIL import Image
 from service import metrics
 from service.compat.heads import transform
 from service.settings import CacheSettings
-from tests.support.app import Running, start_app
+from tests.support.app import Running, serving
 from tests.support.servers import PrivateRedis
 from tests.support.world import CAPTION, World, make_settings
 
@@ -24,7 +24,7 @@ from tests.support.world import CAPTION, World, make_settings
 @pytest.fixture
 async def service(world: World) -> AsyncIterator[Running]:
     """The service with the in-process cache."""
-    async for running in start_app(make_settings(world)):
+    async with serving(make_settings(world)) as running:
         yield running
 
 
@@ -230,7 +230,7 @@ async def test_request_metrics_label_route_mode_and_status(service: Running) -> 
 
 async def test_api_key_guards_search_and_admin(world: World) -> None:
     settings = make_settings(world, api={"api_key": "s3cret", "admin_key": "adm1n"})
-    async for running in start_app(settings):
+    async with serving(settings) as running:
         assert (await running.search(queries=[{"text": "x"}])).status_code == 401
         assert (await running.client.post("/v1/admin/reload-profile")).status_code == 401
         ok = await running.client.post(
@@ -243,7 +243,7 @@ async def test_api_key_guards_search_and_admin(world: World) -> None:
 async def test_reload_keeps_the_old_profile_on_failure(tmp_path: Any, world: World) -> None:
     settings = make_settings(world, api={"admin_key": "adm1n", "profiles_root": str(tmp_path)})
     admin = {"Authorization": "Bearer adm1n"}
-    async for running in start_app(settings):
+    async with serving(settings) as running:
         before = running.pipeline.profile.profile_id
         missing = {"profile_dir": str(tmp_path / "none")}
         refused = await running.client.post("/v1/admin/reload-profile", json=missing, headers=admin)
@@ -260,7 +260,7 @@ async def test_reload_keeps_the_old_profile_on_failure(tmp_path: Any, world: Wor
 
 async def test_overload_gets_503_with_retry_after(world: World) -> None:
     # Two queries held in the old encoder: two more would be 4 in flight, over the limit of 3.
-    async for running in start_app(make_settings(world, api={"max_in_flight": 3, "max_queries": 2})):
+    async with serving(make_settings(world, api={"max_in_flight": 3, "max_queries": 2})) as running:
         release = hold_calls(running, "old")
         try:
             first = asyncio.create_task(running.search(queries=[{"text": "a"}, {"text": "b"}]))
@@ -281,7 +281,7 @@ async def test_overload_gets_503_with_retry_after(world: World) -> None:
 @pytest.mark.redis
 async def test_redis_cache_hit_then_outage_still_answers(world: World, private_redis: PrivateRedis) -> None:
     settings = make_settings(world, cache=CacheSettings(redis_url=private_redis.url, namespace="api-test"))
-    async for running in start_app(settings):
+    async with serving(settings) as running:
         query = [{"text": CAPTION.format(77)}]
         assert (await running.search(queries=query)).json()["results"][0]["cache"] == "miss"
         await running.pipeline.drain()

@@ -36,7 +36,7 @@ from service.errors import (
     SettingsError,
     Unavailable,
 )
-from tests.support.app import Running, start_app
+from tests.support.app import Running, serving
 from tests.support.servers import free_port
 from tests.support.world import CAPTION, World, make_settings
 
@@ -63,7 +63,7 @@ async def locked(world: World) -> AsyncIterator[Running]:
     settings = make_settings(
         world, api={"api_key": API_KEY, "admin_key": ADMIN_KEY, "profiles_root": str(world.profile_dir.parent)}
     )
-    async for running in start_app(settings):
+    async with serving(settings) as running:
         yield running
 
 
@@ -158,7 +158,7 @@ async def test_a_503_refusal_is_one_log_line_without_a_traceback(
 
 
 async def test_access_line_carries_the_request_id(world: World, caplog: pytest.LogCaptureFixture) -> None:
-    async for running in start_app(make_settings(world, api={"access_log": True})):
+    async with serving(make_settings(world, api={"access_log": True})) as running:
         with caplog.at_level(logging.INFO, logger="nobackfill.access"):
             response = await running.client.get("/healthz", headers={"X-Request-ID": "abc-123"})
         assert response.status_code == 200
@@ -202,7 +202,7 @@ async def call_raw(app: Any, headers: list[tuple[bytes, bytes]], chunks: list[by
 
 
 async def test_body_cap_stops_reading_at_the_limit_and_honours_content_length(world: World) -> None:
-    async for running in start_app(make_settings(world, api={"max_body_bytes": 4096})):
+    async with serving(make_settings(world, api={"max_body_bytes": 4096})) as running:
         chunks = [b'{"queries": [' + b" " * 1000] + [b" " * 1024] * 99  # ~100 kB, never finished
         status, pulled, body = await call_raw(running.app, [], chunks)
         assert status == 413 and b"body_too_large" in body
@@ -222,14 +222,14 @@ async def test_images_are_checked_off_the_event_loop(world: World, monkeypatch: 
         real_verify(payload, what)
 
     monkeypatch.setattr(inputs, "verify_image", recording_verify)
-    async for running in start_app(make_settings(world)):
+    async with serving(make_settings(world)) as running:
         response = await running.search(queries=[{"image_b64": "aGVsbG8="}])
         assert_envelope(response, 400, "invalid_input")
         assert threads and threading.get_ident() not in threads
 
 
 async def test_admin_routes_are_off_without_an_admin_key(world: World) -> None:
-    async for running in start_app(make_settings(world, api={"api_key": API_KEY})):
+    async with serving(make_settings(world, api={"api_key": API_KEY})) as running:
         for headers in ({}, SEARCH):
             assert_envelope(await running.client.post(RELOAD, headers=headers), 404, "not_found")
         assert RELOAD not in (await running.client.get("/openapi.json")).json()["paths"]
@@ -239,7 +239,7 @@ async def test_openapi_declares_bearer_security_only_for_the_keys_configured(wor
     keyed = (await locked.client.get("/openapi.json")).json()
     assert keyed["paths"]["/v1/search"]["post"]["security"] == [{"ApiKey": []}]
     assert set(keyed["components"]["securitySchemes"]) == {"ApiKey", "AdminKey"}
-    async for running in start_app(make_settings(world)):  # keyless, as `make demo` serves
+    async with serving(make_settings(world)) as running:  # keyless, as `make demo` serves
         keyless = (await running.client.get("/openapi.json")).json()
         assert "security" not in keyless["paths"]["/v1/search"]["post"]
         assert "securitySchemes" not in keyless.get("components", {})
@@ -285,7 +285,7 @@ async def test_reload_is_confined_to_the_profiles_root(
         "bad\x00name",
     ]
     settings = make_settings(world, api={"admin_key": ADMIN_KEY, "profiles_root": str(root)})
-    async for running in start_app(settings):
+    async with serving(settings) as running:
         before = running.pipeline.profile.profile_id
         messages = set()
         with caplog.at_level(logging.WARNING, logger="nobackfill"):
@@ -324,7 +324,7 @@ async def test_openapi_declares_the_error_envelope_for_every_error_status(locked
 
 async def test_metrics_move_to_their_own_port(world: World) -> None:
     port = free_port()
-    async for running in start_app(make_settings(world, api={"metrics_port": port})):
+    async with serving(make_settings(world, api={"metrics_port": port})) as running:
         assert_envelope(await running.client.get("/metrics"), 404, "not_found")
         async with httpx.AsyncClient() as scraper:
             scraped = await scraper.get(f"http://127.0.0.1:{port}/metrics", timeout=10)
@@ -343,7 +343,7 @@ async def test_a_refused_sighup_reload_is_logged_with_its_reason(
     shutil.copytree(world.profile_dir, profile)
     settings = make_settings(world)
     settings.compat.profile_dir = profile
-    async for running in start_app(settings):
+    async with serving(settings) as running:
         before = running.pipeline.profile.profile_id
         (profile / "profile.json").write_text("{not json")
         with caplog.at_level(logging.INFO, logger="nobackfill"):

@@ -21,7 +21,7 @@ import torch
 from service.compat import psp
 from service.compat.heads import transform
 from service.settings import CompatSettings, EncoderSettings, IndexSettings, Settings
-from tests.support.app import Running, start_app
+from tests.support.app import Running, serving
 from tests.support.cli import run_cli
 from tests.support.digits_models import OLD_CLASSES, Pair, encode, train_pair
 from tests.support.world import World
@@ -60,7 +60,7 @@ async def adapter_service(world: World, adapter_profile: Path) -> AsyncIterator[
         index=IndexSettings(gallery_dir=world.gallery_dir, nprobe=16),
         compat=CompatSettings(profile_dir=adapter_profile, default_mode="adapter"),
     )
-    async for running in start_app(settings):
+    async with serving(settings) as running:
         yield running
 
 
@@ -164,7 +164,7 @@ async def psp_service(digits_deployment: DigitsDeployment) -> AsyncIterator[Runn
         index=IndexSettings(gallery_dir=digits_deployment.gallery_dir, nprobe=4),
         compat=CompatSettings(profile_dir=digits_deployment.profile_dir, default_mode="psp"),
     )
-    async for running in start_app(settings):
+    async with serving(settings) as running:
         yield running
 
 

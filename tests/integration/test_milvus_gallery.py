@@ -27,7 +27,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from tests.support.app import Running, start_app
+from tests.support.app import Running, serving
 from tests.support.cli import cli
 from tests.support.servers import ServerProcess, free_port
 from tests.support.world import World
@@ -148,8 +148,8 @@ async def test_every_mode_answers_exactly_and_agrees_with_the_faiss_gallery(worl
     backend fails both.
     """
     k = 10
-    async for served in start_app(milvus_settings(world, milvus.server.uri)):
-        async for local in start_app(faiss_settings(world)):
+    async with serving(milvus_settings(world, milvus.server.uri)) as served:
+        async with serving(faiss_settings(world)) as local:
             modes = served.pipeline.profile.modes()
             assert {"old", "slerp"} <= set(modes)
             overlaps = []
@@ -174,7 +174,7 @@ async def test_every_mode_answers_exactly_and_agrees_with_the_faiss_gallery(worl
 
 
 async def test_info_and_readiness_report_the_collection(world: World, milvus: Loaded) -> None:
-    async for served in start_app(milvus_settings(world, milvus.server.uri)):
+    async with serving(milvus_settings(world, milvus.server.uri)) as served:
         gallery = (await served.client.get("/v1/info")).json()["gallery"]
         assert gallery["backend"] == "milvus" and gallery["collection"] == "world"
         assert gallery["ntotal"] == WORLD_ITEMS and gallery["dim"] == 512
@@ -240,7 +240,7 @@ async def test_ivf_collection_bounds_nprobe_by_its_nlist(world: World, milvus: L
         "--from-npy", npy, "--index", "IVF_FLAT", "--nlist", "8", "--model-id", "synthetic-old",
     )  # fmt: skip
     assert done.returncode == 0, done.stderr
-    async for served in start_app(milvus_settings(world, milvus.server.uri, "ivf")):
+    async with serving(milvus_settings(world, milvus.server.uri, "ivf")) as served:
         assert served.pipeline.gallery.max_nprobe == 8
         assert (await served.client.get("/v1/info")).json()["gallery"]["nprobe_default"] == 8
         ok = await served.search(queries=[{"text": text} for text in CAPTIONS], k=5, mode="slerp", nprobe=8)
@@ -374,7 +374,7 @@ async def test_outages_answer_503_and_readiness_follows(
     """
     settings = milvus_settings(world, private_milvus.uri, milvus_timeout_s=0.5)
     caplog.set_level(logging.WARNING, logger="nobackfill")
-    async for served in start_app(settings):
+    async with serving(settings) as served:
         assert await _answers(served) == 200
         for outage, recover in (
             (private_milvus.pause, private_milvus.resume),
@@ -419,7 +419,7 @@ async def test_an_embedded_db_file_is_served_in_process(world: World, milvus: Lo
         "--from-npy", npy, "--index", "FLAT", "--model-id", "synthetic-old",
     )  # fmt: skip
     assert done.returncode == 0, done.stderr
-    async for served in start_app(milvus_settings(world, str(db))):
+    async with serving(milvus_settings(world, str(db))) as served:
         response = await served.search(queries=[{"old_embedding": milvus.vectors[42].tolist()}], k=3, mode="old")
         assert response.status_code == 200, response.text
         assert response.json()["results"][0]["ids"][0] == 42  # a stored vector finds itself

@@ -17,7 +17,7 @@ from PIL import Image
 
 from service.compat.profile import CompatProfile, load_profile
 from service.settings import CompatSettings, IndexSettings, Settings
-from tests.support.app import start_app
+from tests.support.app import serving
 from tests.support.cli import cli, run_cli
 from tests.support.world import World
 
@@ -94,7 +94,7 @@ async def test_each_query_is_served_with_its_own_modalitys_weight(
         index=IndexSettings(gallery_dir=world.gallery_dir, nprobe=16),
         compat=CompatSettings(profile_dir=folders["profile"]),
     )
-    async for running in start_app(settings):
+    async with serving(settings) as running:
         info = (await running.client.get("/v1/info")).json()
         assert info["profile"]["alphas"] == profile.alphas
         mixed = [{"text": CAPTION.format(7)}, {"image_b64": _png()}, {"text": CAPTION.format(8)}]

@@ -35,7 +35,7 @@ from service.settings import (
 )
 from service.traffic.local import LocalPairStore
 from service.vocabulary import Modality
-from tests.support.app import start_app
+from tests.support.app import serving
 from tests.support.servers import encoder_children
 from tests.support.world import World
 
@@ -229,7 +229,7 @@ async def test_aclose_unwinds_every_part_a_serving_pipeline_started(world: World
 async def test_the_in_flight_gauge_counts_the_queries_of_a_request(world: World) -> None:
     settings = settings_for(world, isolation="thread")
     settings.new.simulated_cost_per_item_ms = 100  # the 5-query batch holds the request for half a second
-    async for running in start_app(settings):
+    async with serving(settings) as running:
         before = in_flight()
         queries = [{"text": f"item-{i:010d} caption-1"} for i in range(5)]
         request = asyncio.create_task(running.search(queries=queries, k=3))
@@ -246,7 +246,7 @@ async def test_the_in_flight_gauge_counts_the_queries_of_a_request(world: World)
 async def test_searches_run_on_the_pipelines_own_pool_of_the_configured_size(world: World) -> None:
     settings = settings_for(world, isolation="thread")
     settings.index.search_threads = 3
-    async for running in start_app(settings):
+    async with serving(settings) as running:
         pipeline = running.pipeline
         assert pipeline.search_threads == 3 and pipeline.search_pool._max_workers == 3
         answers = await asyncio.gather(*(running.search(queries=[{"text": TEXT}], k=3) for _ in range(12)))

@@ -17,7 +17,7 @@ from service.encoders.identity import ModelIdentity
 from service.settings import CompatSettings, IndexSettings, Settings, TrafficSettings
 from service.traffic.base import parse_models_key
 from service.traffic.sampler import create_store
-from tests.support.app import start_app
+from tests.support.app import serving
 from tests.support.cli import cli
 from tests.support.world import World
 
@@ -42,7 +42,7 @@ def sampled() -> float:
 async def search_and_flush(settings: Settings, **body: Any) -> int:
     """Run the app, send the queries in each of the body's modes, flush the sampler; how many pairs it sampled."""
     before = sampled()
-    async for running in start_app(settings):
+    async with serving(settings) as running:
         for mode in ("slerp", "old", "aligned"):  # only slerp reads both embeddings
             response = await running.search(queries=QUERIES, k=5, mode=mode, **body)
             assert response.status_code == 200, response.text
@@ -101,7 +101,7 @@ async def test_rollout_export_refit_compare_reload(world: World, tmp_path: Path)
     )
     test_dir = tmp_path / "test"
     assert cli("synth", "test", "--n", 300, "--gallery-size", 3000, "--seed", 7, "--out", test_dir).returncode == 0
-    async for running in start_app(settings):
+    async with serving(settings) as running:
         for start in range(0, 600, 60):  # 600 caption queries of items outside the test set's 3,000
             queries = [{"text": f"item-{3000 + 25 * i:010d} caption-5"} for i in range(start, start + 60)]
             assert (await running.search(queries=queries, k=5, mode="slerp")).status_code == 200

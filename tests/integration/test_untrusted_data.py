@@ -24,7 +24,7 @@ from service.encoders.registry import create_encoder
 from service.errors import EncoderFailed, EncoderTimeout
 from service.pipeline import cache_model_key
 from service.settings import CacheSettings, CompatSettings, EncoderSettings, IndexSettings, Settings
-from tests.support.app import Running, start_app
+from tests.support.app import Running, serving
 from tests.support.faulty_encoder import FaultyEncoder, install
 from tests.support.world import World
 
@@ -161,7 +161,7 @@ def faulty_settings(world: World, **overrides: Any) -> Settings:
 
 @pytest.fixture
 async def service(world: World) -> AsyncIterator[Running]:
-    async for running in start_app(faulty_settings(world)):
+    async with serving(faulty_settings(world)) as running:
         yield running
 
 
@@ -209,7 +209,7 @@ async def test_zero_rows_fall_back_to_the_other_endpoint_and_are_counted(service
 async def test_a_hung_call_leaves_its_replica_serving_and_ready(world: World, monkeypatch: pytest.MonkeyPatch) -> None:
     # The default: the hung call keeps its thread, the replica serves on a fresh one (encoder.stuck_threads).
     monkeypatch.setattr("tests.support.faulty_encoder.HANG_S", 1.5)
-    async for running in start_app(faulty_settings(world, new_timeout_s=0.6)):
+    async with serving(faulty_settings(world, new_timeout_s=0.6)) as running:
         hung = asyncio.ensure_future(running.search(queries=[{"text": CAPTION.format(1) + " !hang-new"}], mode="slerp"))
         await asyncio.sleep(0.4)  # past the slow-call bound (0.25 s), within the hang
         clean = await running.search(queries=[{"text": CAPTION.format(2)}], mode="slerp")
@@ -223,7 +223,7 @@ async def test_a_hung_call_leaves_its_replica_serving_and_ready(world: World, mo
 async def test_readiness_is_503_while_every_replica_is_stuck(world: World, monkeypatch: pytest.MonkeyPatch) -> None:
     # With no thread to spare (stuck_threads 0) the one replica is set aside until its call returns.
     monkeypatch.setattr("tests.support.faulty_encoder.HANG_S", 1.5)
-    async for running in start_app(faulty_settings(world, new_timeout_s=0.4, new_stuck_threads=0)):
+    async with serving(faulty_settings(world, new_timeout_s=0.4, new_stuck_threads=0)) as running:
         hung = await running.search(queries=[{"text": CAPTION.format(1) + " !hang-new"}], mode="slerp")
         assert hung.status_code == 504 and hung.json()["error"]["code"] == "encoder_timeout", hung.text
         ready = await running.client.get("/readyz")
@@ -248,7 +248,7 @@ async def test_a_corrupt_cache_value_is_a_miss_and_is_rewritten(world: World, re
     text = CAPTION.format(42)
     client = aioredis.Redis.from_url(redis_url)
     try:
-        async for running in start_app(settings):
+        async with serving(settings) as running:
             first = await running.search(queries=[{"text": text}], mode="slerp")
             assert first.json()["results"][0]["cache"] == "miss"
             await running.pipeline.drain()
@@ -276,7 +276,7 @@ async def test_zero_rows_are_never_cached(world: World, redis_url: str) -> None:
     settings = faulty_settings(world, cache=CacheSettings(redis_url=redis_url, namespace=namespace))
     client = aioredis.Redis.from_url(redis_url)
     try:
-        async for running in start_app(settings):
+        async with serving(settings) as running:
             texts = [CAPTION.format(50) + " !zero-old", CAPTION.format(51)]
             response = await running.search(queries=[{"text": t} for t in texts], mode="slerp")
             assert response.status_code == 200
