@@ -9,7 +9,7 @@ TEST_REDIS_URL ?= redis://127.0.0.1:6379/15
 # --dist loadfile keeps a file's tests on one worker, so module fixtures are built once.
 TEST_WORKERS ?= 2
 
-.PHONY: install check test test-unit test-scale fuzz chaos backfill-faults demo serve redis clean
+.PHONY: install check test test-unit test-scale test-docs fuzz chaos backfill-faults demo serve redis clean
 .PHONY: prometheus kubectl browser deploy-env k8s-secret deploy-check
 
 $(STAMP): pyproject.toml
@@ -79,6 +79,12 @@ test-unit: $(STAMP)
 # checks the same regime at 10^4).
 test-scale: $(STAMP)
 	OMP_WAIT_POLICY=PASSIVE $(BIN)/pytest -q -p no:cacheprovider -m scale
+
+# The README's and docs/real-models.md's shell blocks, run from a fresh clone of HEAD as a newcomer would paste
+# them (tests/docs/run_docs.py; the mark above each block says how): a fresh .venv, both demos, the real
+# step by step, the load test (~40 min on 2 cores).  Port 8000 must be free.
+test-docs:
+	python3 tests/docs/run_docs.py
 
 # schemathesis against a real `nobackfill serve` process and its own OpenAPI document: >= 1,000
 # generated cases over every route, no 5xx, no response outside the schema (`make test` runs ~150).
