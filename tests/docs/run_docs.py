@@ -268,7 +268,12 @@ def run_document(path: str, root: Path, work: Path) -> bool:
             started = time.monotonic()
             with log.open("w") as out:
                 process = subprocess.Popen(
-                    ["bash", str(script_path)], cwd=root, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
+                    ["bash", str(script_path)],
+                    cwd=root,
+                    env=env,
+                    stdout=out,
+                    stderr=subprocess.STDOUT,
+                    start_new_session=True,
                 )
                 try:
                     code = process.wait(BLOCK_TIMEOUT_S)
@@ -308,7 +313,8 @@ def main(argv: list[str] | None = None) -> int:
     root = args.checkout.resolve() if args.checkout else fresh_clone(work)
     print(f"running the docs' blocks in {root} (logs in {work / 'logs'})", flush=True)
     started = time.monotonic()
-    passed = all([run_document(path, root, work) for path in (args.only or DOCUMENTS)])  # each, whatever the others did
+    results = [run_document(path, root, work) for path in (args.only or DOCUMENTS)]  # each, whatever the others did
+    passed = all(results)
     print(f"{'every block ran' if passed else 'FAILED'} in {(time.monotonic() - started) / 60:.1f} min", flush=True)
     if passed and not args.keep:
         shutil.rmtree(work, ignore_errors=True)

@@ -76,7 +76,7 @@ def test_marks_rules_and_commands_are_read_as_documented() -> None:
         ("```bash\nls\n```\n", "doc.md:1: a bash block without a `<!-- docs: ... -->` mark"),
         ("<!-- docs: maybe -->\n```bash\nls\n```\n", "doc.md:2: a mark starts with `run` or `skip: REASON`"),
         ("<!-- docs: skip: -->\n```bash\nls\n```\n", "doc.md:2: `docs: skip:` needs a reason"),
-        ('<!-- docs: run; skip "make test": slow -->\n```bash\nmake test-unit\n```\n', "no command of the block starts"),
+        ('<!-- docs: run; skip "make test": slow -->\n```bash\nmake test-unit\n```\n', "no command of the block"),
         ('<!-- docs: run; serve "x" until http://example.com/ -->\n```bash\nx\n```\n', "is neither"),
         ("<!-- docs: run -->\n```bash\nls\n", "a fence that is never closed"),
     ],
