@@ -217,6 +217,10 @@ class ApiSettings(Section):
     max_queries: int = Field(64, ge=1)
     max_text_chars: int = Field(2048, ge=1)
     max_image_bytes: int = Field(8 * 1024 * 1024, ge=1)
+    # Width x height an image query may declare (read from its header; 400 past it).  Bytes do not bound
+    # it: a 420 kB PNG of 10,000 x 10,000 pixels held its whole batch 3.7 s in the clip backend's decode
+    # and resize (a tiny CLIP, one thread; 16 MP took 0.29 s).  25 MP holds a 12 MP phone photo twice over.
+    max_image_pixels: int = Field(25_000_000, ge=1)
     # Request bodies over this are refused with 413 while they are read (and at once when the
     # Content-Length says so).  16 MiB holds one image at max_image_bytes (10.7 MiB as base64) or a
     # full request of max_queries images of ~190 kB each, while bounding what one request can pin.

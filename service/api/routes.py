@@ -26,11 +26,12 @@ async def search(body: SearchRequest, request: Request, pipeline: PipelineDep, _
     mode = body.mode or default_mode(pipeline.settings, pipeline.profile)
     request.state.mode = mode if Mode.has(mode) else "unknown"  # keeps the metric label bounded
     api = pipeline.settings.api
+    limits = (api.max_queries, api.max_image_bytes, api.max_image_pixels)
     if any(item.image_b64 is not None for item in body.queries):
         # base64 decoding and the image check cost milliseconds per image: not on the event loop.
-        queries = await asyncio.to_thread(to_queries, body.queries, api.max_queries, api.max_image_bytes)
+        queries = await asyncio.to_thread(to_queries, body.queries, *limits)
     else:
-        queries = to_queries(body.queries, api.max_queries, api.max_image_bytes)
+        queries = to_queries(body.queries, *limits)
     outcome = await pipeline.search(queries, k=body.k, mode=body.mode, alpha=body.alpha, nprobe=body.nprobe)
     results = []
     for result in outcome.results:

@@ -217,9 +217,9 @@ async def test_images_are_checked_off_the_event_loop(world: World, monkeypatch: 
     threads: list[int] = []
     real_verify = inputs.verify_image
 
-    def recording_verify(payload: str, what: str) -> None:
+    def recording_verify(payload: str, what: str, max_pixels: int) -> None:
         threads.append(threading.get_ident())
-        real_verify(payload, what)
+        real_verify(payload, what, max_pixels)
 
     monkeypatch.setattr(inputs, "verify_image", recording_verify)
     async with serving(make_settings(world)) as running:

@@ -8,8 +8,12 @@ picks the fault for that input; the marker is stripped before the synthetic mode
     !zero / !zero-old / !zero-new   that row comes back all zero (a static model's out-of-vocabulary row)
     !raise / !raise-new ...         the whole batch raises
     !hang / !hang-new ...           the batch sleeps HANG_S seconds first (a stuck model)
-A marker without a role applies to both encoders.  `install()` registers the two backends in this
-process; `python tests/support/faulty_encoder.py serve ...` runs `nobackfill` with them registered (chaos runs).
+A marker without a role applies to both encoders.  An image input (base64, as the API passes it)
+carries its marker in a PNG text chunk `fault` (`faulty_image("!hang-old")`) and is decoded to RGB here,
+as the `clip` backend decodes it, so bytes the API's header check lets through but that do not decode
+(a truncated JPEG) fail in the encoder as they would with a real model.  `install()` registers the two
+backends in this process; `python tests/support/faulty_encoder.py serve ...` runs `nobackfill` with them
+registered (chaos runs).
 
 Backend `faulty-hang-load` is `faulty-new` after FAULTY_LOAD_S seconds (default an hour: a load that
 hangs) spent building it.  It is an entry-point plug-in, so that an encoder child process
@@ -19,6 +23,8 @@ the PYTHONPATH that declares it.
 
 from __future__ import annotations
 
+import base64
+import io
 import os
 import re
 import sys
@@ -26,9 +32,11 @@ import time
 from pathlib import Path
 
 import numpy as np
+from PIL import Image, PngImagePlugin
 
 from service.encoders.base import Embeddings, Encoder, Modality, modalities_of
 from service.encoders.registry import ENTRY_POINT_GROUP, create_encoder, register_backend
+from service.images import rgb_image
 from service.settings import EncoderSettings
 
 HANG_S = float(os.environ.get("FAULTY_HANG_S", "2.0"))
@@ -51,7 +59,8 @@ class FaultyEncoder:
 
     def encode(self, batch: list[str], modality: Modality = "text") -> Embeddings:
         """The synthetic rows, with the requested faults applied."""
-        faults = [self._faults(text) for text in batch]
+        markers = batch if modality == "text" else [_image_marker(i, payload) for i, payload in enumerate(batch)]
+        faults = [self._faults(text) for text in markers]
         if any("raise" in f for f in faults):
             raise RuntimeError("injected encoder failure")
         if any("hang" in f for f in faults):
@@ -67,6 +76,20 @@ class FaultyEncoder:
     def warmup(self) -> None:
         """Warm the wrapped model."""
         self.inner.warmup()
+
+
+def _image_marker(i: int, payload: str) -> str:
+    """The fault marker of a base64 image (its PNG text chunk `fault`); InputError when it does not decode."""
+    return str(rgb_image(payload, f"image {i}").info.get("fault", ""))
+
+
+def faulty_image(marker: str = "", side: int = 8, colour: tuple[int, int, int] = (10, 120, 200)) -> str:
+    """A base64 PNG (the API's image_b64) whose text chunk `fault` holds `marker` (e.g. "!hang-old")."""
+    chunks = PngImagePlugin.PngInfo()
+    chunks.add_text("fault", marker)
+    buffer = io.BytesIO()
+    Image.new("RGB", (side, side), colour).save(buffer, format="PNG", pnginfo=chunks)
+    return base64.b64encode(buffer.getvalue()).decode()
 
 
 def _factory(role: str):  # type: ignore[no-untyped-def]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import io
 import os
@@ -18,7 +19,9 @@ import pytest
 import torch
 from PIL import Image
 
+from service import metrics
 from service.encoders.base import describe, fingerprint_of, modalities_of
+from service.encoders.batcher import MicroBatcher
 from service.encoders.identity import weights_fingerprint
 from service.encoders.registry import ENTRY_POINT_GROUP, backends, create_encoder
 from service.encoders.sentence_transformers import runs_directly
@@ -234,6 +237,39 @@ def test_clip_refuses_what_is_not_an_image(clip_dir: Path) -> None:
         encoder.encode([png_b64((0, 0, 0)), base64.b64encode(b"not an image").decode()], "image")
     with pytest.raises(InputError, match="image 0 is not valid base64"):
         encoder.encode(["%%%"], "image")
+
+
+async def test_a_text_past_the_token_limit_and_an_undecodable_image_cost_their_batch_mates_nothing(
+    clip_dir: Path,
+) -> None:
+    # Each call is submitted in the same tick, so the three texts share one batch and so do the three images.
+    encoder = create_encoder(EncoderSettings(backend="clip", path=str(clip_dir)), "new")
+    batcher = MicroBatcher(encoder, 32, 50.0, name="clip-isolation")
+    noise = Image.fromarray(np.random.default_rng(0).integers(0, 255, (64, 64, 3), dtype=np.uint8))
+    buffer = io.BytesIO()
+    noise.save(buffer, format="JPEG")
+    truncated = base64.b64encode(buffer.getvalue()[:-200]).decode()  # its header reads, its pixels do not
+    texts = ["alpha beta gamma delta " * 89, "a red square", "a blue circle"]  # 2,047 characters: past 24 tokens
+    images = [png_b64((255, 0, 0)), truncated, png_b64((0, 0, 255))]
+    splits = ("nobackfill_encoder_splits_total", {"encoder": "clip-isolation", "cause": "raised"})
+    before = metrics.REGISTRY.get_sample_value(*splits) or 0.0
+    await batcher.start()
+    try:
+        text_calls = [batcher.submit([text], "text") for text in texts]
+        image_calls = [batcher.submit([image], "image") for image in images]
+        text_rows = await asyncio.gather(*text_calls)
+        image_rows = await asyncio.gather(*image_calls, return_exceptions=True)
+    finally:
+        await batcher.stop()
+    # One batch of texts, one of images, then the three images re-run one by one after that batch raised.
+    batches = metrics.REGISTRY.get_sample_value("nobackfill_encoder_batch_size_count", {"encoder": "clip-isolation"})
+    assert batches == 5
+    for text, rows in zip(texts, text_rows, strict=True):  # as alone: the padding beside the long one is masked
+        np.testing.assert_allclose(rows, encoder.encode([text], "text"), atol=1e-5)
+    assert isinstance(image_rows[1], InputError) and image_rows[1].code == "invalid_input"
+    for i in (0, 2):
+        np.testing.assert_allclose(image_rows[i], encoder.encode([images[i]], "image"), atol=1e-5)  # type: ignore[arg-type]
+    assert metrics.REGISTRY.get_sample_value(*splits) == before + 1
 
 
 def test_each_encoder_runs_with_its_own_thread_count(tmp_path: Path) -> None:
