@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from service.errors import InputError
-from service.quiet import quiet_transformers
+from service.quiet import no_bars_off_a_terminal, quiet_transformers
 from service.realdata.publish import check_output, staging
 
 MINILM_NAME = "all-MiniLM-L6-v2"
@@ -154,11 +154,12 @@ def distill_static(
     quiet_transformers()  # distilling loads MiniLM through transformers, which prints a load report
     started = time.perf_counter()
     try:
-        model = distill(
-            model_name=str(source),
-            pca_dims=pca_dims,
-            token_remove_pattern=_keep_only_first(source, vocab_limit) if vocab_limit else _UNUSED_RE.pattern,
-        )
+        with no_bars_off_a_terminal():  # model2vec's "Encoding tokens" bar
+            model = distill(
+                model_name=str(source),
+                pca_dims=pca_dims,
+                token_remove_pattern=_keep_only_first(source, vocab_limit) if vocab_limit else _UNUSED_RE.pattern,
+            )
     except OSError as exc:
         raise InputError(f"{source}: cannot distill from it ({exc})") from exc
     with staging(out, BUILD_JSON, force=True) as tmp:
@@ -204,6 +205,7 @@ def build_models(out: Path, *, pca_dims: int = 256, vocab_limit: int | None = No
 def embedding_dim(folder: Path) -> int:
     """The output dimension of the SentenceTransformer at `folder` (loads it on the CPU)."""
     _offline()
+    quiet_transformers()  # loading MiniLM prints a load report of one unused key, and a bar
     from sentence_transformers import SentenceTransformer
 
     dim = SentenceTransformer(str(folder), device="cpu").get_embedding_dimension()

@@ -44,6 +44,8 @@ def test_models_cli_writes_both_folders(built_models: tuple[Path, str]) -> None:
         assert (folder / models.BUILD_JSON).is_file() and (folder / "model.safetensors").is_file()
     assert sorted(p.name for p in out.iterdir()) == ["all-MiniLM-L6-v2", "minilm-static-256"]
     assert "LOAD REPORT" not in stdout and "UNEXPECTED" not in stdout  # transformers' report of the MiniLM load
+    # Bars redrawn into a pipe: model2vec's while distilling, transformers' while loading the weights.
+    assert "Encoding tokens" not in stdout and "Loading weights" not in stdout and "\r" not in stdout
 
 
 def test_static_model_loads_with_sentence_transformers(built_models: tuple[Path, str]) -> None:
