@@ -16,7 +16,6 @@ def quiet_transformers() -> None:
     hf_logging.disable_progress_bar()  # type: ignore[no-untyped-call]
 
 
-
 @contextmanager
 def no_bars_off_a_terminal() -> Iterator[None]:
     """Within it, what a library writes to stderr (its tqdm bars) is dropped when stderr is a file or pipe.
