@@ -12,6 +12,7 @@ from typing import Any
 
 import typer
 
+from service.commands import render
 from service.vocabulary import Modality
 
 app = typer.Typer(no_args_is_help=True)
@@ -238,7 +239,6 @@ def curve(
     if as_json:
         typer.echo(json.dumps(result))
         return
-    from rich.console import Console
     from rich.table import Table
 
     table = Table(title=result["title"], caption=result["caption"])
@@ -253,7 +253,7 @@ def curve(
             "[{:.4f}, {:.4f}]".format(*row["ci@10"]),
             f"{share:.2f}",
         )
-    Console(soft_wrap=True).print(table)
+    render.console().print(table)
 
 
 @app.command("cascade")
@@ -284,7 +284,6 @@ def cascade(
     if as_json:
         typer.echo(json.dumps(result))
         return
-    from rich.console import Console
     from rich.table import Table
 
     table = Table(title=result["title"], caption=f"{result['caption']}; {result['seconds']} s")
@@ -296,7 +295,7 @@ def cascade(
     for row in result["rows"]:
         stage1 = "{:.4f} [{:.4f}, {:.4f}]".format(row["stage1_recall"], *row["stage1_ci"])
         table.add_row("cascade", str(row["candidates"]), str(row["budget"]), stage1, *_recall_cells(row))
-    Console(soft_wrap=True).print(table)
+    render.console().print(table)
 
 
 def _recall_cells(row: dict[str, Any]) -> list[str]:

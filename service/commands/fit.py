@@ -397,12 +397,10 @@ def _print_adapter(outcome: FitOutcome, wrote: str) -> None:
 
 def _print_classes(outcome: FitOutcome, wrote: str) -> None:
     """psp / lsp: the head scored on the support logits, and the class counts P_tk was built from."""
-    from rich.console import Console
-
     profile = outcome.profile
     classes = profile.classes or {}
     ((_, support_dir),) = outcome.supports.items()
-    console = Console(soft_wrap=True)
+    console = render.console()
     console.print(
         render.eval_table(
             profile.fit_report["support_eval"], f"{profile.head} on the support logits ({support_dir})", None
@@ -484,10 +482,9 @@ def evaluate(
     if as_json:
         typer.echo(json.dumps(rows))
         return
-    from rich.console import Console
 
     caption = _CAPTIONS[profile.family].format(head=profile.head)
     if split.zero_rows:
         caption += f"; {split.zero_rows_line()}"
     title = f"profile {profile.profile_id} ({profile.head}) on {test_dir} ({modality} queries)"
-    Console(soft_wrap=True).print(render.eval_table(rows, title, caption))
+    render.console().print(render.eval_table(rows, title, caption))

@@ -87,6 +87,10 @@ def test_eval_table_and_profile_show(world: dict[str, Path]) -> None:
     done = nobackfill("eval", world["profile"], world["test"])
     assert done.returncode == 0, done.stderr
     assert "oracle" in done.stdout and "upper bound" in done.stdout
+    # Piped, the table keeps its width: one header line with every column, never cells wrapped to 80 columns.
+    assert any(
+        "ARR@10 [95 %]" in line and "compatible (R@1)" in line and "nfr" in line for line in done.stdout.splitlines()
+    )
     shown = nobackfill("profile", "show", world["profile"])
     assert shown.returncode == 0, shown.stderr
     meta = json.loads((world["profile"] / "profile.json").read_text())
