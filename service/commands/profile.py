@@ -189,7 +189,7 @@ def _print_comparison(result: dict[str, object]) -> None:
     from service.compat.uncertainty import describe
 
     r: dict[str, Any] = dict(result)
-    console = render.console()  # the terminal's width, or 200 columns when piped: the table never wraps its cells
+    console = render.console()  # the terminal's width, or 240 columns when piped: the table never wraps its cells
     if "current" in r:
         table = Table(title=f"profile compare on {r['test']} ({r['queries']} {r['modality']} queries)")
         judged = r["judged_on"].replace("recall", "R")

@@ -27,12 +27,12 @@ _SE_OF = {"recall@1": "se@1", "mean@1-10": "se_mean@1-10", "mrr@10": "se_mrr@10"
 
 
 def console() -> Any:
-    """A rich console for the fit report: the terminal's width, or 200 columns when piped (tables stay unwrapped)."""
+    """A rich console for the CLI's tables: the terminal's width, or 240 columns when piped (tables stay unwrapped)."""
     import sys
 
     from rich.console import Console
 
-    return Console(soft_wrap=True, width=None if sys.stdout.isatty() else 200)
+    return Console(soft_wrap=True, width=None if sys.stdout.isatty() else 240)
 
 
 def _criterion_score(report: dict[str, Any]) -> str:
