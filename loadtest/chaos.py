@@ -19,10 +19,12 @@ The service runs the synthetic encoders through the test-only `faulty-*` backend
 (tests/support/faulty_encoder.py: simulated models that misbehave only on marked inputs) with a simulated
 per-batch cost, so every fault is injected on purpose and nothing else differs from `nobackfill serve`.
 `--short` runs every scenario in seconds (the version `make test` runs); the default is the long one
-(`make chaos`).  NOBACKFILL_* variables in the environment reach the service (e.g.
-NOBACKFILL_API__MAX_QUEUE_MS=100 for the burst's latency / refusal trade-off; CHAOS_SUSTAINABLE_RPS=92.5
-to skip measuring the sustainable rate, which other load on the box drags down).  Prints one JSON object
-per scenario (and writes them all to --json).
+(`make chaos`).  `--real DIR --scenarios burst` runs the burst on the real upgrade `nobackfill demo --real`
+builds (DIR: artifacts/real): its two sentence-transformers models in child processes, the new one as 2
+copies x 1 thread, the corpus's test and support questions as the queries.  NOBACKFILL_* variables in
+the environment reach the service (e.g. NOBACKFILL_API__MAX_QUEUE_MS=100 for the burst's latency /
+refusal trade-off; CHAOS_SUSTAINABLE_RPS=92.5 to skip measuring the sustainable rate, which other load
+on the box drags down).  Prints one JSON object per scenario (and writes them all to --json).
 """
 
 from __future__ import annotations
@@ -59,6 +61,8 @@ ADMIN_KEY = "chaos-admin-key"
 CACHE_DEADLINE_S = 4 * 0.05  # redis_cache.DEADLINE_TIMEOUTS x the default socket timeout
 # The service's api.max_queue_ms as this run sets it (its default otherwise): the burst's bound reads it.
 MAX_QUEUE_MS = float(os.environ.get("NOBACKFILL_API__MAX_QUEUE_MS", "250"))
+# --real DIR: the burst serves the real upgrade in DIR (artifacts/real) instead of the simulated models.
+REAL: Path | None = None
 
 
 @dataclass(frozen=True)
@@ -511,12 +515,40 @@ MODEL_BOUND = {
 }
 
 
+def real_upgrade(real: Path) -> dict[str, str]:
+    """The service settings of demo --real's upgrade in `real`, the new model as 2 copies x 1 thread."""
+    models = real / "models"
+    return {
+        "NOBACKFILL_OLD__BACKEND": "sentence-transformers",
+        "NOBACKFILL_OLD__PATH": str(models / "minilm-static-256"),
+        "NOBACKFILL_OLD__THREADS": "1",
+        "NOBACKFILL_NEW__BACKEND": "sentence-transformers",
+        "NOBACKFILL_NEW__PATH": str(models / "all-MiniLM-L6-v2"),
+        "NOBACKFILL_NEW__REPLICAS": "2",
+        "NOBACKFILL_NEW__THREADS": "1",
+        "NOBACKFILL_INDEX__NPROBE": "32",
+        "HF_HUB_OFFLINE": "1",
+    }
+
+
+def real_questions(real: Path) -> Callable[[], str]:
+    """Random questions of the real corpus's test and support pairs."""
+    questions = [
+        json.loads(line)["query"]
+        for name in ("test.jsonl", "support.jsonl")
+        for line in (real / "corpus" / name).read_text().splitlines()
+        if line.strip()
+    ]
+    rng = random.Random(0)
+    return lambda: rng.choice(questions)
+
+
 def burst(world: Path, plan: Plan, out: Path) -> dict[str, Any]:
     """Find the sustainable rate, offer 4x it open-loop, then half of it: refusals, p99, RSS, recovery."""
-    service = Service(world, None, **MODEL_BOUND)
+    service = Service(world, None, **(real_upgrade(REAL) if REAL else MODEL_BOUND))
     service.start(out / "chaos-burst-service.log")
-    queries = Queries(plan.gallery_size)
-    text = lambda: (queries.text(), "")  # noqa: E731
+    question = real_questions(REAL) if REAL else Queries(plan.gallery_size).text
+    text = lambda: (question(), "")  # noqa: E731
     rss: list[float] = []
     server: list[tuple[float, float]] = []
 
@@ -559,6 +591,7 @@ def burst(world: Path, plan: Plan, out: Path) -> dict[str, Any]:
     goodput = sum(s.sent < plan.burst_s for s in ok) / plan.burst_s  # answered 200 per second of the burst
     return {
         "scenario": "burst",
+        "models": "real (demo --real; new: 2 copies x 1 thread)" if REAL else "simulated, model-bound",
         "sustainable_rps": round(capacity, 1),
         "max_queue_ms": MAX_QUEUE_MS,
         "unloaded_p99_ms": round(unloaded_p99, 1),
@@ -813,9 +846,19 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
     parser.add_argument("--short", action="store_true", help="seconds per scenario (the make test version)")
     parser.add_argument("--out", type=Path, default=ROOT / "loadtest" / "results")
     parser.add_argument("--json", type=Path, default=None, help="also write the results here")
+    parser.add_argument("--real", type=Path, default=None, help="burst on demo --real's upgrade in this folder")
     args = parser.parse_args(argv)
     plan = SHORT if args.short else LONG
-    world = build_world(args.world or ROOT / "artifacts" / ("chaos-short" if args.short else "chaos"), plan)
+    global REAL
+    REAL = args.real
+    if REAL is not None:
+        if args.scenarios != "burst":
+            parser.error("--real runs the burst scenario only: add --scenarios burst")
+        if not (REAL / "profile" / "profile.json").exists():
+            parser.error(f"--real {REAL}: no profile there (nobackfill demo --real --prepare-only builds it)")
+        world = REAL
+    else:
+        world = build_world(args.world or ROOT / "artifacts" / ("chaos-short" if args.short else "chaos"), plan)
     args.out.mkdir(parents=True, exist_ok=True)
     results = []
     for name in args.scenarios.split(","):

@@ -12,8 +12,8 @@ group) before the next server starts and at the end of its document.  `skip "PRE
 command that starts with PREFIX is not run.  A command is a line with its `\\` continuation lines.
 
 Each document starts in a shell of its own, at the clone's root, with no virtualenv active: exported
-variables carry from one block to the next, as in one terminal.  curl runs with --fail-with-body (a
-.curlrc), so an HTTP error fails its block.  The first block that fails stops its document and prints
+variables carry from one block to the next, as in one terminal.  curl runs with --fail (a .curlrc),
+so an HTTP error fails its block.  The first block that fails stops its document and prints
 its log's tail.  Standard library only: the clone builds its own .venv, as the README tells a newcomer.
 
     python3 tests/docs/run_docs.py [--only README.md] [--in CHECKOUT] [--keep]     (make test-docs)
@@ -194,7 +194,7 @@ docs_stop_server() {
 
 docs_before_serve() {
   docs_stop_server
-  if curl -s -o /dev/null --max-time 2 "$1"; then
+  if [ "$(curl -s -o /dev/null -w '%{http_code}' --max-time 2 "$1")" != 000 ]; then
     echo "docs: something already answers $1; stop it first" >&2; return 1
   fi
 }
@@ -228,7 +228,7 @@ def newcomer_env(state: Path, root: Path, logs: Path) -> dict[str, str]:
     env["PATH"] = os.pathsep.join(p for p in env.get("PATH", "").split(os.pathsep) if "/.venv/" not in p + "/")
     curl_home = state / "curl"
     curl_home.mkdir(exist_ok=True)
-    (curl_home / ".curlrc").write_text("fail-with-body\n")
+    (curl_home / ".curlrc").write_text("fail\n")  # as -f: a script's own -f or -sf stays valid
     env.update(
         CURL_HOME=str(curl_home),
         DOCS_ROOT=str(root),
