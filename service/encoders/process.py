@@ -193,7 +193,7 @@ class ProcessEncoder:
     def _call_locked(self, message: tuple[Any, ...]) -> tuple[str, Any]:
         if self._closed:
             raise EncoderProcessExited(f"{self.role} encoder process was stopped")
-        if self._conn is None:  # the last restart failed: try again now
+        if self._conn is None:  # the respawner has not started one yet, or the last restart failed: now
             self._restart()
         elif self._process is not None and self._process.poll() is not None:
             # It died between calls (or was interrupted just as its call returned): no call of
