@@ -12,7 +12,6 @@ import asyncio
 import base64
 import io
 import struct
-import threading
 import time
 import zlib
 from typing import Any
@@ -24,7 +23,7 @@ from PIL import Image
 
 from service import metrics
 from service.settings import ApiSettings, CompatSettings, EncoderSettings, IndexSettings, Settings
-from tests.support.app import Running, serving
+from tests.support.app import Running, encoder_threads_left, serving
 from tests.support.faulty_encoder import faulty_image, install
 from tests.support.world import CAPTION, World
 
@@ -226,10 +225,4 @@ async def test_a_text_at_the_length_limit_is_served_beside_others_and_one_past_i
 
 def test_no_hung_thread_is_left_behind() -> None:
     # The hung calls above return within HANG_S: then no encoder thread lingers.
-    deadline = time.monotonic() + 5
-    while time.monotonic() < deadline:
-        lingering = [t.name for t in threading.enumerate() if t.name.startswith("encoder-") and t.is_alive()]
-        if not lingering:
-            break
-        time.sleep(0.1)
-    assert lingering == []
+    assert encoder_threads_left() == []

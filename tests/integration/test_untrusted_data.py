@@ -6,8 +6,6 @@ from __future__ import annotations
 
 import asyncio
 import os
-import threading
-import time
 import uuid
 from collections.abc import AsyncIterator
 from typing import Any
@@ -24,7 +22,7 @@ from service.encoders.registry import create_encoder
 from service.errors import EncoderFailed, EncoderTimeout
 from service.pipeline import cache_model_key
 from service.settings import CacheSettings, CompatSettings, EncoderSettings, IndexSettings, Settings
-from tests.support.app import Running, serving
+from tests.support.app import Running, encoder_threads_left, serving
 from tests.support.faulty_encoder import FaultyEncoder, install
 from tests.support.world import World
 
@@ -291,10 +289,4 @@ async def test_zero_rows_are_never_cached(world: World, redis_url: str) -> None:
 def test_no_thread_is_left_behind() -> None:
     # Hung calls of the tests above return within HANG_S <= 1.5 s: then no encoder thread lingers, not even
     # one a hung call was left on.
-    deadline = time.monotonic() + 5
-    while time.monotonic() < deadline:
-        lingering = [t.name for t in threading.enumerate() if t.name.startswith("encoder-") and t.is_alive()]
-        if not lingering:
-            break
-        time.sleep(0.1)
-    assert lingering == []
+    assert encoder_threads_left() == []

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import threading
+import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
@@ -47,3 +49,13 @@ async def serving(settings: Any) -> AsyncIterator[Running]:
         yield running
     finally:
         await app.aclose()
+
+
+def encoder_threads_left(wait_s: float = 5.0) -> list[str]:
+    """Names of the encoder threads still alive after up to wait_s (hung calls return within their hang)."""
+    deadline = time.monotonic() + wait_s
+    while True:
+        lingering = [t.name for t in threading.enumerate() if t.name.startswith("encoder-") and t.is_alive()]
+        if not lingering or time.monotonic() >= deadline:
+            return lingering
+        time.sleep(0.1)
