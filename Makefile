@@ -82,7 +82,7 @@ test-scale: $(STAMP)
 
 # The README's and docs/real-models.md's shell blocks, run from a fresh clone of HEAD as a newcomer would paste
 # them (tests/docs/run_docs.py; the mark above each block says how): a fresh .venv, both demos, the real
-# step by step, the load test (~40 min on 2 cores).  Port 8000 must be free.
+# step by step, the load test (about 12 minutes on 2 cores with pip's cache warm).  Port 8000 must be free.
 test-docs:
 	python3 tests/docs/run_docs.py
 
