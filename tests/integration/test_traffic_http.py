@@ -12,8 +12,10 @@ import pytest
 import redis
 
 from service import metrics
+from service.compat.hubness import load_hubness
 from service.compat.profile import load_profile
 from service.encoders.identity import ModelIdentity
+from service.index.gallery import Gallery
 from service.settings import CompatSettings, IndexSettings, Settings, TrafficSettings
 from service.traffic.base import parse_models_key
 from service.traffic.sampler import create_store
@@ -128,3 +130,24 @@ async def test_rollout_export_refit_compare_reload(world: World, tmp_path: Path)
         )
         assert reloaded.status_code == 200 and reloaded.json()["profile_id"] == candidate_id
         assert running.pipeline.profile.profile_id == candidate_id
+    # The exported pairs also keep a hubness sidecar current: built from them, bound to the profile that
+    # mapped them, and served.
+    sidecar = tmp_path / "hubness"
+    built = cli(
+        "gallery", "hubness", world.gallery_dir, world.profile_dir, "--queries", tmp_path / "export", "--out", sidecar
+    )
+    assert built.returncode == 0 and "against 600 mapped traffic queries" in built.stdout, built.stdout + built.stderr
+    loaded = load_hubness(
+        sidecar, Gallery.load(world.gallery_dir).fingerprint, load_profile(world.profile_dir).profile_id
+    )
+    assert loaded.meta["queries_from"] == f"traffic {tmp_path / 'export'}" and loaded.meta["queries"] == 600
+    hub_settings = Settings(
+        index=IndexSettings(gallery_dir=world.gallery_dir, nprobe=8),
+        compat=CompatSettings(profile_dir=world.profile_dir, hubness_dir=sidecar),
+    )
+    async with serving(hub_settings) as served:
+        info = (await served.client.get("/v1/info")).json()
+        assert info["hubness"]["profile_id"] == load_profile(world.profile_dir).profile_id
+        assert (
+            await served.search(queries=[{"text": "item-0000000042 caption-1"}], k=5, mode="slerp")
+        ).status_code == 200
