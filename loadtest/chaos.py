@@ -43,6 +43,7 @@ import sys
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -61,8 +62,6 @@ ADMIN_KEY = "chaos-admin-key"
 CACHE_DEADLINE_S = 4 * 0.05  # redis_cache.DEADLINE_TIMEOUTS x the default socket timeout
 # The service's api.max_queue_ms as this run sets it (its default otherwise): the burst's bound reads it.
 MAX_QUEUE_MS = float(os.environ.get("NOBACKFILL_API__MAX_QUEUE_MS", "250"))
-# --real DIR: the burst serves the real upgrade in DIR (artifacts/real) instead of the simulated models.
-REAL: Path | None = None
 
 
 @dataclass(frozen=True)
@@ -543,11 +542,14 @@ def real_questions(real: Path) -> Callable[[], str]:
     return lambda: rng.choice(questions)
 
 
-def burst(world: Path, plan: Plan, out: Path) -> dict[str, Any]:
-    """Find the sustainable rate, offer 4x it open-loop, then half of it: refusals, p99, RSS, recovery."""
-    service = Service(world, None, **(real_upgrade(REAL) if REAL else MODEL_BOUND))
+def burst(world: Path, plan: Plan, out: Path, real: Path | None = None) -> dict[str, Any]:
+    """Find the sustainable rate, offer 4x it open-loop, then half of it: refusals, p99, RSS, recovery.
+
+    `real`: serve the real upgrade in that folder (demo --real's) instead of the simulated models.
+    """
+    service = Service(world, None, **(real_upgrade(real) if real else MODEL_BOUND))
     service.start(out / "chaos-burst-service.log")
-    question = real_questions(REAL) if REAL else Queries(plan.gallery_size).text
+    question = real_questions(real) if real else Queries(plan.gallery_size).text
     text = lambda: (question(), "")  # noqa: E731
     rss: list[float] = []
     server: list[tuple[float, float]] = []
@@ -591,7 +593,7 @@ def burst(world: Path, plan: Plan, out: Path) -> dict[str, Any]:
     goodput = sum(s.sent < plan.burst_s for s in ok) / plan.burst_s  # answered 200 per second of the burst
     return {
         "scenario": "burst",
-        "models": "real (demo --real; new: 2 copies x 1 thread)" if REAL else "simulated, model-bound",
+        "models": "real (demo --real; new: 2 copies x 1 thread)" if real else "simulated, model-bound",
         "sustainable_rps": round(capacity, 1),
         "max_queue_ms": MAX_QUEUE_MS,
         "unloaded_p99_ms": round(unloaded_p99, 1),
@@ -849,21 +851,21 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
     parser.add_argument("--real", type=Path, default=None, help="burst on demo --real's upgrade in this folder")
     args = parser.parse_args(argv)
     plan = SHORT if args.short else LONG
-    global REAL
-    REAL = args.real
-    if REAL is not None:
+    scenarios = dict(SCENARIOS)
+    if args.real is not None:
         if args.scenarios != "burst":
             parser.error("--real runs the burst scenario only: add --scenarios burst")
-        if not (REAL / "profile" / "profile.json").exists():
-            parser.error(f"--real {REAL}: no profile there (nobackfill demo --real --prepare-only builds it)")
-        world = REAL
+        if not (args.real / "profile" / "profile.json").exists():
+            parser.error(f"--real {args.real}: no profile there (nobackfill demo --real --prepare-only builds it)")
+        world = args.real
+        scenarios["burst"] = partial(burst, real=args.real)
     else:
         world = build_world(args.world or ROOT / "artifacts" / ("chaos-short" if args.short else "chaos"), plan)
     args.out.mkdir(parents=True, exist_ok=True)
     results = []
     for name in args.scenarios.split(","):
         started = time.monotonic()
-        result = SCENARIOS[name](world, plan, args.out)
+        result = scenarios[name](world, plan, args.out)
         result["seconds"] = round(time.monotonic() - started, 1)
         print(json.dumps(result), flush=True)
         results.append(result)

@@ -193,12 +193,11 @@ class ProcessEncoder:
     def _call_locked(self, message: tuple[Any, ...]) -> tuple[str, Any]:
         if self._closed:
             raise EncoderProcessExited(f"{self.role} encoder process was stopped")
-        if self._conn is None:  # the respawner has not started one yet, or the last restart failed: now
-            self._restart()
-        elif self._process is not None and self._process.poll() is not None:
+        if self._process is not None and self._process.poll() is not None:
             # It died between calls (or was interrupted just as its call returned): no call of
             # its was lost, so this one waits for a new child instead of failing.
             self._replace_dead("between calls")
+        if self._conn is None:  # that, the respawner has not started one yet, or the last restart failed
             self._restart()
         if self._interrupted.is_set():  # the batcher gave up on this call while the new child loaded
             raise EncoderProcessExited(f"{self.role} encoder call was interrupted while its process was replaced")

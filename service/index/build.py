@@ -71,10 +71,6 @@ class _Trained:
         return x
 
 
-# faiss warns when k-means gets fewer training points than this per centroid.
-FAISS_POINTS_PER_LIST = 39
-
-
 def _train(sample: Rows, d: int, params: BuildParams, log: Log) -> _Trained:
     """Create the index and train the OPQ rotation, the coarse centroids and the PQ codebooks."""
     index = faiss.index_factory(d, params.factory(), faiss.METRIC_INNER_PRODUCT)
@@ -86,9 +82,9 @@ def _train(sample: Rows, d: int, params: BuildParams, log: Log) -> _Trained:
         # One warning per sub-quantizer (64 lines) for a small sample says nothing `resolve` has not
         # checked already (>= 2^nbits training points); the sample size is logged above.
         ivf.pq.cp.min_points_per_centroid = 1
-    # faiss's own warning for a sample under 39 per list reads as an error; say what it means instead.
+    # faiss's own warning for a sample under its points per list reads as an error; say what it means instead.
+    advised = ivf.cp.min_points_per_centroid * params.nlist
     ivf.cp.min_points_per_centroid = 1
-    advised = FAISS_POINTS_PER_LIST * params.nlist
     if sample.shape[0] < advised:
         log(
             f"note: {sample.shape[0]:,} training vectors for {params.nlist:,} lists (faiss advises {advised:,}): "

@@ -95,15 +95,25 @@ def parse_mark(mark: str, where: str) -> tuple[bool, str, list[Rule]]:
     rules = []
     for clause in rest:
         if served := SERVE_RULE.match(clause):
-            rules.append(Rule("serve", tuple(re.findall(r'"([^"]+)"', served.group(1))), until=served.group(2)))
+            rules.append(Rule("serve", _quoted(served.group(1)), until=served.group(2)))
         elif skipped := SKIP_RULE.match(clause):
-            rules.append(Rule("skip", tuple(re.findall(r'"([^"]+)"', skipped.group(1))), reason=skipped.group(2)))
+            rules.append(Rule("skip", _quoted(skipped.group(1)), reason=skipped.group(2)))
         else:
             raise MarkError(
                 f'{where}: {clause!r} is neither `serve "PREFIX" until http://127.0.0.1:PORT/PATH` '
                 'nor `skip "PREFIX": REASON`'
             )
     return True, "", rules
+
+
+def _quoted(text: str) -> tuple[str, ...]:
+    """The double-quoted prefixes of a rule, in order."""
+    return tuple(re.findall(r'"([^"]+)"', text))
+
+
+def _slug(path: str) -> str:
+    """A document's path as one file-name part (logs, state folders)."""
+    return path.replace("/", "_")
 
 
 def blocks(path: str, text: str) -> list[Block]:
@@ -116,11 +126,8 @@ def blocks(path: str, text: str) -> list[Block]:
         if not opening:
             index += 1
             continue
-        indent, language = opening.groups()
-        end = next(
-            (j for j in range(index + 1, len(lines)) if lines[j].strip() == "```"),
-            None,
-        )
+        language = opening.group(2)
+        end = next((j for j in range(index + 1, len(lines)) if lines[j].strip() == "```"), None)
         if end is None:
             raise MarkError(f"{path}:{index + 1}: a fence that is never closed")
         if language in SHELL_FENCES:
@@ -130,11 +137,10 @@ def blocks(path: str, text: str) -> list[Block]:
                 raise MarkError(f"{where}: a {language} block without a `<!-- docs: ... -->` mark on the line above")
             run, reason, rules = parse_mark(mark.group(1), where)
             body = textwrap.dedent("\n".join(lines[index + 1 : end]))
-            block = Block(path, index + 1, body, run, reason, rules)
             for rule in rules:
                 if not any(rule.matches(command) for command in commands(body)):
                     raise MarkError(f"{where}: no command of the block starts with {' or '.join(rule.prefixes)!r}")
-            found.append(block)
+            found.append(Block(path, index + 1, body, run, reason, rules))
         index = end + 1
     return found
 
@@ -166,7 +172,7 @@ def script(block: Block, number: int) -> str:
         elif rule.kind == "skip":
             parts.append(f"echo {shlex.quote(f'docs: not run ({rule.reason}): {command.strip()}')}")
         else:
-            log = f"$DOCS_LOGS/{block.path.replace('/', '_')}-{number:02d}-serve-{index}.log"
+            log = f"$DOCS_LOGS/{_slug(block.path)}-{number:02d}-serve-{index}.log"
             parts += [
                 f"docs_before_serve {shlex.quote(rule.until)}",
                 "set -m  # the server gets a process group of its own, stopped as one",
@@ -248,7 +254,7 @@ def stop_server(env: dict[str, str]) -> None:
 
 def run_document(path: str, root: Path, work: Path) -> bool:
     """Run every marked block of one document in order; False at the first that fails."""
-    state = work / "state" / path.replace("/", "_")
+    state = work / "state" / _slug(path)
     logs = work / "logs"
     if state.exists():
         shutil.rmtree(state)
@@ -264,7 +270,7 @@ def run_document(path: str, root: Path, work: Path) -> bool:
                 continue
             script_path = state / f"{number:02d}.sh"
             script_path.write_text(script(block, number))
-            log = logs / f"{path.replace('/', '_')}-{number:02d}-line{block.line}.log"
+            log = logs / f"{_slug(path)}-{number:02d}-line{block.line}.log"
             started = time.monotonic()
             with log.open("w") as out:
                 process = subprocess.Popen(
