@@ -425,6 +425,56 @@ _CAPTIONS = {
 }
 
 
+_SERVED_CAPTION = (
+    "ranked by the gallery's own search (IVF-PQ codes, nprobe lists; <head>+csls: the sidecar's re-rank), as the "
+    "service answers; differences from old->old in points with 95 % paired bootstrap intervals; pfr/nfr at R@1"
+)
+
+
+def _mapped(profile: Any, hubness_queries: Path | None, modality: str) -> Any:
+    """The hubness correction's mapped queries for the exact eval (None without --hubness-queries)."""
+    if hubness_queries is None:
+        return None
+    if profile.family is HeadFamily.classes:
+        _warn(
+            f"--hubness-queries ignored: a {profile.head} profile's gallery holds class features, and the hubness "
+            "correction (for a gallery searched by mapped embedding queries) is not scored for it"
+        )
+        return None
+    from service.compat.hubness import mapped_queries
+
+    return mapped_queries(profile, hubness_queries, modality)[0]
+
+
+def _served(
+    profile: Any,
+    split: Any,
+    modality: str,
+    gallery_dir: Path,
+    hubness_dir: Path | None,
+    nprobe: int,
+    candidates: int,
+) -> Any:
+    """The test queries answered by the gallery (and the sidecar) with the service's own search calls."""
+    from service.compat.hubness import Corrected, load_hubness
+    from service.compat.served_eval import served_rankings
+    from service.index.gallery import Gallery
+    from service.settings import IndexSettings
+
+    defaults = IndexSettings()
+    gallery = Gallery.load(gallery_dir, coarse=defaults.coarse, graph_ef=defaults.coarse_ef)
+    corrected = None
+    if hubness_dir is not None:
+        corrected = Corrected(load_hubness(hubness_dir, gallery.fingerprint, profile.profile_id), candidates)
+    return served_rankings(profile, split, modality, gallery, nprobe, corrected)
+
+
+def _write_rankings(out: Path, query_ids: Any, ids: dict[str, Any]) -> None:
+    """Each method's served top-10 gallery ids per test query, beside the query ids, as one JSON file."""
+    document = {"query_ids": query_ids.tolist(), "rankings": {method: found.tolist() for method, found in ids.items()}}
+    out.write_text(json.dumps(document) + "\n", encoding="utf-8")
+
+
 def evaluate(
     profile_dir: Path = typer.Argument(..., help="Compat profile folder.", metavar="PROFILE_DIR"),
     test_dir: Path = typer.Argument(
@@ -444,6 +494,22 @@ def evaluate(
     hubness_queries: Path | None = typer.Option(
         None, "--hubness-queries", help="Support or traffic folder: also score the head with the hubness correction."
     ),
+    gallery_dir: Path | None = typer.Option(
+        None,
+        "--gallery",
+        help="Score old and the head through this frozen gallery as the service searches it (the test's target_ids "
+        "are its ids), instead of exactly over the test targets.",
+    ),
+    hubness_dir: Path | None = typer.Option(
+        None, "--hubness", help="With --gallery: the hubness sidecar the service serves (adds <head>+csls)."
+    ),
+    nprobe: int = typer.Option(16, "--nprobe", min=1, help="With --gallery: lists searched (as INDEX__NPROBE)."),
+    hubness_candidates: int = typer.Option(
+        100, "--hubness-candidates", min=1, help="With --hubness: hits re-ranked (as COMPAT__HUBNESS_CANDIDATES)."
+    ),
+    rankings_out: Path | None = typer.Option(
+        None, "--rankings-out", help="With --gallery: write each method's top-10 gallery ids per test query (JSON)."
+    ),
 ) -> None:
     """Compare every head the profile has with old->old (and new->new) on a test split: intervals, verdicts, flips."""
     from service.compat.io import load_split
@@ -451,6 +517,13 @@ def evaluate(
     from service.errors import InputError
 
     profile = load_profile(profile_dir)
+    if gallery_dir is None and (hubness_dir is not None or rankings_out is not None):
+        raise InputError("--hubness and --rankings-out score what a gallery serves: give --gallery GALLERY_DIR too")
+    if gallery_dir is not None and (hubness_queries is not None or profile.family is HeadFamily.classes):
+        raise InputError(
+            "--gallery scores an embedding head's served search: not with --hubness-queries (give the sidecar as "
+            "--hubness) nor a psp / lsp profile"
+        )
     modality = query_modality
     if modality is None:
         # psp / lsp weigh nothing per modality: any name will do.
@@ -466,12 +539,15 @@ def evaluate(
     from service.compat.evaluation import evaluate as run_eval
     from service.compat.uncertainty import few_queries_line
 
-    mapped = None
-    if hubness_queries is not None:
-        from service.compat.hubness import mapped_queries
+    if gallery_dir is not None:
+        served = _served(profile, split, modality, gallery_dir, hubness_dir, nprobe, hubness_candidates)
+        from service.compat.served_eval import served_rows
 
-        mapped, _ = mapped_queries(profile, hubness_queries, modality)
-    rows = run_eval(profile, split, modality, judge, mapped)
+        rows = served_rows(served, judge)
+        if rankings_out is not None:
+            _write_rankings(rankings_out, split.query_ids, served.ids)
+    else:
+        rows = run_eval(profile, split, modality, judge, _mapped(profile, hubness_queries, modality))
     few = few_queries_line(len(split.old_query), str(test_dir))
     if few is not None:
         _warn(few)
@@ -487,4 +563,11 @@ def evaluate(
     if split.zero_rows:
         caption += f"; {split.zero_rows_line()}"
     title = f"profile {profile.profile_id} ({profile.head}) on {test_dir} ({modality} queries)"
-    render.console().print(render.eval_table(rows, title, caption))
+    if gallery_dir is not None:
+        title += f", served by gallery {gallery_dir} (nprobe {nprobe})"
+        caption = _SERVED_CAPTION
+    console = render.console()
+    console.print(render.eval_table(rows, title, caption))
+    for row in rows:
+        if row.get("vs_uncorrected"):
+            console.print(render.correction_line(row))

@@ -170,6 +170,18 @@ def adapter_verdict(report: dict[str, Any]) -> list[str]:
     return lines
 
 
+def correction_line(row: dict[str, Any]) -> str:
+    """What the hubness correction adds to its head, in points with paired 95 % intervals, as one line."""
+    from service.compat.uncertainty import describe
+
+    head = row["method"].removesuffix("+csls")
+    parts = ", ".join(
+        f"{name} {describe(row['vs_uncorrected'][metric])}"
+        for name, metric in (("R@1", "recall@1"), ("R@10", "recall@10"), ("nDCG@10", "ndcg@10"))
+    )
+    return f"{row['method']} against {head} without the correction (points, paired 95 % intervals): {parts}"
+
+
 def eval_table(rows: list[dict[str, Any]], title: str, caption: str | None) -> Any:
     """Rich table of evaluation rows: the metrics, the differences from old->old with 95 % intervals, the verdicts."""
     from rich.table import Table

@@ -18,6 +18,9 @@ intervals (uncertainty.py), and `compatible` is three-valued on the judged metri
 compatible when the whole interval is above 0, not compatible below, else not distinguishable;
 `compatible@1` is the same on R@1.  Where the split has new targets, ARR@10 and nDCG@10 retention
 (against new->new) come with their intervals.  pfr / nfr are flips against the reference at Recall@1.
+The `<head>+csls` row also carries `vs_uncorrected`: its differences from the same head without the
+hubness correction, paired on the same queries, so what the correction itself adds has its own interval.
+A psp / lsp profile gets no `+csls` row: its gallery is class features, not a space mapped queries share.
 """
 
 from __future__ import annotations
@@ -37,7 +40,7 @@ from service.compat.metrics import KS, flip_rates, ranks, recall_at_k, relevance
 from service.compat.procrustes import normalize_rows
 from service.compat.profile import CompatProfile
 from service.compat.selection import ALPHA_GRID, slerp_lambda
-from service.compat.uncertainty import METRICS, per_query, retention, summary
+from service.compat.uncertainty import METRICS, paired_differences, per_query, retention, summary
 from service.errors import InputError
 from service.vocabulary import HeadFamily, Mode
 
@@ -64,7 +67,7 @@ def _oracle_alpha(profile: CompatProfile, split: Split, targets: npt.NDArray[np.
     return oracle_alpha(slerp_curve(profile.rotation, split, targets))
 
 
-def _row(
+def method_row(
     method: str,
     alpha: float | None,
     rank: npt.NDArray[np.int64],
@@ -117,16 +120,20 @@ def evaluate(
         return done.alpha, ranks(done.queries, targets, rel)
 
     _, old_rank = run("old")
-    rows = [_row("old", 0.0, old_rank, old_rank, reference=True)]
+    rows = [method_row("old", 0.0, old_rank, old_rank, reference=True)]
     new_rank = None
     if split.new_target is not None:
         new_rank = ranks(normalize_rows(split.new_query), normalize_rows(split.new_target), rel)
-        rows.append(_row("new", None, new_rank, old_rank, reference=True))
-    upgraded = partial(_row, against=old_rank, ceiling=new_rank, judge=judge)
+        rows.append(method_row("new", None, new_rank, old_rank, reference=True))
+    upgraded = partial(method_row, against=old_rank, ceiling=new_rank, judge=judge)
     if hubness_queries is not None:
         done = transform_in_chunks(profile, profile.head, split.old_query, split.new_query, modality)
         q, t = augmented(done.queries, targets, item_bias(targets, hubness_queries))
-        rows.append(upgraded(f"{profile.head}+csls", done.alpha, ranks(q, t, rel)))
+        csls_rank = ranks(q, t, rel)
+        corrected = upgraded(f"{profile.head}+csls", done.alpha, csls_rank)
+        # What the correction itself adds: the same queries through the same head without it, paired.
+        corrected["vs_uncorrected"] = paired_differences(csls_rank, ranks(done.queries, targets, rel))
+        rows.append(corrected)
     if profile.family is HeadFamily.adapter:
         for mode in profile.modes():
             if mode != Mode.old:
@@ -155,18 +162,18 @@ def _evaluate_classes(profile: CompatProfile, split: Split, judge: str) -> list[
     top_k = profile.top_k
     gallery = psp.gallery_features(split.old_target, head, top_k)
     old_rank = ranks(psp.gallery_features(split.old_query, head, top_k), gallery, rel)
-    rows = [_row("old", 0.0, old_rank, old_rank, reference=True)]
+    rows = [method_row("old", 0.0, old_rank, old_rank, reference=True)]
     new_rank = None
     if split.new_target is not None:
         new_gallery = psp.gallery_features(split.new_target, head, top_k)
         new_rank = ranks(psp.gallery_features(split.new_query, head, top_k), new_gallery, rel)
-        rows.append(_row("new", None, new_rank, old_rank, reference=True))
+        rows.append(method_row("new", None, new_rank, old_rank, reference=True))
     queries = transform_in_chunks(profile, head, None, split.new_query, "text").queries
-    rows.append(_row(head, 1.0, ranks(queries, gallery, rel), old_rank, ceiling=new_rank, judge=judge))
+    rows.append(method_row(head, 1.0, ranks(queries, gallery, rel), old_rank, ceiling=new_rank, judge=judge))
     raw_gallery = normalize_rows(split.old_target)
     raw_old = ranks(normalize_rows(split.old_query), raw_gallery, rel)
-    rows.append(_row("old-logits", None, raw_old, raw_old, reference=True))
+    rows.append(method_row("old-logits", None, raw_old, raw_old, reference=True))
     cols = np.arange(profile.old_classes) if profile.class_map is None else np.asarray(profile.class_map)
     raw_new = ranks(normalize_rows(split.new_query[:, cols]), raw_gallery, rel)
-    rows.append(_row("new-logits", None, raw_new, raw_old, judge=judge))
+    rows.append(method_row("new-logits", None, raw_new, raw_old, judge=judge))
     return rows

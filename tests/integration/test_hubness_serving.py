@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import numpy as np
@@ -58,6 +59,39 @@ async def test_the_heads_answers_are_the_corrected_gallery_search_and_old_is_unt
     assert [r["ids"] for r in after["slerp"]["results"]] == expected.tolist()
     assert [r["ids"] for r in after["slerp"]["results"]] != [r["ids"] for r in before["slerp"]["results"]]
     assert [r["ids"] for r in after["old"]["results"]] == [r["ids"] for r in before["old"]["results"]]
+
+
+async def test_the_ids_served_over_http_are_evals_served_ranking_id_for_id(
+    world: World, sidecar: Path, tmp_path: Path
+) -> None:
+    """What `eval --gallery --hubness` scores is what the service answers: the same ids, in the same order."""
+    test = tmp_path / "test"
+    assert cli("synth", "test", "--n", 48, "--gallery-size", 20_000, "--seed", 3, "--out", test).returncode == 0
+    rankings = tmp_path / "rankings.json"
+    done = cli(
+        "eval", world.profile_dir, test, "--gallery", world.gallery_dir, "--hubness", sidecar, "--nprobe", 64,
+        "--hubness-candidates", 50, "--rankings-out", rankings, "--json",
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    rows = {row["method"]: row for row in json.loads(done.stdout)}
+    scored = json.loads(rankings.read_text())
+    query_ids = scored["query_ids"]
+    body = {"queries": [{"text": CAPTION.format(i)} for i in query_ids], "k": 10}
+    async with serving(settings_for(world, sidecar)) as served:
+        answered = {
+            m: (await served.client.post("/v1/search", json={**body, "mode": m})).json() for m in ("slerp", "old")
+        }
+    assert [r["ids"] for r in answered["slerp"]["results"]] == scored["rankings"]["slerp+csls"]
+    assert [r["ids"] for r in answered["old"]["results"]] == scored["rankings"]["old"]
+    # And eval's figures are those of the served ids: R@1 and R@10 recomputed from the HTTP answers.
+    for method, mode in (("slerp+csls", "slerp"), ("old", "old")):
+        ids = [r["ids"] for r in answered[mode]["results"]]
+        assert rows[method]["recall@1"] == np.mean([found[0] == q for found, q in zip(ids, query_ids, strict=True)])
+        assert rows[method]["recall@10"] == np.mean([q in found for found, q in zip(ids, query_ids, strict=True)])
+    alone = cli("eval", world.profile_dir, test, "--hubness", sidecar)
+    assert alone.returncode == 2 and "give --gallery GALLERY_DIR too" in alone.stderr
+    gained = rows["slerp+csls"]["recall@10"] - rows["slerp"]["recall@10"]
+    assert rows["slerp+csls"]["vs_uncorrected"]["recall@10"]["diff"] == pytest.approx(gained)
 
 
 async def test_a_sidecar_of_another_profile_is_refused_at_start(world: World, sidecar: Path, tmp_path: Path) -> None:
