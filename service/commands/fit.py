@@ -252,10 +252,14 @@ def fit(
     from service.compat.profile import save_profile
 
     outcome = fit_profile(supports, options, warn=_warn)
-    heading = render.plot_heading(outcome.profile, outcome.head_why)
-    extra = {PLOT_NAME: render.plot_png(outcome.panels, heading)} if outcome.panels else {}
-    saved = save_profile(outcome.profile, out, overwrite=force, extra_files=extra)
-    wrote = f"wrote profile {saved.profile_id} to {out}" + (f" (plot: {out / PLOT_NAME})" if extra else "")
+
+    def plot(saved: CompatProfile) -> dict[str, bytes]:
+        """The fit plot, headed by the saved profile's id (known once its tensors are written)."""
+        heading = render.plot_heading(saved, outcome.head_why)
+        return {PLOT_NAME: render.plot_png(outcome.panels, heading)} if outcome.panels else {}
+
+    saved = save_profile(outcome.profile, out, overwrite=force, extra_files=plot)
+    wrote = f"wrote profile {saved.profile_id} to {out}" + (f" (plot: {out / PLOT_NAME})" if outcome.panels else "")
     wrote = "\n".join([*_calibration_lines(saved), *_hubness_lines(saved), wrote])
     if saved.family is HeadFamily.classes:
         _print_classes(outcome, wrote)

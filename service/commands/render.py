@@ -98,7 +98,7 @@ def plot_png(panels: list[tuple[dict[str, Any], str]], heading: str | None = Non
                 ax.axvline(best["alpha"], linestyle=":", alpha=0.5, color=color)
                 ax.plot([], [], style, color=color, label=f"{mode} (chosen {best['alpha']:.1f})")
                 if i == 0:
-                    _reference_lines(ax, rows, key, mode, color)
+                    _reference_lines(ax, rows, key, mode, color, report.get("new_to_new"))
             without = report.get("query_pairs", {}).get("curve_r1_without")
             if without and key == "recall@1":  # what the query pairs did: the same folds, R without them
                 ax.plot(report["alpha_grid"], without, "x:", color="grey", label="slerp, R without query pairs")
@@ -108,13 +108,18 @@ def plot_png(panels: list[tuple[dict[str, Any], str]], heading: str | None = Non
             ax.grid(True, alpha=0.3)
             ax.legend(fontsize=8)
     if heading:
+        verdict = verdict_line(panels[0][0])
+        heading = heading + ("\n" + verdict if verdict else "")
         fig.suptitle(heading, fontsize=9)
         fig.tight_layout(rect=(0, 0, 1, 0.94))
     return png_of(fig)
 
 
-def _reference_lines(ax: Any, rows: list[dict[str, Any]], key: str, mode: str, color: Any) -> None:
-    """The band within one s.e. of the curve's best point, and old->old (its alpha-0 point) as a line."""
+def _reference_lines(
+    ax: Any, rows: list[dict[str, Any]], key: str, mode: str, color: Any, ceiling: dict[str, float] | None
+) -> None:
+    """The band within one s.e. of the curve's best point, old->old (its alpha-0 point) and, when the support
+    has new targets, new->new (the re-indexed search on the same held-out rows) as lines."""
     best = max(rows, key=lambda r: r[key])
     se = float(best.get(_SE_OF.get(key, ""), 0.0) or 0.0)
     if se > 0:
@@ -122,6 +127,29 @@ def _reference_lines(ax: Any, rows: list[dict[str, Any]], key: str, mode: str, c
     at_zero = next((r for r in rows if r["alpha"] == 0.0), None)
     if at_zero is not None:
         ax.axhline(at_zero[key], color="black", linestyle="--", linewidth=0.8, label="old->old (alpha 0)")
+    if ceiling is not None and key in ceiling:
+        ax.axhline(ceiling[key], color="green", linestyle="-.", linewidth=0.8, label="new->new (re-indexed gallery)")
+
+
+def verdict_line(report: dict[str, Any]) -> str | None:
+    """The chosen weight's cross-fitted R@1 against old->old and new->new, and the share of the gain it keeps."""
+    mode = next(iter(report.get("chosen", {})), None)
+    rows = report.get("support_recall", {}).get(mode, [])
+    at_zero = next((r for r in rows if r["alpha"] == 0.0), None)
+    chosen = report["chosen"][mode] if mode is not None else {}
+    if at_zero is None or "alpha" not in chosen or "recall@1" not in chosen:
+        return None
+    old = at_zero["recall@1"]
+    line = (
+        f"support R@1, cross-fitted: old->old {old:.3f}, {mode} at alpha {chosen['alpha']:.1f} "
+        f"{chosen['recall@1']:.3f} ({100 * (chosen['recall@1'] - old):+.1f} points)"
+    )
+    ceiling = (report.get("new_to_new") or {}).get("recall@1")
+    if ceiling is not None:
+        line += f", new->new {ceiling:.3f}"
+        if ceiling > old:
+            line += f": {(chosen['recall@1'] - old) / (ceiling - old):.0%} of what a re-index gains"
+    return line
 
 
 def plot_heading(profile: Any, why: str | None) -> str:

@@ -17,7 +17,7 @@ import logging
 import math
 import shutil
 import tempfile
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from functools import cached_property
@@ -344,9 +344,12 @@ def save_profile(
     directory: Path | str,
     *,
     overwrite: bool = False,
-    extra_files: Mapping[str, bytes] | None = None,
+    extra_files: Mapping[str, bytes] | Callable[[CompatProfile], Mapping[str, bytes]] | None = None,
 ) -> CompatProfile:
-    """Write the profile folder atomically with its manifest; returns the profile with its tensors' sha256 filled in."""
+    """Write the profile folder atomically with its manifest; returns the profile with its tensors' sha256 filled in.
+
+    extra_files may be a function of the saved profile (its final profile_id known), e.g. a plot naming it.
+    """
     target = Path(directory)
     _validate(profile, target / PROFILE_JSON, target / TENSORS)
     if target.exists() and not target.is_dir():
@@ -361,7 +364,8 @@ def save_profile(
         sha = sha256_of(tmp / TENSORS)
         saved = replace(profile, tensors_sha256=sha)
         (tmp / PROFILE_JSON).write_text(json.dumps(saved.metadata(), indent=2) + "\n")
-        for name, data in (extra_files or {}).items():
+        extra = extra_files(saved) if callable(extra_files) else extra_files or {}
+        for name, data in extra.items():
             if name == MANIFEST_NAME:
                 raise ArtifactError(f"{target}: {MANIFEST_NAME} is written by save_profile, not an extra file")
             (tmp / name).write_bytes(data)

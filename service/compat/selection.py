@@ -57,7 +57,7 @@ import numpy.typing as npt
 from service.compat.arcsearch import PathSummary, summarise_blends, summarise_path
 from service.compat.crossfit import MAX_EVAL_GALLERY, CrossFitPlan, FoldRows
 from service.compat.io import Split
-from service.compat.metrics import KS, relevance
+from service.compat.metrics import KS, ranks, relevance
 from service.compat.procrustes import (
     aligned_old_coords,
     complete_rotation,
@@ -193,6 +193,19 @@ def _score_fold(split: Split, r: F32, q_rows: I64, t_rows: I64) -> _Held:
     targets = normalize_rows(split.old_target[t_rows])
     summary, theta, cos = summarise_blends(split.old_query[q_rows], split.new_query[q_rows], r, targets, rel, k=max(KS))
     return _Held(summary, theta, cos)
+
+
+def _new_to_new(split: Split, parts: Sequence[tuple[I64, I64]]) -> dict[str, float] | None:
+    """The re-indexed ceiling on the same held-out rows: new queries against new targets (nothing fitted)."""
+    if split.new_target is None:
+        return None
+    scores = []
+    for q_rows, t_rows in parts:
+        rel = relevance(split.query_ids[q_rows], split.target_ids[t_rows])
+        rank = ranks(normalize_rows(split.new_query[q_rows]), normalize_rows(split.new_target[t_rows]), rel)
+        rr = np.where(rank < max(KS), 1.0 / (rank.astype(np.float64) + 1.0), 0.0)
+        scores.append(np.stack([*(rank < k for k in KS), rr], axis=1).astype(np.float64))
+    return _curve_row({}, scores)
 
 
 def _fold_scores(held: Sequence[_Held], lam_of: Callable[[_Held], npt.NDArray[np.floating]]) -> list[F64]:
@@ -416,6 +429,7 @@ def fit_modalities(
     )
     blocks = {m: _fit_blocks(s, fit_on) for m, s in splits.items()}
     held: dict[str, list[_Held]] = {m: [] for m in names}
+    scored_rows: dict[str, list[tuple[I64, I64]]] = {m: [] for m in names}  # (queries, gallery) per fold
     held_without: dict[str, list[_Held]] = {m: [] for m in names}  # the same folds, R without query_pairs
     oof_cos: dict[str, F64] = {}
     extra = _query_pairs_cov(query_pairs, query_pairs_weight)
@@ -427,6 +441,7 @@ def fit_modalities(
         for m, s in splits.items():
             part = only.rows[m]
             held[m].append(_score_fold(s, r_thin, part.scored, part.gallery))
+            scored_rows[m].append((part.scored, part.gallery))
             if r_without is not None:
                 held_without[m].append(_score_fold(s, r_without, part.scored, part.gallery))
     else:
@@ -442,6 +457,7 @@ def fit_modalities(
                 part = fold.rows[m]
                 cos_parts[m].append(_cosines(s.old_query[part.queries], s.new_query[part.queries], r_f))
                 held[m].append(_score_fold(s, r_f, part.scored, part.gallery))
+                scored_rows[m].append((part.scored, part.gallery))
                 if r_f_without is not None:
                     held_without[m].append(_score_fold(s, r_f_without, part.scored, part.gallery))
         oof_cos = {m: np.concatenate(parts) for m, parts in cos_parts.items()}
@@ -459,6 +475,7 @@ def fit_modalities(
             "slope_grid": list(SLOPE_GRID),
             **curves,
             "residual_angle_deg": angle_stats(np.arccos(final_cos)),
+            "new_to_new": _new_to_new(s, scored_rows[m]),
         }
         if len(splits) > 1:
             report["fit_rows_all_modalities"] = int(sum(len(b.new) for n in names for b in blocks[n]))

@@ -13,6 +13,7 @@ from service.compat import crossfit, selection
 from service.compat.heads import transform
 from service.compat.interpolation import nlerp, slerp
 from service.compat.io import Split, load_split
+from service.compat.metrics import ranks, recall_at_k, relevance
 from service.compat.procrustes import align, normalize_rows, pad
 from service.compat.profile import FORMAT_VERSION, TENSORS, CompatProfile, load_profile, save_profile
 from service.errors import ArtifactError, InputError, UnsupportedMode
@@ -65,6 +66,29 @@ def test_same_set_and_fit_on_options(support: Split) -> None:
     assert "residual_angle_deg_out_of_fold" not in same.report
     with pytest.raises(InputError, match="folds"):
         selection.fit(support, folds=1)
+
+
+def test_the_same_set_report_carries_new_to_new_on_the_scored_rows(support: Split) -> None:
+    same = selection.fit(support, same_set=True, fit_on="query")
+    rank = ranks(normalize_rows(support.new_query), normalize_rows(support.new_target), relevance(
+        support.query_ids, support.target_ids))  # fmt: skip
+    assert same.report["new_to_new"]["recall@1"] == pytest.approx(recall_at_k(rank)[1])
+    assert same.report["new_to_new"]["recall@10"] == pytest.approx(recall_at_k(rank)[10])
+
+
+def test_extra_files_made_from_the_saved_profile_name_its_final_id(
+    tmp_path: Path, support: Split, fitted: selection.FitResult
+) -> None:
+    seen: list[str] = []
+
+    def files(saved: CompatProfile) -> dict[str, bytes]:
+        seen.append(saved.profile_id)
+        return {"id.txt": saved.profile_id.encode()}
+
+    unsaved = _profile(support, fitted)
+    saved = save_profile(unsaved, tmp_path / "p", extra_files=files)
+    assert seen == [saved.profile_id] and saved.profile_id != unsaved.profile_id  # the tensors' sha256 is in it
+    assert (tmp_path / "p" / "id.txt").read_text() == load_profile(tmp_path / "p").profile_id
 
 
 def test_profile_round_trip(tmp_path: Path, support: Split, fitted: selection.FitResult) -> None:
