@@ -1,6 +1,7 @@
 """`backfill run` against `nobackfill encode` on the same items, rounds alternating: the rate ratio.
 
     .venv/bin/python loadtest/bench_backfill_rate.py --items 100000 --rounds 5
+    .venv/bin/python loadtest/bench_backfill_rate.py --real artifacts/real --rounds 3     # after demo --real
 
 Writes N synthetic items as a text file, then per round runs `nobackfill encode` and `nobackfill
 backfill run --fraction 1` (a fresh segment) on them with the same batch size, in alternating order,
@@ -8,7 +9,8 @@ and reads each one's own timing of its work (encode's seconds in its description
 in its --json summary; neither counts the imports and the model load).  Prints both rates per round
 and the median ratio backfill / encode.  The synthetic encoder costs almost nothing, so the ratio is
 the shard writing's worst case (fsync, sha256, one rename per shard); a real model's encode time
-dominates both.  docs/backfill.md records a run.
+dominates both.  `--real DIR` runs both on `demo --real`'s gallery texts with its new model
+(all-MiniLM-L6-v2, sentence-transformers) instead.  docs/backfill.md records the runs.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+from dataclasses import dataclass
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -38,19 +41,40 @@ def _run(*args: str | Path) -> str:
     return done.stdout
 
 
-def _encode_s(work: Path, items: Path, batch: int) -> float:
+@dataclass(frozen=True)
+class Setup:
+    """The items, the gallery they sit in, and the new model both commands encode them with."""
+
+    items: Path
+    gallery: Path
+    model: tuple[str, ...]  # --backend B [--path P]
+    backfill_extra: tuple[str | Path, ...] = ()  # --ids, --profile for the real upgrade
+
+
+def _encode_s(work: Path, setup: Setup, batch: int) -> float:
     """Seconds `encode` reports for its work."""
-    _run("encode", "--backend", "synthetic-new", "--input", items, "--out", work / "e.npy", "--batch-size", batch,
+    _run("encode", *setup.model, "--input", setup.items, "--out", work / "e.npy", "--batch-size", batch,
          "--force")  # fmt: skip
     return float(json.loads((work / "e.json").read_text())["seconds"])
 
 
-def _backfill_s(work: Path, items: Path, gallery: Path, batch: int) -> float:
+def _backfill_s(work: Path, setup: Setup, batch: int) -> float:
     """Seconds `backfill run` reports for moving every item into a fresh segment."""
     shutil.rmtree(work / "segment", ignore_errors=True)
-    out = _run("backfill", "run", "--segment", work / "segment", "--input", items, "--gallery", gallery,
-               "--backend", "synthetic-new", "--batch-size", batch, "--fraction", "1", "--json")  # fmt: skip
+    out = _run("backfill", "run", "--segment", work / "segment", "--input", setup.items, "--gallery", setup.gallery,
+               *setup.model, *setup.backfill_extra, "--batch-size", batch, "--fraction", "1", "--json")  # fmt: skip
     return float(json.loads(out)["seconds"])
+
+
+def _real(folder: Path) -> Setup:
+    """demo --real's gallery texts (line i is gallery_ids[i]), its gallery, profile and new model."""
+    corpus = folder / "corpus"
+    return Setup(
+        corpus / "gallery.txt",
+        folder / "gallery",
+        ("--backend", "sentence-transformers", "--path", str(folder / "models" / "all-MiniLM-L6-v2")),
+        ("--ids", corpus / "gallery_ids.npy", "--profile", folder / "profile"),
+    )
 
 
 def main() -> None:
@@ -59,20 +83,25 @@ def main() -> None:
     parser.add_argument("--items", type=int, default=100_000)
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--batch-size", type=int, default=64)
+    parser.add_argument("--real", type=Path, help="demo --real's artifacts folder: its texts and new model instead.")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
-        items = work / "items.txt"
-        items.write_text("\n".join(format_item(i, IMAGE_VIEW) for i in range(args.items)) + "\n")
-        _run("gallery", "build", "--size", str(args.items), "--out", work / "gallery")
+        if args.real:
+            setup = _real(args.real.resolve())
+            args.items = sum(1 for _ in setup.items.open(encoding="utf-8"))
+        else:
+            setup = Setup(work / "items.txt", work / "gallery", ("--backend", "synthetic-new"))
+            setup.items.write_text("\n".join(format_item(i, IMAGE_VIEW) for i in range(args.items)) + "\n")
+            _run("gallery", "build", "--size", str(args.items), "--out", setup.gallery)
         ratios = []
         for round_ in range(args.rounds):
             took = {}
             for name in ("encode", "backfill") if round_ % 2 == 0 else ("backfill", "encode"):
                 took[name] = (
-                    _encode_s(work, items, args.batch_size)
+                    _encode_s(work, setup, args.batch_size)
                     if name == "encode"
-                    else _backfill_s(work, items, work / "gallery", args.batch_size)
+                    else _backfill_s(work, setup, args.batch_size)
                 )
             encode_rate, backfill_rate = args.items / took["encode"], args.items / took["backfill"]
             ratios.append(backfill_rate / encode_rate)
