@@ -36,6 +36,7 @@ import hashlib
 import json
 import os
 import random
+import re
 import signal
 import socket
 import subprocess
@@ -52,6 +53,8 @@ import numpy as np
 from benchlib import free_port
 from prometheus_client.parser import text_string_to_metric_families
 from report import cache_counts  # loadtest/report.py: (hits, misses) of one scrape
+
+from service.gc_pause import freeze_startup_objects
 
 ROOT = Path(__file__).resolve().parents[1]
 PYTHON = sys.executable
@@ -552,10 +555,12 @@ def burst(world: Path, plan: Plan, out: Path, real: Path | None = None) -> dict[
     question = real_questions(real) if real else Queries(plan.gallery_size).text
     text = lambda: (question(), "")  # noqa: E731
     rss: list[float] = []
-    server: list[tuple[float, float]] = []
+    server: list[dict[str, tuple[float, float]]] = []
 
     unloaded: list[Shot] = []
     refusal_reasons: dict[str, float] = {}
+    generator_lag: list[float] = []
+    server_lag: list[float] = []  # the service's own loop lag (its moving average), sampled
 
     async def run() -> tuple[float, float, list[Shot], float, list[Shot]]:
         # CHAOS_SUSTAINABLE_RPS: a rate measured before on a quiet box, when this one is shared and noisy.
@@ -568,14 +573,21 @@ def burst(world: Path, plan: Plan, out: Path, real: Path | None = None) -> dict[
         async def sample_rss() -> None:
             while True:
                 rss.append(service.rss_mb())
+                text = await asyncio.to_thread(scrape, service.url)
+                server_lag.append(float(re.search(r"^nobackfill_event_loop_lag_seconds (\S+)", text, re.M)[1]))
                 await asyncio.sleep(0.25)
 
+        # The generator's own full collections would stall its loop and count as the service's latency (the
+        # service freezes what its startup made too: service/gc_pause.py).
+        freeze_startup_objects()
         sampler = asyncio.create_task(sample_rss())
+        own_lag = asyncio.create_task(_lateness(generator_lag))
         shots: list[Shot] = []
-        server.append(_search_seconds(service.url))
+        server.append(_histograms(service.url))
         offered = await open_loop(service.url, 4 * capacity, plan.burst_s, text, shots)
-        server.append(_search_seconds(service.url))
+        server.append(_histograms(service.url))
         sampler.cancel()
+        own_lag.cancel()
         refusal_reasons.update(_refusals(service.url))
         after: list[Shot] = []
         await asyncio.sleep(1.0)
@@ -586,6 +598,10 @@ def burst(world: Path, plan: Plan, out: Path, real: Path | None = None) -> dict[
         capacity, offered, shots, rss_after, after = asyncio.run(run())
     finally:
         service.stop()
+    with (out / "chaos-burst-shots.csv").open("w", newline="") as fh:  # every burst request, for a closer look
+        writer = csv.writer(fh)
+        writer.writerow(["sent_s", "seconds", "status", "code"])
+        writer.writerows((f"{s.sent:.4f}", f"{s.seconds:.4f}", s.status, s.code) for s in shots)
     ok = [s for s in shots if s.status == 200]
     refused = [s for s in shots if s.status == 503]
     unloaded_p99 = pct([s.seconds for s in unloaded], 99)
@@ -613,8 +629,14 @@ def burst(world: Path, plan: Plan, out: Path, real: Path | None = None) -> dict[
         "goodput_share": round(goodput / capacity, 3) if capacity else None,
         "retry_after_values": sorted({s.retry_after for s in refused if s.retry_after is not None}),
         "refusals_by_reason": refusal_reasons,  # deadline: per encoder call; since the start (sustainable rate too)
-        # Inside the service (middleware to response): the rest of a client's wait is queueing before it.
-        "server_mean_ms": round(1000 * (server[1][0] - server[0][0]) / max(server[1][1] - server[0][1], 1), 1),
+        # The generator's own event loop, late by this much, adds it to what it measures of the service.
+        "generator_lag_p50_ms": round(pct(generator_lag, 50), 1),
+        "generator_lag_p99_ms": round(pct(generator_lag, 99), 1),
+        "service_loop_lag_p50_ms": round(pct(server_lag, 50), 1),
+        "service_loop_lag_max_ms": round(pct(server_lag, 100), 1),
+        # Inside the service during the burst, means: "request" from middleware to response (the rest of a
+        # client's wait is queueing before it), then each stage and each encoder's batches.
+        "server_means": _means_between(*server),
         "rss_mb_before": round(rss[0], 1),
         "rss_mb_max": round(max(rss), 1),
         "rss_mb_after": round(rss_after, 1),
@@ -622,6 +644,15 @@ def burst(world: Path, plan: Plan, out: Path, real: Path | None = None) -> dict[
         "recovery_failures": sum(s.status != 200 for s in after),
         "recovery_p99_ms": round(pct([s.seconds for s in after], 99), 1),
     }
+
+
+async def _lateness(samples: list[float], tick_s: float = 0.01) -> None:
+    """Append how late this loop wakes a tick_s timer, tick after tick, until cancelled."""
+    loop = asyncio.get_running_loop()
+    while True:
+        due = loop.time() + tick_s
+        await asyncio.sleep(tick_s)
+        samples.append(max(loop.time() - due, 0.0))
 
 
 def _refusals(url: str) -> dict[str, float]:
@@ -636,16 +667,41 @@ def _refusals(url: str) -> dict[str, float]:
     return found
 
 
-def _search_seconds(url: str) -> tuple[float, float]:
-    """(sum, count) of the service's own request-duration histogram for /v1/search."""
-    found = {"_sum": 0.0, "_count": 0.0}
+def _histograms(url: str) -> dict[str, tuple[float, float]]:
+    """(sum, count) of the service's latency histograms: the search route's whole request, each stage, each
+    encoder's batches (keys "request", "stage:<name>", "batch:<encoder>", "batch_size:<encoder>")."""
+    names = {
+        "nobackfill_request_duration_seconds": ("request", "route"),
+        "nobackfill_stage_duration_seconds": ("stage:", "stage"),
+        "nobackfill_encoder_batch_duration_seconds": ("batch:", "encoder"),
+        "nobackfill_encoder_batch_size": ("batch_size:", "encoder"),
+    }
+    found: dict[str, list[float]] = {}
     for family in text_string_to_metric_families(scrape(url)):
-        if family.name == "nobackfill_request_duration_seconds":
-            for sample in family.samples:
-                suffix = sample.name.removeprefix(family.name)
-                if suffix in found and sample.labels.get("route") == "/v1/search":
-                    found[suffix] = sample.value
-    return found["_sum"], found["_count"]
+        if family.name not in names:
+            continue
+        prefix, label = names[family.name]
+        for sample in family.samples:
+            suffix = sample.name.removeprefix(family.name)
+            if suffix not in ("_sum", "_count"):
+                continue
+            value = sample.labels.get(label, "")
+            if prefix == "request" and value != "/v1/search":
+                continue
+            key = prefix if prefix == "request" else prefix + value
+            found.setdefault(key, [0.0, 0.0])[suffix == "_count"] += sample.value
+    return {key: (total, count) for key, (total, count) in found.items()}
+
+
+def _means_between(before: dict[str, tuple[float, float]], after: dict[str, tuple[float, float]]) -> dict[str, float]:
+    """Each histogram's mean over the observations between two scrapes (ms; items for batch sizes)."""
+    means = {}
+    for key, (total, count) in after.items():
+        total0, count0 = before.get(key, (0.0, 0.0))
+        if count > count0:
+            scale = 1 if key.startswith("batch_size:") else 1000
+            means[key] = round(scale * (total - total0) / (count - count0), 1)
+    return means
 
 
 HANG_S = 2.0

@@ -24,6 +24,7 @@ from service.api.openapi import publish_limits
 from service.api.responses import OrjsonResponse
 from service.api.routes import metrics_router, router
 from service.errors import NobackfillError
+from service.gc_pause import freeze_startup_objects
 from service.pipeline import Pipeline
 from service.settings import Settings
 
@@ -141,6 +142,7 @@ async def _start(app: FastAPI, settings: Settings, loop_lag: LoopLag, running: c
     if settings.api.ui:  # the saved results the page shows must score the served profile: refused here if not
         app.state.ui_saved = ui.load_saved(settings.api, pipeline)
     app.state.pipeline = pipeline
+    freeze_startup_objects()  # models and indexes loaded: keep them out of full collections
     if settings.api.metrics_port is not None:
         metrics_server = MetricsServer(settings.api.host, settings.api.metrics_port)
         await metrics_server.start()

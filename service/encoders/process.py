@@ -93,6 +93,7 @@ def _serve(conn: Connection) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     from service.encoders.registry import create_encoder
+    from service.gc_pause import freeze_startup_objects
 
     try:
         settings, role = conn.recv()
@@ -101,6 +102,7 @@ def _serve(conn: Connection) -> None:
     except BaseException as exc:
         conn.send(("error", _portable(exc)))
         return
+    freeze_startup_objects()  # the model's objects: no full collection walks them mid-batch
     conn.send(("ready", describe(encoder)))
     while True:
         try:
