@@ -70,6 +70,10 @@ T = TypeVar("T")
 # An admitted search may sit in an encoder's queue this many times api.max_queue_ms before it is answered
 # 503 instead of encoded: the estimate's margin of error, and the bound on an accepted search's wait.
 DEADLINE_FACTOR = 2.0
+# A batch may grow only as large as the measured cost says ends within this share of api.max_queue_ms:
+# admitted at an expected wait up to max_queue_ms, a search then waits for its own batch too, and the sum
+# stays within the accepted bound (2 x max_queue_ms + the unloaded latency) with room for the estimate's error.
+BATCH_SHARE = 0.5
 # Weight of each request's cache hits in the moving hit ratio that admission expects of the next ones.
 HIT_WEIGHT = 0.05
 
@@ -356,9 +360,13 @@ def _acquire_writer(
 
 
 async def _started_batcher(
-    stack: AsyncExitStack, replicas: list[Encoder], settings: EncoderSettings, name: str
+    stack: AsyncExitStack, replicas: list[Encoder], settings: EncoderSettings, name: str, max_queue_ms: float
 ) -> MicroBatcher:
-    """A started batcher over `replicas`, stopped (its pending calls finished, its threads joined) on unwind."""
+    """A started batcher over `replicas`, stopped (its pending calls finished, its threads joined) on unwind.
+
+    Its batches are capped at BATCH_SHARE of api.max_queue_ms: an admitted search waits up to that long to
+    start, then for its own batch, and the two together stay within twice it (docs/reliability.md).
+    """
     batcher = MicroBatcher(
         replicas,
         settings.max_batch_size,
@@ -369,6 +377,7 @@ async def _started_batcher(
         poison_ttl_s=settings.poison_ttl_s,
         poison_capacity=settings.poison_capacity,
         stuck_threads=settings.stuck_threads,
+        max_batch_s=BATCH_SHARE * max_queue_ms / 1000 if max_queue_ms > 0 else None,
     )
     await batcher.start()
     _on_unwind(stack, f"the {name} batcher", batcher.stop)
@@ -444,8 +453,11 @@ class Pipeline:
             threads = search_pool_size(settings.index)
             pool = ThreadPoolExecutor(threads, thread_name_prefix="nobackfill-search")
             _on_unwind(stack, "the search pool", partial(asyncio.to_thread, pool.shutdown, True))
-            new = await _started_batcher(stack, new_replicas, settings.new, "new")
-            old = new if settings.cut_over else await _started_batcher(stack, old_replicas, settings.old, "old")
+            queue_ms = settings.api.max_queue_ms
+            new = await _started_batcher(stack, new_replicas, settings.new, "new", queue_ms)
+            old = new
+            if not settings.cut_over:
+                old = await _started_batcher(stack, old_replicas, settings.old, "old", queue_ms)
             cascade = None
             if Mode.cascade in served_modes(settings, profile):
                 knobs = settings.cascade

@@ -230,7 +230,8 @@ class ApiSettings(Section):
     # A search is admitted only while the wait it can expect in front of the encoders (queued items
     # over each encoder's measured service rate, after the cache's hits) is under this; past it, 503
     # overloaded with a Retry-After from the estimate.  An admitted search still queued twice this
-    # long is answered 503 before it is encoded.  max_in_flight stays the hard memory bound.  0: off.
+    # long is answered 503 before it is encoded, and a batch gathers no more items than its measured cost
+    # says end within half of it (pipeline.BATCH_SHARE).  max_in_flight stays the hard memory bound.  0: off.
     max_queue_ms: float = Field(250.0, ge=0)
     # While the event loop wakes later than this, searches are refused with 503 before their body is
     # read (api/admission.py): the queue past the CPU's capacity, which max_in_flight never sees.  0: off.

@@ -136,6 +136,7 @@ class MicroBatcher:
         poison_ttl_s: float = 0.0,
         poison_capacity: int = 10_000,
         stuck_threads: int = 0,
+        max_batch_s: float | None = None,
     ) -> None:
         replicas = [encoder] if isinstance(encoder, Encoder) else list(encoder)
         if not replicas or max_batch_size < 1 or max_wait_ms < 0 or timeout_s <= 0:
@@ -151,6 +152,8 @@ class MicroBatcher:
         self.timeout_s = timeout_s
         self.poison = PoisonMemory(poison_ttl_s, poison_capacity)
         self.rate = ServiceRate()
+        # A batch gathers no more items than the measured cost says fit in this (None: max_batch_size always).
+        self.max_batch_s = max_batch_s
         # Hung calls that may keep running on a thread of their own while a fresh thread takes their
         # replica's place (threads cannot be interrupted); past it, a replica is set aside until its call returns.
         self.stuck_threads = stuck_threads
@@ -392,13 +395,14 @@ class MicroBatcher:
         if not heads:
             return []
         head, queue = min(heads, key=lambda pair: pair[0].enqueued)
+        limit = self.batch_limit()
         if head.suspect is not None:
             queue.remove(head)
             self._set_depth(self._depth - len(head.items))
             return [] if head.future.done() else [head]
         if self.batching and not self._draining:
             until = head.enqueued + self.max_wait_s
-            while sum(len(e.items) for e in queue) < self.max_batch_size and not self._draining:
+            while sum(len(e.items) for e in queue) < limit and not self._draining:
                 remaining = until - time.perf_counter()
                 if remaining <= 0:
                     break
@@ -412,7 +416,7 @@ class MicroBatcher:
         size = 0
         closed = False  # once a plain entry is left for the next batch, every later one waits too (in order)
         for entry in queue:
-            closed = closed or bool(batch) and (not self.batching or size + len(entry.items) > self.max_batch_size)
+            closed = closed or bool(batch) and (not self.batching or size + len(entry.items) > limit)
             if entry.suspect is not None or closed:
                 kept.append(entry)
                 continue
@@ -429,6 +433,15 @@ class MicroBatcher:
         """The first entry of a queue that a free replica may run now."""
         return next((entry for entry in queue if self._may_take(entry)), None)
 
+    def batch_limit(self) -> int:
+        """Items a batch may gather: max_batch_size, or fewer when the measured cost says a batch that large
+        would take longer than max_batch_s (every item of it waits for all of it)."""
+        if not self.batching:
+            return 1
+        if self.max_batch_s is None:
+            return self.max_batch_size
+        return self.rate.largest_within(self.max_batch_s, self.max_batch_size)
+
     def reserve(self, n: int) -> None:
         """Count n items an admitted search is expected to submit (admission sees them before they queue)."""
         self._reserved += n
@@ -439,24 +452,34 @@ class MicroBatcher:
 
     def expected_wait_s(self, n: int = 1) -> float:
         """Seconds a call of n items can expect to queue before its last chunk's batch starts: the batches in
-        front of it (queued or reserved) at the measured cost, shared by the replicas that answer (inf while
-        none does)."""
+        front of it (queued or reserved, and its own earlier chunks) at the measured cost, shared by the
+        replicas that answer (inf while none does)."""
         answering = len(self.replicas) - len(self._stuck)
-        size = self.max_batch_size if self.batching else 1
-        queued = self._depth + self._reserved + max(n, 1)
+        size = self.batch_limit()
+        ahead = self._batches_ahead(n, size)
+        cost = self.rate.batch_s(min(size, self._depth + self._reserved + max(n, 1)))
         if answering <= 0:  # until the first stuck replica is expected back, then the queue on that one
             if not self._stuck_since:
                 return math.inf
             now = time.perf_counter()
             back = min(self._stuck_s - (now - since) for since in self._stuck_since.values())
             back = back if back > 0 else self._stuck_s  # stuck longer than usual: as long again
-            return back + math.ceil(queued / size) * self.rate.batch_s(min(size, queued))
-        ahead = math.ceil(queued / size) - 1  # batches that start before its last one
+            return back + (ahead + 1) * cost
         idle = self._idle.qsize()
         if ahead < idle:
             return 0.0
         # Each running batch is on average half done.
-        return (ahead - idle + 0.5) * self.rate.batch_s(min(size, queued)) / answering
+        return (ahead - idle + 0.5) * cost / answering
+
+    def _batches_ahead(self, n: int, size: int) -> int:
+        """Batches that start before the last one of a call of n items: the queued and reserved items in
+        batches of `size`, less the last of them when the call's first chunk still fits beside it, and the
+        call's own chunks of max_batch_size before its last (a chunk is never split, so it is one batch even
+        when larger than `size`)."""
+        chunks = math.ceil(max(n, 1) / self.max_batch_size)
+        first = min(max(n, 1), self.max_batch_size)
+        full, rest = divmod(self._depth + self._reserved, size)
+        return full + (1 if rest and rest + first > size else 0) + chunks - 1
 
     def retry_after_s(self) -> int:
         """Whole seconds until the queue in front of a new call has drained (1 to RETRY_AFTER_MAX_S)."""

@@ -17,6 +17,7 @@ import pytest
 from service import metrics
 from service.encoders.base import Embeddings, Modality
 from service.encoders.batcher import MicroBatcher
+from service.encoders.service_rate import ServiceRate
 from service.encoders.ticket import Ticket, admitted
 from service.errors import EncoderFailed, EncoderTimeout, NotReady, Overloaded, PoisonInput
 
@@ -555,3 +556,45 @@ async def test_the_expected_wait_counts_the_batches_ahead_at_the_measured_cost()
         await asyncio.gather(first, *queued)
     finally:
         await batcher.stop()
+
+
+def test_the_largest_batch_within_a_time_follows_the_measured_cost() -> None:
+    rate = ServiceRate()
+    assert rate.largest_within(0.125, 32) == 32  # nothing measured yet: the configured size
+    rate.observe(1, 0.020)
+    assert rate.largest_within(0.125, 32) == 6  # one size seen: 20 ms per item, proportional
+    for _ in range(50):  # then a cost of 14 ms + 10 ms per item (MiniLM on a CPU core)
+        rate.observe(3, 0.044)
+        rate.observe(10, 0.114)
+    assert rate.largest_within(0.125, 32) == 11  # (125 - 14) / 10
+    assert rate.largest_within(0.125, 8) == 8
+    assert rate.largest_within(0.001, 32) == 1  # never less than one item
+    for _ in range(2000):  # a sustained burst: every batch at the cap, the slope unseen for a long while
+        rate.observe(11, 0.124)
+    assert rate.largest_within(0.125, 32) == 11  # the last line fitted still speaks
+    per_call = ServiceRate()
+    for _ in range(50):  # a GPU: the cost is per call, not per item
+        per_call.observe(1, 0.010)
+        per_call.observe(32, 0.010)
+    assert per_call.largest_within(0.125, 32) == 32
+
+
+async def test_a_batch_gathers_no_more_than_fits_in_its_time() -> None:
+    encoder = FakeEncoder(gated=True)
+    batcher = MicroBatcher(encoder, 32, 5.0, name="test", max_batch_s=0.05)
+    await batcher.start()
+    for _ in range(50):  # 10 ms per item: 5 items fit in 50 ms
+        batcher.rate.observe(1, 0.010)
+        batcher.rate.observe(4, 0.040)
+    try:
+        assert batcher.expected_wait_s(20) == 0.0  # one call is one chunk, taken whole by an idle replica
+        first = asyncio.create_task(batcher.encode(["first"]))
+        await wait_entered(encoder)
+        queued = [batcher.submit([f"q{i}"]) for i in range(12)]
+        assert batcher.expected_wait_s(1) == pytest.approx(0.5 * 0.05 + 2 * 0.05)  # batches of 5 ahead, not 13
+        encoder.gate.set()
+        await asyncio.gather(first, *queued)
+    finally:
+        await batcher.stop()
+    sizes = [len(batch) for _, batch in encoder.calls[1:]]  # (the gated first batch, measured too, costs more)
+    assert sum(sizes) == 12 and max(sizes) <= 5 and len(sizes) >= 3
