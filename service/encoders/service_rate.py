@@ -12,10 +12,14 @@ whole batch, so a batch must end within the time the service allows a queued sea
 cost is nearly all per item (MiniLM on 2 cores: a batch of 31 took 330 ms, one of 10 about 120 ms, for
 88 % of the throughput), a GPU's mostly per call, so the size follows the measured cost.  The last
 line fitted is kept while batches of one size leave the slope unknown, as they do once a sustained
-burst fills every batch to the cap, so the cap does not swing back to the proportional guess.
+burst fills every batch to the cap.  No cap applies before a line is known, nor below the size at
+which the fixed cost is half the batch (a busy box makes every call slow: capping then would only
+split what batching amortises, and refuse concurrent searches that one batch would serve).
 """
 
 from __future__ import annotations
+
+import math
 
 DECAY = 0.99
 
@@ -43,17 +47,17 @@ class ServiceRate:
         return base + per_item * n
 
     def largest_within(self, seconds: float, most: int) -> int:
-        """The largest batch (1 to `most`) expected to take at most `seconds`; `most` before any batch was seen."""
+        """The largest batch (1 to `most`) expected to take at most `seconds`, but never smaller than the size at
+        which the fixed cost is half the batch: below it a smaller batch costs more throughput than its items
+        gain in wait (a GPU, or a box so busy that every call is slow).  `most` until a line is known."""
         line = self._line()
-        if line is None and self._w == 0:
+        if line is None:  # no slope yet: a cost taken as proportional to n would shrink every batch to one
             return most
-        if line is None:
-            base, per_item = 0.0, self._t / self._n
-        else:
-            base, per_item = line
+        base, per_item = line
         if per_item <= 0:
             return most
-        return max(1, min(most, int((seconds - base) / per_item)))
+        within = int((seconds - base) / per_item)
+        return max(1, min(most, max(within, math.ceil(base / per_item))))
 
     def _line(self) -> tuple[float, float] | None:
         """(base, per_item) seconds of the weighted least-squares line, or the last one fitted; None before one."""

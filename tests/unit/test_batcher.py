@@ -561,14 +561,14 @@ async def test_the_expected_wait_counts_the_batches_ahead_at_the_measured_cost()
 def test_the_largest_batch_within_a_time_follows_the_measured_cost() -> None:
     rate = ServiceRate()
     assert rate.largest_within(0.125, 32) == 32  # nothing measured yet: the configured size
-    rate.observe(1, 0.020)
-    assert rate.largest_within(0.125, 32) == 6  # one size seen: 20 ms per item, proportional
+    rate.observe(1, 0.200)
+    assert rate.largest_within(0.125, 32) == 32  # one size seen, no slope: no cap (not 0 items per batch)
     for _ in range(50):  # then a cost of 14 ms + 10 ms per item (MiniLM on a CPU core)
         rate.observe(3, 0.044)
         rate.observe(10, 0.114)
     assert rate.largest_within(0.125, 32) == 11  # (125 - 14) / 10
     assert rate.largest_within(0.125, 8) == 8
-    assert rate.largest_within(0.001, 32) == 1  # never less than one item
+    assert rate.largest_within(0.001, 32) == 2  # never below where the fixed cost is half a batch: ceil(14 / 10)
     for _ in range(2000):  # a sustained burst: every batch at the cap, the slope unseen for a long while
         rate.observe(11, 0.124)
     assert rate.largest_within(0.125, 32) == 11  # the last line fitted still speaks
@@ -577,6 +577,11 @@ def test_the_largest_batch_within_a_time_follows_the_measured_cost() -> None:
         per_call.observe(1, 0.010)
         per_call.observe(32, 0.010)
     assert per_call.largest_within(0.125, 32) == 32
+    busy = ServiceRate()
+    for _ in range(50):  # a busy box: 150 ms a call whatever its size, 2 ms per item
+        busy.observe(1, 0.152)
+        busy.observe(8, 0.166)
+    assert busy.largest_within(0.125, 32) == 32  # capping would split what batching amortises
 
 
 async def test_a_batch_gathers_no_more_than_fits_in_its_time() -> None:
