@@ -462,11 +462,10 @@ def _served(
     """The test queries answered by the gallery (and the sidecar) with the service's own search calls."""
     from service.compat.hubness import Corrected, load_hubness
     from service.compat.served_eval import served_rankings
-    from service.index.gallery import Gallery
+    from service.index.factory import create_gallery
     from service.settings import IndexSettings
 
-    defaults = IndexSettings()
-    gallery = Gallery.load(gallery_dir, coarse=defaults.coarse, graph_ef=defaults.coarse_ef)
+    gallery = create_gallery(IndexSettings(gallery_dir=gallery_dir))  # opened as the service opens it
     corrected = None
     if hubness_dir is not None:
         corrected = Corrected(load_hubness(hubness_dir, gallery.fingerprint, profile.profile_id), candidates)

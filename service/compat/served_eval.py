@@ -67,7 +67,8 @@ def served_rows(served: Served, judge: str) -> list[dict[str, Any]]:
             rows.append(method_row(method, served.alphas[method], rank, old, judge=judge))
     for row in rows:
         if row["method"].endswith("+csls"):
-            row["vs_uncorrected"] = paired_differences(served.ranks[row["method"]], served.ranks[row["method"][:-5]])
+            uncorrected = served.ranks[row["method"].removesuffix("+csls")]
+            row["vs_uncorrected"] = paired_differences(served.ranks[row["method"]], uncorrected)
     return rows
 
 

@@ -41,7 +41,7 @@ class ServiceRate:
         if self._w == 0 or n <= 0:
             return 0.0
         line = self._line()
-        if line is None:  # one batch size so far: proportional to n
+        if line is None:  # no two batch sizes seen yet: proportional to n
             return self._t / self._n * n
         base, per_item = line
         return base + per_item * n
