@@ -103,8 +103,9 @@ chaos: $(STAMP) redis
 backfill-faults: $(STAMP)
 	$(BIN)/python loadtest/backfill_faults.py --kills 20 --items 20000
 
+# `make demo PORT=8300` serves on another port; without PORT, NOBACKFILL_API__PORT's (default 8000).
 demo: $(STAMP)
-	$(BIN)/nobackfill demo
+	$(BIN)/nobackfill demo $(if $(PORT),--port $(PORT))
 
 # Right after `make demo`, `make serve` serves the demo's artifacts (artifacts/demo/) with its operator page;
 # a NOBACKFILL_* variable given, or a NOBACKFILL_CONFIG_FILE, wins over each of these.

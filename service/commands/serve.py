@@ -101,7 +101,8 @@ def _cli(*args: str) -> None:
 
 
 def demo(
-    port: int = typer.Option(8000, help="Port for the demo service."),
+    # None, not 8000: a typer default would always win over NOBACKFILL_API__PORT (`make demo PORT=...` passes --port).
+    port: int | None = typer.Option(None, help="Port for the demo service (default: settings api.port, 8000)."),
     gallery_size: int = typer.Option(DEMO_GALLERY_SIZE, help="Items in the demo gallery (synthetic world)."),
     prepare_only: bool = typer.Option(False, help="Build the artifacts, then exit without serving."),
     real: bool = typer.Option(
@@ -142,11 +143,17 @@ def demo(
         ),
         ui_eval=saved_eval,
     )
+    port = _demo_port(port, settings)
     cache = settings.cache.redis_url or "in-process LRU (set NOBACKFILL_CACHE__REDIS_URL for Redis)"
     typer.echo(f"serving on http://127.0.0.1:{port} (cache: {cache}); try:")
     typer.echo(CURL_EXAMPLE.format(host="127.0.0.1", port=port))
     typer.echo(UI_LINE.format(host="127.0.0.1", port=port))
     _run(settings, "127.0.0.1", port, 1)
+
+
+def _demo_port(given: int | None, settings: Settings) -> int:
+    """--port when given, else the settings' api.port (NOBACKFILL_API__PORT, a YAML file, or 8000)."""
+    return given if given is not None else settings.api.port
 
 
 def _found(what: str, folder: Path) -> None:
@@ -173,7 +180,7 @@ def _with_ui(settings: Settings, ui_eval: Path | None = None) -> Settings:
     return settings.model_copy(update={"api": settings.api.model_copy(update={"ui": True, **given})})
 
 
-def _real_demo(port: int, prepare_only: bool) -> None:
+def _real_demo(given_port: int | None, prepare_only: bool) -> None:
     """`demo --real`: build the real upgrade's artifacts if missing (real_demo.py), then serve them."""
     from service.commands.real_demo import REAL_DIR, RealDeployment, curl_example, prepare
 
@@ -181,9 +188,11 @@ def _real_demo(port: int, prepare_only: bool) -> None:
     prepare(deployment, _cli)
     if prepare_only:
         return
+    settings = _with_ui(deployment.settings(), deployment.saved_eval)
+    port = _demo_port(given_port, settings)
     typer.echo(f"serving the real upgrade on http://127.0.0.1:{port}; the same with `{cli_invocation()} serve`:")
     typer.echo(deployment.environment())
     typer.echo("ask it a real question (the texts of the hits come from the corpus):")
     typer.echo(curl_example(deployment, "127.0.0.1", port))
     typer.echo(UI_LINE.format(host="127.0.0.1", port=port))
-    _run(_with_ui(deployment.settings(), deployment.saved_eval), "127.0.0.1", port, 1)
+    _run(settings, "127.0.0.1", port, 1)

@@ -33,7 +33,8 @@ def test_the_readme_runs_the_demo_serves_it_and_asks_it_over_http() -> None:
     found = run_docs.blocks("README.md", (ROOT / "README.md").read_text())
     served = [rule for block in found for rule in block.rules if rule.kind == "serve"]
     assert any(rule.matches("make demo   # set up .venv") for rule in served)
-    assert any(block.run and "curl -s http://127.0.0.1:8000/v1/search" in block.text for block in found)
+    asks = [block for block in found if block.run and 'curl -s "$BASE/v1/search"' in block.text]
+    assert asks and "BASE=http://127.0.0.1:8000" in asks[0].text
 
 
 MARKDOWN = """\
