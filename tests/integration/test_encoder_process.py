@@ -11,10 +11,11 @@ import asyncio
 import os
 import signal
 import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 
 import numpy as np
+import psutil
 import pytest
 
 from service import metrics
@@ -30,14 +31,31 @@ from tests.support.servers import encoder_children
 from tests.support.world import World
 
 TEXTS = ["item-0000000007 caption-1", "item-0000000042 caption-2", "item-0000001234 caption-3"]
+# The tests below wait for what they need to see, never a guessed delay.  This bound only stops a test
+# that would otherwise hang; a busy box's slowest start is far below it, and a passing wait ends early.
+HANG_GUARD_S = 120.0
 
 
-def wait_until_gone(pids: set[int], timeout_s: float = 10.0) -> set[int]:
-    """The pids of `pids` still running after up to timeout_s."""
+def wait_until_gone(pids: set[int], timeout_s: float = HANG_GUARD_S) -> set[int]:
+    """The pids of `pids` still running once they are all gone, or after timeout_s (then the test fails)."""
     deadline = time.monotonic() + timeout_s
     while (left := pids & encoder_children()) and time.monotonic() < deadline:
         time.sleep(0.05)
     return left
+
+
+async def until(condition: Callable[[], bool], what: str) -> None:
+    """Wait for `condition` to hold (HANG_GUARD_S at most: past it the test fails, naming `what`)."""
+    deadline = time.monotonic() + HANG_GUARD_S
+    while not condition():
+        if time.monotonic() > deadline:
+            pytest.fail(f"still waiting for {what} after {HANG_GUARD_S:g} s")
+        await asyncio.sleep(0.02)
+
+
+def bytes_read(pid: int) -> int:
+    """What a process has read so far (its read_chars): an idle encoder child reads nothing but its next call."""
+    return int(psutil.Process(pid).io_counters().read_chars)
 
 
 def settings_for(world: World, isolation: str) -> Settings:
@@ -70,11 +88,14 @@ def test_the_child_returns_the_rows_and_facts_of_the_same_encoder_in_process(chi
 
 def test_ctrl_c_or_sigterm_to_the_process_group_leaves_the_child_to_its_parent(child: ProcessEncoder) -> None:
     # The parent drains its requests first and then stops its children; they must not die under it.
-    assert child.pid is not None
+    # No delay to guess: a child that acted on a signal would be dead by the time it answered (the call
+    # would fail), or before the call (it would be replaced: another pid).
+    pid = child.pid
+    assert pid is not None
     for sig in (signal.SIGINT, signal.SIGTERM):
-        os.kill(child.pid, sig)
-    time.sleep(0.3)
+        os.kill(pid, sig)
     assert child.encode(TEXTS[:1]).shape == (1, child.dim)
+    assert child.pid == pid
 
 
 def test_a_child_killed_between_calls_is_replaced_before_the_next_call() -> None:
@@ -137,18 +158,20 @@ async def test_a_start_that_hangs_while_loading_fails_in_one_line_and_leaves_no_
 
 @pytest.mark.usefixtures("hang_load_plugin")
 async def test_an_interrupt_while_the_child_is_replaced_keeps_the_timed_out_batch_off_the_new_child(
-    monkeypatch: pytest.MonkeyPatch,
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
     monkeypatch.setenv("FAULTY_LOAD_S", "0")
     monkeypatch.setenv("FAULTY_HANG_S", "3600")  # a batch marked !hang never returns in the child
     encoder = ProcessEncoder(EncoderSettings(backend="faulty-hang-load", device="cpu"), "new")
-    batcher = MicroBatcher([encoder], max_batch_size=8, max_wait_ms=0, name="new", timeout_s=0.5)
+    # Long enough for a warm child's call on a busy box: only the call held up by the gated load times out.
+    batcher = MicroBatcher([encoder], max_batch_size=8, max_wait_ms=0, name="new", timeout_s=3.0)
     await batcher.start()
     try:
         expected = await batcher.encode(TEXTS)
         before, dead_pid = restarts("new"), encoder.pid
         assert dead_pid is not None
-        monkeypatch.setenv("FAULTY_LOAD_S", "2")  # the replacement loads for longer than the batcher waits
+        load_may_end = tmp_path / "load-may-end"
+        monkeypatch.setenv("FAULTY_LOAD_GATE", str(load_may_end))  # the replacement loads until the test says
         os.kill(dead_pid, signal.SIGKILL)
         while os.waitid(os.P_PID, dead_pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is None:
             await asyncio.sleep(0.01)
@@ -157,11 +180,11 @@ async def test_an_interrupt_while_the_child_is_replaced_keeps_the_timed_out_batc
         with pytest.raises(EncoderTimeout):
             await batcher.encode([f"!hang {TEXTS[0]}"])
         assert batcher.problem() is not None  # the replica is stuck in that call until the new child is ready
-        for _ in range(300):  # bounded: the load takes 2 s and a synthetic model's start a few more
-            if batcher.problem() is None:
-                break
-            await asyncio.sleep(0.1)
-        assert batcher.problem() is None, "the replica stayed stuck: the timed-out batch ran on the new child"
+        load_may_end.touch()
+        await until(
+            lambda: batcher.problem() is None,
+            "the replica to be free (stuck: the timed-out batch ran on the new child?)",
+        )
         np.testing.assert_array_equal(await batcher.encode(TEXTS), expected)
         assert encoder.pid not in (None, dead_pid) and restarts("new") == before + 1
     finally:
@@ -221,10 +244,11 @@ def restarts(role: str) -> float:
 
 
 async def ready_again(running: Running) -> None:
-    """Wait (bounded) until /readyz is 200: a replica whose child is being replaced is not ready."""
-    for _ in range(200):
-        if (await running.client.get("/readyz")).status_code == 200:
-            return
+    """Wait until /readyz is 200 (HANG_GUARD_S at most, then the test fails): no replica stuck in a call."""
+    deadline = time.monotonic() + HANG_GUARD_S
+    while (await running.client.get("/readyz")).status_code != 200:
+        if time.monotonic() > deadline:
+            pytest.fail(f"/readyz not 200 after {HANG_GUARD_S:g} s")
         await asyncio.sleep(0.05)
 
 
@@ -244,17 +268,18 @@ async def test_a_child_dead_or_stuck_mid_call_fails_that_request_only_and_is_rep
         new = running.pipeline.new.replicas[0]
         # Killed during its call (an OOM kill, a crash): that request is a 500, the next one is served.
         before, dead_pid = restarts("new"), new.pid
+        assert dead_pid is not None
+        idle_reads = bytes_read(dead_pid)
         request = asyncio.create_task(running.search(queries=[{"text": TEXTS[0]}], k=5))
-        await asyncio.sleep(0.1)
+        # Killed once the child has read the call, so mid-call: killed before it (a guessed delay on a busy
+        # box), it would die between calls and its replacement would serve the request.
+        await until(lambda: bytes_read(dead_pid) > idle_reads, "the child to read its call")
         os.kill(dead_pid, signal.SIGKILL)
         failed = await request
         assert failed.status_code == 500 and failed.json()["error"]["code"] == "encoder_failed"
         assert restarts("new") == before + 1
-        for _ in range(600):  # the new child loads on a thread of its own, after the call failed
-            if new.pid not in (None, dead_pid):
-                break
-            await asyncio.sleep(0.05)
-        assert new.pid not in (None, dead_pid)
+        # The new child loads on a thread of its own, after the call failed; its pid is set once it is ready.
+        await until(lambda: new.pid not in (None, dead_pid), "the replacement child to load")
         served = await running.search(queries=[{"text": TEXTS[0]}], k=5)
         assert served.status_code == 200, served.text
         # Stuck past the timeout: a 504, and the child is killed, not left to finish its 12 s.
@@ -262,6 +287,9 @@ async def test_a_child_dead_or_stuck_mid_call_fails_that_request_only_and_is_rep
         slow = await running.search(queries=[{"text": TEXTS[i % 3]} for i in range(40)], k=5)
         assert slow.status_code == 504 and slow.json()["error"]["code"] == "encoder_timeout"
         assert wait_until_gone({stuck_pid}) == set()
+        # /readyz is 200 again as soon as the call is given up (no replica is stuck), while the replacement
+        # still loads: a search sent then waits for the load inside its own 6 s, which a busy box can miss.
+        await until(lambda: new.pid not in (None, stuck_pid), "the replacement child to load")
         await ready_again(running)
         served = await running.search(queries=[{"text": TEXTS[0]}], k=5)
         assert served.status_code == 200, served.text

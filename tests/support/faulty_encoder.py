@@ -16,9 +16,10 @@ backends in this process; `python tests/support/faulty_encoder.py serve ...` run
 registered (chaos runs).
 
 Backend `faulty-hang-load` is `faulty-new` after FAULTY_LOAD_S seconds (default an hour: a load that
-hangs) spent building it.  It is an entry-point plug-in, so that an encoder child process
-(`isolation: process`), which knows no backend registered from code, finds it: `plugin_path(root)` is
-the PYTHONPATH that declares it.
+hangs) spent building it, and, when FAULTY_LOAD_GATE names a file, not before that file exists (a
+test holds a load for exactly as long as it needs, instead of guessing a duration).  It is an
+entry-point plug-in, so that an encoder child process (`isolation: process`), which knows no backend
+registered from code, finds it: `plugin_path(root)` is the PYTHONPATH that declares it.
 """
 
 from __future__ import annotations
@@ -101,8 +102,12 @@ def _factory(role: str):  # type: ignore[no-untyped-def]
 
 
 def hang_while_loading(settings: EncoderSettings, device: str) -> Encoder:
-    """Backend `faulty-hang-load`: FAULTY_LOAD_S seconds (read now, default 3600) before `faulty-new` is built."""
+    """Backend `faulty-hang-load`: FAULTY_LOAD_S seconds (read now, default 3600), then FAULTY_LOAD_GATE's file
+    to exist (when set), before `faulty-new` is built."""
     time.sleep(float(os.environ.get("FAULTY_LOAD_S", "3600")))
+    gate = os.environ.get("FAULTY_LOAD_GATE")
+    while gate and not Path(gate).exists():
+        time.sleep(0.05)
     build = _factory("new")
     encoder: Encoder = build(settings, device)
     return encoder
