@@ -27,7 +27,8 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from service.segment.layout import SHARDS, moved_ids  # noqa: E402
+from service.segment.catalog import moved_ids  # noqa: E402
+from service.segment.layout import SHARDS  # noqa: E402
 from service.segment.reader import Segment  # noqa: E402
 
 NOBACKFILL = [sys.executable, "-m", "service.cli"]
@@ -70,7 +71,8 @@ def run(work: Path, items: int, kills: int, seed: int) -> dict[str, object]:
     rng = random.Random(seed)
     _cli("synth", "items", "--size", items, "--out", work / "items")
     _cli("gallery", "build", "--size", items, "--out", work / "gallery", "--items", work / "items")
-    common = ["--input", work / "items", "--gallery", work / "gallery", "--backend", "synthetic-new"]
+    common = ["--input", work / "items", "--gallery", work / "gallery", "--backend", "synthetic-new",
+              "--new-model-id", "synthetic-new"]  # fmt: skip
     common += ["--order", "random", "--batch-size", "32", "--shard-size", str(SHARD_SIZE), "--json"]
     started = time.perf_counter()
     _cli("backfill", "run", "--segment", work / "reference", *common)

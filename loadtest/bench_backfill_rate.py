@@ -91,7 +91,12 @@ def main() -> None:
             setup = _real(args.real.resolve())
             args.items = sum(1 for _ in setup.items.open(encoding="utf-8"))
         else:
-            setup = Setup(work / "items.txt", work / "gallery", ("--backend", "synthetic-new"))
+            setup = Setup(
+                work / "items.txt",
+                work / "gallery",
+                ("--backend", "synthetic-new"),
+                ("--new-model-id", "synthetic-new"),
+            )
             setup.items.write_text("\n".join(format_item(i, IMAGE_VIEW) for i in range(args.items)) + "\n")
             _run("gallery", "build", "--size", str(args.items), "--out", setup.gallery)
         ratios = []

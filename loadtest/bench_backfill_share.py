@@ -99,8 +99,8 @@ def main() -> None:
                     command = [
                         *NOBACKFILL, "backfill", "run", "--nice", str(args.nice), "--segment", str(segment),
                         "--input", str(work / "items"), "--gallery", str(work / "gallery"), "--backend",
-                        "synthetic-new", "--order", "random", "--rate", str(args.rate), "--threads", str(args.threads),
-                        "--json",
+                        "synthetic-new", "--new-model-id", "synthetic-new", "--order", "random",
+                        "--rate", str(args.rate), "--threads", str(args.threads), "--json",
                     ]  # fmt: skip
                     backfill = subprocess.Popen(command, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
                     time.sleep(3.0)  # past its imports and model load: the phase times the moving itself

@@ -49,7 +49,8 @@ def build(work: Path, items: int, moved: list[float]) -> dict[float, Path]:
                 shutil.copytree(previous, folder)
             cli(
                 "backfill", "run", "--segment", folder, "--input", work / "items", "--gallery", work / "gallery",
-                "--backend", "synthetic-new", "--order", "random", "--fraction", f"{share:g}", "--batch-size", "256",
+                "--backend", "synthetic-new", "--new-model-id", "synthetic-new", "--order", "random",
+                "--fraction", f"{share:g}", "--batch-size", "256",
             )  # fmt: skip
         segments[share], previous = folder, folder
     return segments

@@ -150,10 +150,10 @@ class IndexSettings(Section):
     segment_dir: Path | None = None
     # How often the service looks for shards published since (new ones are searched from then on).
     segment_refresh_s: float = Field(5.0, gt=0)
-    # A segment block of this many rows or more is an IVF-Flat index (sqrt(rows) lists, nprobe of them
-    # searched) instead of an exact flat scan, so hybrid stays fast as the segment grows.
-    segment_ivf_rows: int = Field(50_000, ge=1)
-    segment_nprobe: int = Field(16, ge=1)
+    # A segment block of this many rows or more is an HNSW graph (searched at ef_search candidates)
+    # instead of an exact flat scan, so hybrid stays fast as the segment grows (segment/reader.py).
+    segment_exact_rows: int = Field(10_000, ge=1)
+    segment_ef_search: int = Field(32, ge=1)
     # How hybrid puts both lists on one scale: the profile's fitted calibration (raw cosines when it has
     # none), raw cosines, or reciprocal rank fusion.
     hybrid_merge: Merge = Merge.calibrated

@@ -2,7 +2,7 @@
 
 Offline and exact, on a test split (old and new targets): for a moved share f, the first f of the
 targets in the move order are "in the segment" (ranked by new query . new row, through the merge's
-scale), the rest stay in the old gallery (compatible query . old row).  The same merge rules as the
+per-query map), the rest stay in the old gallery (compatible query . old row).  The same merge rules as the
 service (segment/merge.py), computed as ranks: a relevant target's merged rank is the number of
 non-relevant targets of either side scoring above it (rrf: above it in fused score).  Orders are
 nested, as a backfill's are: what moved at 10 % is still moved at 25 %.  Intervals: a bootstrap over
@@ -73,7 +73,7 @@ def merged_ranks(spaces: Spaces, moved: npt.NDArray[np.bool_], method: Merge, sc
         old = spaces.served[rows] @ spaces.old_targets.T
         new = spaces.new_queries[rows] @ spaces.new_targets.T
         if method == Merge.calibrated:
-            new = score_map.apply(new)
+            new = score_map.apply(new, score_map.offsets(spaces.served[rows], spaces.new_queries[rows]))
         scores = np.where(moved[None, :], new, old)
         if method == Merge.rrf:
             scores = _fused(old, new, moved)

@@ -14,15 +14,21 @@ A shard is written on its own thread while the next is encoded.  A run killed at
 at most the rows not yet published (the shard being written and the one being encoded); a re-run
 with the same plan skips everything published and continues, so the segment ends with the same ids
 and rows as one uninterrupted run (for an encoder whose rows do not depend on the batch they are
-in).  Ctrl-C publishes the rows already encoded, then stops.
+in).  Ctrl-C and SIGTERM publish the rows already encoded, then stop.  One run at a time fills a
+segment (an flock; a second is refused in one line); the service's cascade writer may add beside it.
 """
 
 from __future__ import annotations
 
+import fcntl
 import math
+import os
+import signal
+import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -35,18 +41,14 @@ from service.bulk.encode import encode_batch
 from service.encoders.base import Encoder
 from service.encoders.identity import ModelIdentity
 from service.errors import InputError
-from service.segment.layout import (
-    GalleryRef,
-    MovedIds,
-    create_segment,
-    remove_abandoned,
-    write_shard,
-)
+from service.segment.catalog import MovedIds
+from service.segment.layout import GalleryRef, create_segment, remove_abandoned, write_shard
 from service.vocabulary import Word
 
 I64 = npt.NDArray[np.int64]
 F32 = npt.NDArray[np.float32]
 DEFAULT_SHARD_SIZE = 4096
+LOCK_NAME = "backfill.lock"
 
 
 class Order(Word):
@@ -82,7 +84,7 @@ class RunReport:
     seconds: float = 0.0
     moved_before: int = 0
     moved_meanwhile: int = 0  # planned items another writer moved while this run went
-    interrupted: bool = False
+    interrupted: str | None = None  # the signal that stopped the run early: "SIGINT" or "SIGTERM"
 
     @property
     def rate(self) -> float:
@@ -128,9 +130,10 @@ def run_backfill(
     writer: str = "backfill",
     on_shard: Callable[[str], None] | None = None,
 ) -> RunReport:
-    """Move items per `options` into the segment; returns what was done (see the module docstring)."""
-    from service.progress import progress_bar
+    """Move items per `options` into the segment; returns what was done (see the module docstring).
 
+    One run at a time per segment (another is refused in one line), and SIGTERM stops it as Ctrl-C does.
+    """
     ids = source.ids()
     if len(ids) != gallery.ntotal:
         raise InputError(
@@ -138,6 +141,25 @@ def run_backfill(
             "backfill needs exactly the gallery's items"
         )
     create_segment(segment_dir, model, gallery)
+    with one_run_at_a_time(segment_dir), stopped_by_sigterm():
+        return _run(segment_dir, source, encoder, model, gallery, options, hot, writer, on_shard, ids)
+
+
+def _run(
+    segment_dir: Path,
+    source: ItemSource,
+    encoder: Encoder,
+    model: ModelIdentity,
+    gallery: GalleryRef,
+    options: RunOptions,
+    hot: I64 | None,
+    writer: str,
+    on_shard: Callable[[str], None] | None,
+    ids: I64,
+) -> RunReport:
+    """run_backfill's work, under the segment's run lock."""
+    from service.progress import progress_bar
+
     remove_abandoned(segment_dir)
     report = RunReport()
     others = MovedIds(segment_dir)  # read again before each batch: the service (cascade) may be writing too
@@ -198,10 +220,10 @@ def run_backfill(
             _throttle(started, start + len(planned), options.rate)
         publish()
         written()
-    except KeyboardInterrupt:
+    except KeyboardInterrupt as stop:  # Ctrl-C, or SIGTERM (Terminated)
         publish()  # what is encoded is kept: the next run continues after it
         written()
-        report.interrupted = True
+        report.interrupted = "SIGTERM" if isinstance(stop, Terminated) else "SIGINT"
     finally:
         writer_pool.shutdown(wait=True)  # a shard under way still lands, even when encoding failed
         bar.close()
@@ -241,5 +263,63 @@ def describe_report(report: RunReport, total: int) -> dict[str, Any]:
         "moved_before": report.moved_before,
         "moved_meanwhile": report.moved_meanwhile,
         "gallery_items": total,
-        "interrupted": report.interrupted,
+        "interrupted": report.interrupted is not None,
+        "signal": report.interrupted,
     }
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM (a pod's stop, `kill`): the run stops as it does on Ctrl-C, keeping what was encoded."""
+
+
+@contextmanager
+def stopped_by_sigterm() -> Iterator[None]:
+    """Within the block, SIGTERM raises Terminated in the main thread (elsewhere it is left as it is)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def stop(signum: int, frame: object) -> None:  # noqa: ARG001 (signal handler's signature)
+        raise Terminated
+
+    previous = signal.signal(signal.SIGTERM, stop)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+@contextmanager
+def one_run_at_a_time(segment_dir: Path) -> Iterator[None]:
+    """Hold the segment's run lock (an flock on SEGMENT/backfill.lock); InputError at once when another run holds it.
+
+    Two runs of one plan would encode the same items twice and race on what each counts; the cascade
+    writer in the service needs no lock (it skips what moved).  The lock goes with the process, so a
+    run killed with -9 never leaves it held.  flock needs a filesystem that honours it (local disks,
+    most NFS v4 mounts).
+    """
+    path = segment_dir / LOCK_NAME
+    try:
+        handle = path.open("a+", encoding="utf-8")
+    except OSError as exc:
+        raise InputError(f"cannot open the run lock {path}: {exc.strerror or exc}") from exc
+    with handle:
+        try:
+            fcntl.flock(handle.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            handle.seek(0)
+            holder = handle.read().strip() or "unknown"
+            raise InputError(
+                f"segment {segment_dir}: another `backfill run` is moving items into it (pid {holder}); "
+                "wait for it to finish, or stop it (what it encoded is kept)"
+            ) from None
+        handle.seek(0)
+        handle.truncate()
+        handle.write(f"{os.getpid()}\n")
+        handle.flush()
+        try:
+            yield
+        finally:
+            handle.seek(0)
+            handle.truncate()
+            fcntl.flock(handle.fileno(), fcntl.LOCK_UN)

@@ -8,43 +8,40 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from service.errors import ArtifactError
-from service.manifest import verify_manifest
-from service.segment.layout import IDS, SHARD_JSON, SHARDS, read_segment_meta, shard_names
+from service.segment.catalog import ShardCatalog
+from service.segment.layout import read_segment_meta
 
 I64 = npt.NDArray[np.int64]
 F64 = npt.NDArray[np.float64]
 
 
 def segment_status(folder: Path, hits: tuple[I64, F64] | None = None) -> dict[str, Any]:
-    """The segment's model, coverage, hit share (when counts are given) and every shard, JSON-ready."""
-    import json
+    """The segment's model, coverage, hit share (when counts are given) and every shard, JSON-ready.
 
+    Shards are checked as the service checks them (segment/catalog.py): a refused one shows here as
+    damaged, with its reason, and its items do not count as moved.
+    """
     meta = read_segment_meta(folder)
+    catalog = ShardCatalog(folder, meta.dim)
     shards: list[dict[str, Any]] = []
-    parts: list[I64] = []
     by_writer: dict[str, list[I64]] = {}
-    for name in shard_names(folder):
-        entry: dict[str, Any] = {"name": name}
-        try:
-            verify_manifest(folder / SHARDS / name)  # every file hashed: a shard the service would refuse shows here
-            info = json.loads((folder / SHARDS / name / SHARD_JSON).read_text(encoding="utf-8"))
-            ids = np.load(folder / SHARDS / name / IDS, allow_pickle=False)
-        except (ArtifactError, OSError, ValueError) as exc:
-            entry["damaged"] = exc.message if isinstance(exc, ArtifactError) else str(exc)
-            shards.append(entry)
+    for entry in catalog.scan():
+        if entry.refused is not None:
+            shards.append({"name": entry.name, "damaged": entry.refused})
             continue
-        parts.append(ids)
-        by_writer.setdefault(str(info.get("writer")), []).append(ids)
+        info = entry.meta
+        by_writer.setdefault(str(info.get("writer")), []).append(entry.ids)
         model = info.get("model", {})
-        entry.update(
-            count=int(len(ids)),
-            model=f"{model.get('backend')} {model.get('model_id')}",
-            writer=info.get("writer"),
-            created_at=info.get("created_at"),
+        shards.append(
+            {
+                "name": entry.name,
+                "count": int(len(entry.ids)),
+                "model": f"{model.get('backend')} {model.get('model_id')}",
+                "writer": info.get("writer"),
+                "created_at": info.get("created_at"),
+            }
         )
-        shards.append(entry)
-    moved = np.unique(np.concatenate(parts)) if parts else np.zeros(0, dtype=np.int64)
+    moved = catalog.moved()
     total = meta.gallery.ntotal
     out: dict[str, Any] = {
         "segment": str(folder),

@@ -27,7 +27,7 @@ import numpy.typing as npt
 
 import service
 from service.bulk.atomic import make_parents, publish_files, refuse_existing, remove_empty, temp_json
-from service.bulk.inputs import Bad, Blank, InputSpec, Item, Scan, image_b64, read_items
+from service.bulk.inputs import Bad, Blank, InputSpec, Item, Scan, encoder_input, read_items
 from service.bulk.npy_writer import NpyWriter
 from service.cpu_limit import usable_cpus
 from service.encoders.base import Embeddings, Encoder, modalities_of
@@ -110,7 +110,7 @@ def encode_batch(
     encoder: Encoder, values: list[str], modality: Modality, what: str, allow_zero: bool = False
 ) -> Embeddings:
     """One encoder call on text values or image paths; foreign errors become one line naming `what`."""
-    batch = [image_b64(Path(v)) for v in values] if modality == "image" else values
+    batch = [encoder_input(v, modality) for v in values]
     try:
         rows = encoder.encode(batch, modality)
     except NobackfillError as exc:  # e.g. an image the backend cannot decode: say which inputs

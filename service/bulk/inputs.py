@@ -158,6 +158,15 @@ def image_b64(path: Path) -> str:
         raise InputError(f"cannot read image {path} ({exc.strerror or exc})") from exc
 
 
+def encoder_input(value: str, modality: str) -> str:
+    """An item's stored value as an encoder takes it: the text itself, or an image path's file as base64.
+
+    The one conversion of an item for the new model, whoever encodes it: `encode`, `backfill run` and
+    the cascade on the query path (InputError when an image cannot be read).
+    """
+    return image_b64(Path(value)) if modality == "image" else value
+
+
 def text_value(value: Any) -> str | None:
     """`value` when it is a non-blank string, else None."""
     return value if isinstance(value, str) and value.strip() else None

@@ -1,4 +1,4 @@
-"""`nobackfill backfill run|status|curve|cascade`: move gallery items into the new-model segment, and score it offline.
+"""`nobackfill backfill run|status|repair|curve|cascade`: move items into the new-model segment, score it offline.
 
 Thin over service/backfill/: cheap checks first (segment, gallery, items, profile), then the model
 loads, then the run (run.py).  Every refusal is one `error:` line and exit 2.
@@ -37,6 +37,11 @@ def run(
     profile: Path | None = typer.Option(
         None, "--profile", help="Compat profile: the new model must be the profile's new model."
     ),
+    new_model_id: str | None = typer.Option(
+        None,
+        "--new-model-id",
+        help="Without --profile or an existing segment: confirms the new model (its model id must be this).",
+    ),
     order: str = typer.Option("given", "--order", help="given (input order), random (seeded) or hot (hits first)."),
     fraction: float | None = typer.Option(
         None, "--fraction", min=0.0, max=1.0, help="Stop once the segment holds this share of the gallery."
@@ -70,12 +75,17 @@ def run(
 
     if not Order.has(order):
         raise InputError(f"--order must be one of {', '.join(Order)}, got {order!r}")
+    _need_a_model_reference(segment, profile, new_model_id)
     source = open_items(input_path, modality, field, id_field, ids)
     gallery_ref = _gallery_ref(segment, gallery, source)
     hot = _hot_ids(hits) if order == Order.hot else None
     encoder, identity = load_encoder(backend, path, role=Role.new, device=device, model_id=model_id, threads=threads)
     if profile is not None:
         _check_profile(profile, identity)
+    if new_model_id is not None and identity.model_id != new_model_id:
+        raise InputError(
+            f"--new-model-id {new_model_id} was confirmed, but the encoder is {identity.backend} {identity.model_id}"
+        )
     options = RunOptions(
         order=Order(order),
         fraction=fraction,
@@ -93,7 +103,9 @@ def run(
     if as_json:
         typer.echo(json.dumps(summary))
         return
-    now = report.moved_before + report.moved
+    from service.segment.catalog import moved_ids
+
+    now = len(moved_ids(segment))  # read from the segment: other writers may have moved items meanwhile
     typer.echo(
         f"moved {report.moved:,} items into {segment} in {len(report.shards)} shard(s), {summary['seconds']} s "
         f"({summary['items_per_s']} items/s); the segment holds {now:,} of {gallery_ref.ntotal:,} "
@@ -101,8 +113,23 @@ def run(
         + (f"; {report.zero_rows} all-zero rows stay old" if report.zero_rows else "")
     )
     if report.interrupted:
-        typer.echo("interrupted: what was encoded is kept; run the same command again to continue", err=True)
-        raise typer.Exit(130)
+        typer.echo(
+            f"stopped by {report.interrupted}: what was encoded is kept; run the same command again to continue",
+            err=True,
+        )
+        raise typer.Exit(143 if report.interrupted == "SIGTERM" else 130)
+
+
+def _need_a_model_reference(segment: Path, profile: Path | None, new_model_id: str | None) -> None:
+    """Refuse a run that nothing could check the new model against (no profile, no segment, no confirmation)."""
+    from service.errors import InputError
+    from service.segment.layout import SEGMENT_JSON
+
+    if profile is None and new_model_id is None and not (segment / SEGMENT_JSON).is_file():
+        raise InputError(
+            f"{segment}: no segment yet and no --profile: nothing says which model its rows must come from; "
+            "pass --profile PROFILE_DIR (the profile's new model is checked), or --new-model-id ID to confirm the model"
+        )
 
 
 def _gallery_ref(segment: Path, gallery: Path | None, source: Any) -> Any:
@@ -196,6 +223,32 @@ def status(
                 f"  {shard['name']}: {shard['count']:,} rows, {shard['model']}, "
                 f"by {shard['writer']}, {shard['created_at']}"
             )
+    if report["damaged_shards"]:
+        typer.echo(
+            f"{report['damaged_shards']} damaged shard(s): their items count as not moved. "
+            f"`nobackfill backfill repair {segment}` moves them into the quarantine folder; "
+            "then `backfill run` moves those items again",
+            err=True,
+        )
+        raise typer.Exit(1)
+
+
+@app.command("repair")
+def repair(segment: Path = typer.Argument(..., help="Segment folder.", metavar="SEGMENT")) -> None:
+    """Move the shards the service refuses (damaged) into SEGMENT/quarantine, never deleting one."""
+    from service.backfill.repair import QUARANTINE, repair_segment
+
+    done = repair_segment(segment)
+    if not done.quarantined:
+        typer.echo(f"segment {segment}: every shard is intact; nothing to repair")
+        return
+    for name, reason in done.quarantined.items():
+        typer.echo(f"  quarantined {name} ({reason})")
+    unknown = f" (and {done.unknown_rows} shard(s) whose count is unreadable)" if done.unknown_rows else ""
+    typer.echo(
+        f"moved {len(done.quarantined)} shard(s) into {segment / QUARANTINE}: {done.rows:,} rows{unknown} "
+        "count as not moved; run `nobackfill backfill run` again to move those items"
+    )
 
 
 @app.command("curve")

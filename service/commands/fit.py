@@ -319,9 +319,11 @@ def _calibration_lines(profile: CompatProfile) -> list[str]:
     """One line per modality on the hybrid merge's score map (none where the support had no new targets)."""
     lines = []
     for modality, report in (profile.fit_report.get("calibration") or {}).items():
+        background = report.get("background")
+        over = f" over each query's background ({background['references']:,} reference rows)" if background else ""
         lines.append(
-            f"hybrid calibration ({modality}): segment score x {report['scale']:.3f} {report['shift']:+.3f} onto "
-            f"the old scale; {report['right_decisions']:.1%} of {report['queries']:,} support queries' "
+            f"hybrid calibration ({modality}): segment score x {report['scale']:.3f} {report['shift']:+.3f}{over} "
+            f"onto the old scale; {report['right_decisions']:.1%} of {report['queries']:,} support queries' "
             "cross-space rank-1 decisions right"
         )
     return lines

@@ -2,18 +2,27 @@
 
 Hybrid search ranks moved items by new query . new row, and the others by the compatible query .
 old row.  The two cosines live on different scales, so the merge maps the new scores onto the old
-scale by a line, scale * s + shift, and leaves the old ones untouched: with nothing moved, hybrid is
-exactly the compatible search, scores included.
+scale and leaves the old ones untouched: with nothing moved, hybrid is exactly the compatible
+search, scores included.
+
+How high a score is depends on the query as much as on the item: some queries sit in a crowded
+part of their space and score high against everything.  So each query's scores are first read
+against its own background in each space: the mean of its BACKGROUND_K best cosines over a fixed
+set of reference rows, the support's targets in both spaces (stored in the profile).  The map is
+    s_new -> b_old(q) + scale * (s_new - b_new(q)) + shift
+a line between the two spaces' distances above the query's background.  The references do not
+change as items move, so neither does the map; a profile fitted before references were stored has
+b = 0 (the plain line).  docs/backfill.md measures both on held-out test sets.
 
 The line is fitted on the support set, which has both targets, for the decision the merge makes at
 rank 1.  Per query: r_old / n_old, the best relevant and best non-relevant score in the old space
-(compatible query), and r_new / n_new in the new space.  Within a space a monotone map changes
-nothing; across spaces the merge is right when a moved relevant target beats the old side's best miss
-(scale * r_new + shift > n_old) and an unmoved one beats the segment's best miss (r_old > scale *
-n_new + shift), each counted only where that space alone ranks the target first.  The fit maximises
-the number of such right decisions: a grid over log(scale), and for each scale the best shift by
-sorting.  The support's compatible queries are in-sample for R (their old scores run a little
-high); docs/backfill.md measures the result on held-out test sets against raw cosines and RRF.
+(compatible query), and r_new / n_new in the new space, each less the query's background there.
+Within a space a monotone map changes nothing; across spaces the merge is right when a moved
+relevant target beats the old side's best miss (scale * r_new + shift > n_old) and an unmoved one
+beats the segment's best miss (r_old > scale * n_new + shift), each counted only where that space
+alone ranks the target first.  The fit maximises the number of such right decisions: a grid over
+log(scale), and for each scale the best shift by sorting.  The support's compatible queries are
+in-sample for R (their old scores run a little high).
 """
 
 from __future__ import annotations
@@ -30,36 +39,98 @@ if TYPE_CHECKING:
 F32 = npt.NDArray[np.float32]
 F64 = npt.NDArray[np.float64]
 MAX_QUERIES = 5000
+MAX_REFERENCES = 4000  # rows per space: a query's backgrounds cost 2 x 4000 dot products (about 0.2 ms)
+BACKGROUND_K = 20
 _CHUNK = 256
+
+
+@dataclass(frozen=True, eq=False)
+class References:
+    """The rows a query's background is read against, in both spaces (unit rows, one per support target).
+
+    Compared by identity (eq=False): two maps are equal when they read the same stored rows.
+    """
+
+    old: F32  # [n, d_old]
+    new: F32  # [n, d_new]
+    k: int = BACKGROUND_K
+
+    def __post_init__(self) -> None:
+        if self.old.ndim != 2 or self.new.ndim != 2 or len(self.old) != len(self.new):
+            shapes = f"{self.old.shape} / {self.new.shape}"
+            raise ValueError(f"reference rows must be two matrices of as many rows, got {shapes}")
+        if not 1 <= self.k <= len(self.old):
+            raise ValueError(f"background k must be within 1..{len(self.old)} (the reference rows), got {self.k}")
+
+    def background(self, queries: F32, side: str) -> F32:
+        """Per unit query row: the mean of its k best cosines against this side's references."""
+        refs = self.old if side == "old" else self.new
+        scores = np.asarray(queries, dtype=np.float32) @ refs.T
+        best = np.partition(scores, len(refs) - self.k, axis=1)[:, len(refs) - self.k :]
+        means: F32 = best.mean(axis=1, dtype=np.float64).astype(np.float32)
+        return means
 
 
 @dataclass(frozen=True)
 class ScoreMap:
-    """new-space score s -> scale * s + shift on the old gallery's scale."""
+    """New-space score s -> b_old(q) + scale * (s - b_new(q)) + shift on the old scale (b = 0 without references)."""
 
     scale: float
     shift: float
+    references: References | None = None
 
-    def apply(self, scores: npt.NDArray[np.floating]) -> F32:
-        """Mapped scores (padding -inf stays -inf)."""
-        return (np.asarray(scores, dtype=np.float32) * np.float32(self.scale) + np.float32(self.shift)).astype(
-            np.float32
-        )
+    def background(self, queries: F32, side: str) -> F32:
+        """Each unit query row's background on `side` ("old" or "new"); zeros without references."""
+        if self.references is None:
+            return np.zeros(len(queries), dtype=np.float32)
+        return self.references.background(queries, side)
 
-    def as_dict(self) -> dict[str, float]:
-        """JSON form, as the profile stores it."""
-        return {"scale": self.scale, "shift": self.shift}
+    def offset(self, b_old: F32, b_new: F32) -> F32:
+        """Per query, b_old - scale * b_new: what its mapped new scores are shifted by."""
+        scaled = np.float32(self.scale) * np.asarray(b_new, dtype=np.float32)
+        return (np.asarray(b_old, dtype=np.float32) - scaled).astype(np.float32)
+
+    def offsets(self, served: F32, new_queries: F32) -> F32:
+        """offset() of both backgrounds: served = the compatible queries (old space), new_queries = new embeddings."""
+        return self.offset(self.background(served, "old"), self.background(new_queries, "new"))
+
+    def apply(self, scores: npt.NDArray[np.floating], offsets: F32 | None = None) -> F32:
+        """Mapped scores of rows [b, k], each row shifted by its query's offset (padding -inf stays -inf)."""
+        mapped = np.asarray(scores, dtype=np.float32) * np.float32(self.scale) + np.float32(self.shift)
+        if offsets is not None:
+            mapped = mapped + np.asarray(offsets, dtype=np.float32)[:, None]
+        return mapped.astype(np.float32)
+
+    def as_dict(self) -> dict[str, Any]:
+        """JSON form, as profile.json stores it (the reference rows go into the tensors file)."""
+        line: dict[str, Any] = {"scale": self.scale, "shift": self.shift}
+        if self.references is not None:
+            line["background"] = {"k": self.references.k, "references": len(self.references.old)}
+        return line
 
     @classmethod
-    def from_dict(cls, data: Any) -> ScoreMap:
-        """Parse as_dict's form; ValueError when it is not two finite numbers with a positive scale."""
+    def from_dict(cls, data: Any, references: tuple[F32, F32] | None = None) -> ScoreMap:
+        """Parse as_dict's form with its reference rows (old, new); ValueError when anything is out of range."""
         scale, shift = float(data["scale"]), float(data["shift"])
         if not (np.isfinite(scale) and np.isfinite(shift) and scale > 0):
             raise ValueError(f"scale must be finite and > 0, shift finite; got {scale}, {shift}")
-        return cls(scale, shift)
+        background = data.get("background")
+        if background is None:
+            return cls(scale, shift)
+        if references is None:
+            raise ValueError("a background is named but its reference rows are not in the tensors file")
+        old, new = references
+        if int(background["references"]) != len(old):
+            raise ValueError(f"{background['references']} reference rows named, {len(old)} stored")
+        return cls(scale, shift, References(old, new, int(background["k"])))
 
 
 IDENTITY = ScoreMap(1.0, 0.0)
+
+
+def reference_tensors(modality: str) -> tuple[str, str]:
+    """The tensor names of a modality's reference rows (old space, new space) in the profile."""
+    return f"calibration.{modality}.old_references", f"calibration.{modality}.new_references"
 
 
 SCALES = np.exp(np.linspace(np.log(0.05), np.log(20.0), 161))
@@ -106,15 +177,22 @@ def fit_score_map(
     """The map of new scores onto the old scale (see the module docstring) and a JSON-able report.
 
     All rows must be unit: served = the compatible queries, new_queries / new_targets = the new model's.
+    The references are up to MAX_REFERENCES of the targets, drawn at random.
     """
     rng = np.random.default_rng(seed)
     with_rel = np.unique(rel.query_index)
     rows = with_rel if len(with_rel) <= MAX_QUERIES else np.sort(rng.choice(with_rel, MAX_QUERIES, replace=False))
+    picked = np.sort(rng.choice(len(old_targets), min(MAX_REFERENCES, len(old_targets)), replace=False))
+    old_refs, new_refs = np.ascontiguousarray(old_targets[picked]), np.ascontiguousarray(new_targets[picked])
+    references = References(old_refs, new_refs, min(BACKGROUND_K, len(picked)))
+    b_old = references.background(served[rows], "old").astype(np.float64)
+    b_new = references.background(new_queries[rows], "new").astype(np.float64)
     r_old, n_old = best_scores(served, old_targets, rel, rows)
     r_new, n_new = best_scores(new_queries, new_targets, rel, rows)
-    score_map, right = best_line(r_old, n_old, r_new, n_new)
+    line, right = best_line(r_old - b_old, n_old - b_old, r_new - b_new, n_new - b_new)
+    score_map = ScoreMap(line.scale, line.shift, references)
     report = {
-        "method": "rank-1 decisions",
+        "method": "rank-1 decisions over each query's background",
         "queries": int(len(rows)),
         "right_decisions": round(right, 4),
         "median_scores": {
@@ -122,6 +200,8 @@ def fit_score_map(
             "old_miss": float(np.median(n_old)),
             "new_hit": float(np.median(r_new)),
             "new_miss": float(np.median(n_new)),
+            "old_background": float(np.median(b_old)),
+            "new_background": float(np.median(b_new)),
         },
         **score_map.as_dict(),
     }

@@ -24,7 +24,7 @@ from typing import Any
 import numpy as np
 
 from service.compat import selection
-from service.compat.calibration import fit_score_map
+from service.compat.calibration import fit_score_map, reference_tensors
 from service.compat.fit_inputs import F32, ModelIds, model_ids, query_pairs
 from service.compat.fit_options import FitOptions, FitOutcome, check_options
 from service.compat.heads import transform_in_chunks
@@ -140,7 +140,7 @@ def _calibrated(outcome: FitOutcome, splits: Mapping[str, Split]) -> FitOutcome:
     Fitted on the support's compatible queries (the head as served) against both spaces' targets; a
     support without new_target.npy gets none, and hybrid then merges raw cosines.
     """
-    calibration, reports = {}, {}
+    calibration, reports, tensors = {}, {}, dict(outcome.profile.tensors)
     for modality, split in splits.items():
         if split.new_target is None:
             continue
@@ -154,10 +154,13 @@ def _calibrated(outcome: FitOutcome, splits: Mapping[str, Split]) -> FitOutcome:
             seed=0,
         )
         calibration[modality], reports[modality] = score_map.as_dict(), report
+        if score_map.references is not None:
+            old_name, new_name = reference_tensors(modality)
+            tensors[old_name], tensors[new_name] = score_map.references.old, score_map.references.new
     if not calibration:
         return outcome
     fit_report = {**outcome.profile.fit_report, "calibration": reports}
-    profile = dataclasses.replace(outcome.profile, calibration=calibration, fit_report=fit_report)
+    profile = dataclasses.replace(outcome.profile, calibration=calibration, fit_report=fit_report, tensors=tensors)
     return dataclasses.replace(outcome, profile=profile)
 
 

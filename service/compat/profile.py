@@ -137,10 +137,20 @@ class CompatProfile:
 
     def score_map(self, modality: str) -> ScoreMap | None:
         """The calibration of new-space scores for `modality` (hybrid search), or None when none was fitted."""
-        from service.compat.calibration import ScoreMap
-
         line = (self.calibration or {}).get(modality)
-        return None if line is None else ScoreMap.from_dict(line)
+        return None if line is None else self._score_maps[modality]
+
+    @cached_property
+    def _score_maps(self) -> dict[str, ScoreMap]:
+        """Every modality's calibration with its reference rows, built once (a request reads it)."""
+        from service.compat.calibration import ScoreMap, reference_tensors
+
+        maps = {}
+        for modality, line in (self.calibration or {}).items():
+            names = reference_tensors(modality)
+            refs = tuple(self.tensors[n] for n in names) if all(n in self.tensors for n in names) else None
+            maps[modality] = ScoreMap.from_dict(line, refs)  # type: ignore[arg-type]
+        return maps
 
     @property
     def profile_id(self) -> str:
@@ -239,14 +249,21 @@ def _validate_params(profile: CompatProfile, where: Path | str) -> None:
 
 
 def _validate_calibration(profile: CompatProfile, where: Path | str) -> None:
-    """Each modality's score map: two finite numbers, a positive scale."""
-    from service.compat.calibration import ScoreMap
+    """Each modality's score map: two finite numbers, a positive scale, reference rows of both dims when named."""
+    from service.compat.calibration import reference_tensors
 
-    for modality, line in (profile.calibration or {}).items():
+    for modality in profile.calibration or {}:
         try:
-            ScoreMap.from_dict(line)
+            score_map = profile._score_maps[modality]
         except (KeyError, TypeError, ValueError) as exc:
             raise ArtifactError(f"{where}: calibration for modality {modality!r}: {exc}") from exc
+        refs = score_map.references
+        if refs is not None and (refs.old.shape[1] != profile.old_dim or refs.new.shape[1] != profile.new_dim):
+            old_name, new_name = reference_tensors(modality)
+            raise ArtifactError(
+                f"{where}: {old_name} / {new_name} have {refs.old.shape[1]} / {refs.new.shape[1]} columns, "
+                f"expected old_dim {profile.old_dim} / new_dim {profile.new_dim}"
+            )
 
 
 def _validate_rotation(profile: CompatProfile, where: Path | str) -> None:

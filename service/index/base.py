@@ -30,6 +30,8 @@ Hits = tuple[npt.NDArray[np.float32], Ids]
 PAD_SCORE = np.float32(np.finfo(np.float32).min)
 # Over-fetching for a backend without id filters grows the list this many times before giving up on a row.
 _OVERFETCH_ROUNDS = 6
+# Ids below this get a bitmap selector (at most 128 MiB of bits); sparse ids above it a hash set.
+_BITMAP_MAX_IDS = 2**30
 
 if TYPE_CHECKING:
     from service.settings import IndexSettings
@@ -43,11 +45,24 @@ class Exclusion:
 
     @cached_property
     def faiss_selector(self) -> Any:
-        """A faiss IDSelectorNot over these ids (built once; the inner selector is kept alive beside it)."""
+        """A faiss IDSelectorNot over these ids (built once; the inner selector and its bits kept alive beside it).
+
+        A bitmap over ids 0..max when that is small (one bit per id: 1.25 MB at 10^7), since its
+        lookup is one shift and a mask; a hash set (IDSelectorBatch) for sparse, huge ids.  At 500,000
+        moved ids the bitmap made a 10^6-item gallery's search twice as fast here (docs/backfill.md).
+        """
         import faiss
 
-        inner = faiss.IDSelectorBatch(len(self.ids), faiss.swig_ptr(np.ascontiguousarray(self.ids)))
-        return _Selector(faiss.IDSelectorNot(inner), inner)
+        top = int(self.ids[-1]) + 1 if len(self.ids) else 0
+        if len(self.ids) and self.ids[0] >= 0 and top <= _BITMAP_MAX_IDS:
+            member = np.zeros(top, dtype=bool)
+            member[self.ids] = True
+            bits = np.packbits(member, bitorder="little")
+            bitmap = faiss.IDSelectorBitmap(len(bits), faiss.swig_ptr(bits))
+            return _Selector(faiss.IDSelectorNot(bitmap), bitmap, bits)
+        kept = np.ascontiguousarray(self.ids)
+        batch = faiss.IDSelectorBatch(len(kept), faiss.swig_ptr(kept))
+        return _Selector(faiss.IDSelectorNot(batch), batch, kept)
 
     def drop(self, ids: Ids) -> npt.NDArray[np.bool_]:
         """Which of `ids` are excluded."""
@@ -68,6 +83,7 @@ class _Selector:
 
     outer: Any
     inner: Any
+    data: np.ndarray  # what the inner selector was built from (a bitmap is read in place, not copied)
 
 
 def excluding_by_overfetch(search: Any, queries: Queries, k: int, nprobe: int, exclusion: Exclusion) -> Hits:

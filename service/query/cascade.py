@@ -29,19 +29,19 @@ from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from functools import partial
-from pathlib import Path
 
 import numpy as np
 import numpy.typing as npt
 
 from service import metrics
-from service.bulk.inputs import image_b64
+from service.bulk.inputs import encoder_input
 from service.compat.rows import normalize_rows
 from service.encoders.base import Embeddings
 from service.encoders.batcher import MicroBatcher
 from service.errors import NobackfillError
 from service.items.store import ItemStore
 from service.query.job import QueryResult, SearchJob
+from service.segment.layout import unit_rows
 from service.segment.reader import Segment
 from service.segment.writer import SegmentWriter
 
@@ -196,40 +196,42 @@ class Cascade:
     def _values(self, ids: I64) -> list[str | None]:
         """The items to encode: texts, or images read from their paths as the encoder takes them (None: missing)."""
         assert self.items is not None
-        values = self.items.get_many(ids)
-        if self.items.modality != "image":
-            return values
         out: list[str | None] = []
-        for value in values:
+        for value in self.items.get_many(ids):
             try:
-                out.append(None if value is None else image_b64(Path(value)))
+                out.append(None if value is None else encoder_input(value, self.items.modality))
             except (OSError, NobackfillError):
                 out.append(None)
         return out
 
     @staticmethod
     def _usable(call: asyncio.Future[Embeddings]) -> F32 | None:
-        """The unit row of a finished call, or None (counted) when it failed or is all-zero."""
+        """The unit row of a finished call, or None (counted) when it failed or has no direction (zero, not finite)."""
         if call.cancelled() or call.exception() is not None:
             metrics.CASCADE_ENCODE_FAILURES.labels(reason="encoder_failed").inc()
             return None
-        row = call.result()[0]
-        if not row.any():
+        row = _segment_row(call.result()[0])
+        if row is None:
             metrics.CASCADE_ENCODE_FAILURES.labels(reason="zero_row").inc()
-            return None
-        unit: F32 = normalize_rows(row[None])[0]
-        return unit
+        return row
 
     def _arrived_late(self, gallery_id: int, call: asyncio.Future[Embeddings]) -> None:
         """A row that came after its request stopped waiting still goes to the segment."""
-        if not call.cancelled() and call.exception() is None and call.result()[0].any():
-            self._write({gallery_id: normalize_rows(call.result()[0][None])[0]})
+        if not call.cancelled() and call.exception() is None and (row := _segment_row(call.result()[0])) is not None:
+            self._write({gallery_id: row})
 
     def _write(self, encoded: dict[int, F32]) -> None:
         """Hand rows encoded on the path to the segment writer (none without a segment folder)."""
         if self.writer is not None and encoded:
             ids = np.fromiter(encoded, dtype=np.int64, count=len(encoded))
             self.writer.add(ids, np.stack(list(encoded.values())))
+
+
+def _segment_row(raw: F32) -> F32 | None:
+    """An encoder's row as write_shard stores it (so the re-rank reads the row the segment will hold); None
+    for a row without a direction, which write_shard would refuse and which stays on the old gallery."""
+    unit: F32 = unit_rows(raw[None])[0]
+    return unit if unit.any() else None
 
 
 def _reorder_one(result: QueryResult, query: F32, plan: Rerank) -> None:

@@ -5,7 +5,9 @@ Every request reads one segment snapshot (segment/reader.py), so a refresh that 
 nothing under it.  A row whose new embedding is all-zero (its encoder found no known token) cannot
 reach the segment: it searches the whole old gallery instead, moved items included, as `slerp` would.
 The segment's scores go onto the old scale through the profile's calibration for the query's
-modality; a profile fitted before calibrations existed merges raw cosines (/v1/info says which).
+modality, each query's map read against its backgrounds in both spaces (the old one beside the
+gallery search, the new one beside the segment's, so the two threads share the cost); a profile
+fitted before calibrations existed merges raw cosines (/v1/info says which).
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ import numpy as np
 import numpy.typing as npt
 
 from service import metrics
+from service.compat.calibration import ScoreMap
 from service.compat.rows import normalize_rows
 from service.index.base import PAD_SCORE, GalleryBackend
 from service.query.job import SearchJob
@@ -27,6 +30,7 @@ from service.vocabulary import Merge
 
 F32 = npt.NDArray[np.float32]
 I64 = npt.NDArray[np.int64]
+Groups = Sequence[tuple[str, npt.NDArray[np.int64]]]  # (modality, its rows)
 
 
 @dataclass(frozen=True)
@@ -47,20 +51,56 @@ class SegmentSearch:
         """Both searches at once, then the merge per query modality (each has its own calibration)."""
         snapshot = self.segment.snapshot
         usable = np.any(job.new != 0, axis=1)
-        beside = self.pool.submit(snapshot.search, normalize_rows(job.new[usable]), job.depth)
+        groups = _by_modality(job)
+        maps = self._score_maps(job, groups)
+        beside = self.pool.submit(_segment_side, snapshot, job, batch, usable, groups, maps)
         old_s, old_i = _old_side(job, batch, gallery, snapshot, usable)
-        new_s = np.full((len(batch), job.depth), -np.inf, dtype=np.float32)
-        new_i = np.full((len(batch), job.depth), -1, dtype=np.int64)
-        new_s[usable], new_i[usable] = beside.result()
+        b_old = _backgrounds(normalize_rows(batch), groups, maps, "old")
+        new_s, new_i, b_new = beside.result()
         out = Merged(old_s.copy(), old_i.copy(), np.zeros(old_s.shape, dtype=bool))
-        for modality, rows in _by_modality(job):
-            score_map = job.profile.score_map(modality) if self.method == Merge.calibrated else None
-            part = merge((old_s[rows], old_i[rows]), (new_s[rows], new_i[rows]), job.depth, self.method, score_map)
+        for modality, rows in groups:
+            score_map = maps.get(modality)
+            offsets = None if score_map is None else score_map.offset(b_old[rows], b_new[rows])
+            part = merge(
+                (old_s[rows], old_i[rows]), (new_s[rows], new_i[rows]), job.depth, self.method, score_map, offsets
+            )
             out.scores[rows], out.ids[rows], out.from_segment[rows] = part.scores, part.ids, part.from_segment
         from_segment = int(out.from_segment.sum())
         metrics.HYBRID_HITS.labels(source="segment").inc(from_segment)
         metrics.HYBRID_HITS.labels(source="old").inc(int((out.ids >= 0).sum()) - from_segment)
         return _padded(out)
+
+    def _score_maps(self, job: SearchJob, groups: Groups) -> dict[str, ScoreMap]:
+        """The calibration of each query modality that has one, when the merge is calibrated."""
+        if self.method != Merge.calibrated:
+            return {}
+        found = {m: job.profile.score_map(m) for m, _ in groups}
+        return {m: score_map for m, score_map in found.items() if score_map is not None}
+
+
+def _segment_side(
+    snapshot: Snapshot,
+    job: SearchJob,
+    batch: F32,
+    usable: npt.NDArray[np.bool_],
+    groups: Groups,
+    maps: dict[str, ScoreMap],
+) -> tuple[F32, I64, F32]:
+    """The segment's top-k of each usable row (-inf / -1 elsewhere), and each row's new-space background."""
+    new_unit = normalize_rows(job.new)
+    scores = np.full((len(batch), job.depth), -np.inf, dtype=np.float32)
+    ids = np.full((len(batch), job.depth), -1, dtype=np.int64)
+    scores[usable], ids[usable] = snapshot.search(new_unit[usable], job.depth)
+    return scores, ids, _backgrounds(new_unit, groups, maps, "new")
+
+
+def _backgrounds(unit: F32, groups: Groups, maps: dict[str, ScoreMap], side: str) -> F32:
+    """Each row's background on `side` under its modality's score map (zero where there is none)."""
+    out = np.zeros(len(unit), dtype=np.float32)
+    for modality, rows in groups:
+        if modality in maps:
+            out[rows] = maps[modality].background(unit[rows], side)
+    return out
 
 
 def _padded(merged: Merged) -> Merged:
@@ -83,7 +123,7 @@ def _old_side(
     return scores, ids
 
 
-def _by_modality(job: SearchJob) -> Sequence[tuple[str, npt.NDArray[np.int64]]]:
+def _by_modality(job: SearchJob) -> Groups:
     """Row indices of each query modality."""
     modalities = np.array([str(q.modality) for q in job.queries])
     return [(m, np.flatnonzero(modalities == m)) for m in np.unique(modalities).tolist()]

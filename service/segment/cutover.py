@@ -68,14 +68,14 @@ class SegmentGallery:
 
     @property
     def max_nprobe(self) -> int | None:
-        """No request nprobe: the segment's blocks search at index.segment_nprobe."""
+        """No request nprobe: the segment's blocks search at index.segment_ef_search."""
         return None
 
     def search(
         self,
         queries: npt.ArrayLike,
         k: int,
-        nprobe: int,  # noqa: ARG002 (the protocol's; the blocks search at index.segment_nprobe)
+        nprobe: int,  # noqa: ARG002 (the protocol's; the blocks search at index.segment_ef_search)
         exclude: Exclusion | None = None,  # noqa: ARG002 (nothing is excluded after the cut-over)
     ) -> Hits:
         """Top-k over every block of the segment."""

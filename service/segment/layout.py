@@ -35,9 +35,9 @@ import numpy as np
 import numpy.typing as npt
 
 import service
+from service.compat.rows import normalize_rows
 from service.encoders.identity import ModelIdentity
 from service.errors import ArtifactError, InputError
-from service.index.base import sorted_member
 from service.manifest import verify_manifest, write_json_durably, write_manifest
 
 SEGMENT_JSON = "segment.json"
@@ -46,6 +46,8 @@ SHARD_JSON = "shard.json"
 IDS = "ids.npy"
 VECTORS = "vectors.npy"
 FORMAT_VERSION = 1
+_CHECK_ROWS = 1 << 15  # rows per block of read_shard's norm check
+_UNIT_TOLERANCE = 1e-5  # a norm this close to 1 is float32 rounding of a unit row (read_shard allows 1e-3)
 
 
 @dataclass(frozen=True)
@@ -76,7 +78,7 @@ class SegmentMeta:
 
 @dataclass(frozen=True)
 class Shard:
-    """One published shard, read and checked: its gallery ids and the new model's rows for them."""
+    """One published shard, read and checked: its gallery ids and the new model's rows for them (memory-mapped)."""
 
     name: str
     ids: npt.NDArray[np.int64]
@@ -159,9 +161,21 @@ def new_shard_name() -> str:
 def write_shard(
     folder: Path, ids: npt.NDArray[np.int64], vectors: npt.NDArray[np.float32], model: ModelIdentity, writer: str
 ) -> str:
-    """Publish one shard: written hidden, fsynced, manifest last, then one rename; returns its name."""
-    if len(ids) == 0 or vectors.shape != (len(ids), model.dim):
+    """Publish one shard: written hidden, fsynced, manifest last, then one rename; returns its name.
+
+    The rows are normalised here, whoever encoded them (a plug-in encoder may return rows of any
+    norm), and a row with no direction (all zero, or not finite) is refused: nothing is published
+    that read_shard would refuse, so nothing counts as moved that the service does not serve.
+    """
+    if len(ids) == 0 or vectors.ndim != 2 or vectors.shape != (len(ids), model.dim):
         raise InputError(f"a shard needs rows of [n >= 1, {model.dim}], got ids {len(ids)} and rows {vectors.shape}")
+    vectors = unit_rows(vectors)
+    no_direction = ~vectors.any(axis=1)
+    if no_direction.any():
+        raise InputError(
+            f"a shard's rows must have a direction: {int(no_direction.sum())} of {len(ids)} are all zero or not "
+            f"finite (first: gallery id {int(ids[np.argmax(no_direction)])}); such items stay on the old gallery"
+        )
     name = new_shard_name()
     tmp = folder / SHARDS / f".{name}.tmp"
     try:
@@ -189,6 +203,21 @@ def write_shard(
     return name
 
 
+def unit_rows(vectors: npt.NDArray[np.floating[Any]]) -> npt.NDArray[np.float32]:
+    """float32 unit rows: a row already unit to float32 rounding is kept bit for bit (the encoder's own
+    row, so a re-run writes the bytes the first run wrote); any other is normalised, and one without a
+    direction (all zero, not finite) comes back all zero."""
+    rows = np.asarray(vectors, dtype=np.float32)
+    with np.errstate(over="ignore", invalid="ignore"):
+        norms = np.linalg.norm(rows, axis=1)
+    off = ~(np.abs(norms - 1.0) <= _UNIT_TOLERANCE)  # NaN norms count as off
+    if not off.any():
+        return rows
+    out = rows.copy()
+    out[off] = normalize_rows(rows[off])
+    return out
+
+
 def _save(path: Path, array: npt.NDArray[Any]) -> None:
     """np.save and fsync: a shard is renamed into place only once its bytes are on disk."""
     with path.open("wb") as f:
@@ -214,7 +243,7 @@ def read_shard(folder: Path, name: str, dim: int) -> Shard:
     meta = _json_object(path / SHARD_JSON)
     try:
         ids = np.load(path / IDS, allow_pickle=False)
-        vectors = np.load(path / VECTORS, allow_pickle=False)
+        vectors = np.load(path / VECTORS, mmap_mode="r", allow_pickle=False)  # checked in blocks, kept mapped
     except (OSError, ValueError) as exc:
         raise ArtifactError(f"shard {path}: unreadable ({exc})") from exc
     count = meta.get("count")
@@ -224,10 +253,18 @@ def read_shard(folder: Path, name: str, dim: int) -> Shard:
         raise ArtifactError(
             f"shard {path}: {VECTORS} is {vectors.dtype} {vectors.shape}, expected float32 ({len(ids)}, {dim})"
         )
-    norms = np.linalg.norm(vectors, axis=1)
-    if not (np.isfinite(norms).all() and np.allclose(norms, 1.0, atol=1e-3)):
+    if not _unit_rows(vectors):
         raise ArtifactError(f"shard {path}: {VECTORS} holds rows that are not finite unit vectors")
     return Shard(name, ids, vectors, meta)
+
+
+def _unit_rows(vectors: npt.NDArray[np.float32]) -> bool:
+    """Whether every row is finite with norm 1 (within 1e-3), read in blocks so a mapped shard is not copied whole."""
+    for start in range(0, len(vectors), _CHECK_ROWS):
+        norms = np.linalg.norm(vectors[start : start + _CHECK_ROWS], axis=1)
+        if not (np.isfinite(norms).all() and np.allclose(norms, 1.0, atol=1e-3)):
+            return False
+    return True
 
 
 def remove_abandoned(folder: Path) -> list[str]:
@@ -267,50 +304,3 @@ def _json_object(path: Path) -> dict[str, Any]:
     if not isinstance(data, dict):
         raise ArtifactError(f"{path}: expected a JSON object")
     return data
-
-
-def shard_ids(folder: Path, name: str) -> npt.NDArray[np.int64] | None:
-    """The ids of one published shard, every file checked against its manifest; None when the shard is damaged.
-
-    Its rows are hashed too: a shard the service would refuse must not count as moved, or its items
-    would never be moved again.
-    """
-    path = folder / SHARDS / name
-    try:
-        verify_manifest(path)
-        ids = np.load(path / IDS, allow_pickle=False)
-    except (ArtifactError, OSError, ValueError):
-        return None
-    return ids if ids.dtype == np.int64 and ids.ndim == 1 else None
-
-
-def moved_ids(folder: Path) -> npt.NDArray[np.int64]:
-    """Sorted distinct ids of every intact published shard: what a writer never encodes again."""
-    return MovedIds(folder).update()
-
-
-class MovedIds:
-    """The moved ids of a segment that other writers keep adding to; update() reads only the shards published since."""
-
-    def __init__(self, folder: Path) -> None:
-        self.folder = folder
-        self.ids = np.zeros(0, dtype=np.int64)  # sorted, distinct
-        self._seen: set[str] = set()
-
-    def update(self) -> npt.NDArray[np.int64]:
-        """Read the shards not seen yet (a damaged one is skipped, and read again next time); the sorted ids."""
-        parts = [self.ids]
-        for name in shard_names(self.folder):
-            if name in self._seen:
-                continue
-            ids = shard_ids(self.folder, name)
-            if ids is not None:
-                parts.append(ids)
-                self._seen.add(name)
-        if len(parts) > 1:
-            self.ids = np.unique(np.concatenate(parts))
-        return self.ids
-
-    def contains(self, ids: npt.NDArray[np.int64]) -> npt.NDArray[np.bool_]:
-        """Which of `ids` had moved at the last update (a bisection each: cheap at millions of moved ids)."""
-        return sorted_member(ids, self.ids)

@@ -2,7 +2,8 @@
 
 Both lists come in sorted, -1 / -inf padded.  The old list never holds a moved item (its search
 excluded them), so an id appears at most once.  Three ways to put them on one scale:
-    calibrated  the segment's scores through the profile's ScoreMap (compat/calibration.py), the old
+    calibrated  the segment's scores through the profile's ScoreMap (compat/calibration.py), each row
+                shifted by its query's offset, the old
                 scores as they are: with nothing moved, the result is the compatible search's, scores
                 included
     raw         both cosines as they are
@@ -42,9 +43,14 @@ def _rrf(scores: F32) -> F32:
 
 
 def merge(
-    old: tuple[F32, I64], new: tuple[F32, I64], k: int, method: Merge, score_map: ScoreMap | None = None
+    old: tuple[F32, I64],
+    new: tuple[F32, I64],
+    k: int,
+    method: Merge,
+    score_map: ScoreMap | None = None,
+    offsets: F32 | None = None,
 ) -> Merged:
-    """The top-k of both lists on one scale (see the module docstring)."""
+    """The top-k of both lists on one scale (see the module docstring); offsets: ScoreMap.offsets of each row."""
     old_s, old_i = old
     new_s, new_i = new
     old_s = np.where(old_i >= 0, old_s, -np.inf).astype(np.float32)
@@ -52,7 +58,7 @@ def merge(
     if method == Merge.rrf:
         old_s, new_s = _rrf(old_s), _rrf(new_s)
     elif method == Merge.calibrated and score_map is not None:
-        new_s = np.where(np.isfinite(new_s), score_map.apply(new_s), -np.inf).astype(np.float32)
+        new_s = np.where(np.isfinite(new_s), score_map.apply(new_s, offsets), -np.inf).astype(np.float32)
     scores = np.concatenate([old_s, new_s], axis=1)
     ids = np.concatenate([old_i, new_i], axis=1)
     source = np.concatenate([np.zeros(old_s.shape, bool), np.ones(new_s.shape, bool)], axis=1)

@@ -1,9 +1,10 @@
 """A finished segment as the rows of a new gallery: what the cut-over serves, and the next upgrade's old gallery.
 
-Every intact shard is memory-mapped, each id taken once (its first row, as the service reads it), in
-id order; `gallery build --from-segment` builds an IVF-PQ gallery of them whose gallery.json names
-the segment's model as the gallery's model.  A segment that does not cover the gallery is refused
-(its missing items would vanish from search) unless the caller allows it.
+Every intact shard (segment/catalog.py: checked as the service checks it) is memory-mapped, each id
+taken once (its first row, as the service reads it), in id order; `gallery build --from-segment`
+builds an IVF-PQ gallery of them whose gallery.json names the segment's model as the gallery's model.
+A segment that does not cover the gallery is refused (its missing items would vanish from search)
+unless the caller allows it.
 """
 
 from __future__ import annotations
@@ -15,7 +16,8 @@ import numpy as np
 import numpy.typing as npt
 
 from service.errors import ArtifactError, InputError
-from service.segment.layout import SHARDS, VECTORS, read_segment_meta, shard_ids, shard_names
+from service.segment.catalog import ShardCatalog
+from service.segment.layout import read_segment_meta
 
 Rows = npt.NDArray[np.float32]
 Ids = npt.NDArray[np.int64]
@@ -32,14 +34,13 @@ class SegmentSource:
         self.old_model = self.meta.model.as_dict()  # the gallery's model is the segment's
         self._vectors: list[Any] = []
         parts_ids, parts_shard, parts_row = [], [], []
-        for name in shard_names(folder):
-            ids = shard_ids(folder, name)
-            if ids is None:
-                continue  # damaged: its items count as not moved
-            self._vectors.append(np.load(folder / SHARDS / name / VECTORS, mmap_mode="r", allow_pickle=False))
-            parts_ids.append(ids)
-            parts_shard.append(np.full(len(ids), len(self._vectors) - 1, dtype=np.int64))
-            parts_row.append(np.arange(len(ids), dtype=np.int64))
+        catalog = ShardCatalog(folder, self.dim)
+        catalog.scan()
+        for entry in catalog.intact:  # a refused shard's items count as not moved, as the service counts them
+            self._vectors.append(entry.vectors)
+            parts_ids.append(entry.ids)
+            parts_shard.append(np.full(len(entry.ids), len(self._vectors) - 1, dtype=np.int64))
+            parts_row.append(np.arange(len(entry.ids), dtype=np.int64))
         if not parts_ids:
             raise InputError(f"segment {folder}: no intact shards; nothing to build a gallery from")
         all_ids = np.concatenate(parts_ids)

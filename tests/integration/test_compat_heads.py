@@ -77,7 +77,8 @@ def test_adapter_profile_contents_and_eval(standin: dict[str, Path]) -> None:
     assert meta["adapter"]["config"]["batch_size"] == 128 and meta["alphas"] == {"text": 1.0}
     profile = load_profile(standin["adapter"])
     assert profile.modes() == ["old", "adapter"]
-    assert {k.split(".")[0] for k in profile.tensors} == {"adapter"}
+    # The adapter's weights, and the hybrid calibration's reference rows (the support has both targets).
+    assert {k.split(".")[0] for k in profile.tensors} == {"adapter", "calibration"}
     rows = eval_rows(standin["adapter"], standin["test"])
     assert list(rows) == ["old", "new", "adapter"]
     assert rows["adapter"]["alpha"] == 1.0 and rows["old"]["compatible"] is None

@@ -36,3 +36,18 @@ def test_excluding_everything_leaves_padding() -> None:
 
     scores, ids = excluding_by_overfetch(search, np.zeros((2, 3), np.float32), 4, 1, Exclusion(np.arange(5)))
     assert (ids == -1).all() and np.isneginf(scores).all()
+
+
+def test_bitmap_and_hash_set_selectors_exclude_the_same_ids() -> None:
+    import faiss
+
+    rng = np.random.default_rng(1)
+    moved = np.sort(rng.choice(5000, 1200, replace=False)).astype(np.int64)
+    sparse = np.append(moved, 2**40)  # an id past the bitmap's bound: the hash set takes over
+    bitmap, hashed = Exclusion(moved).faiss_selector, Exclusion(sparse).faiss_selector
+    assert isinstance(bitmap.inner, faiss.IDSelectorBitmap) and isinstance(hashed.inner, faiss.IDSelectorBatch)
+    for probe in (*moved[:50].tolist(), *range(0, 6000, 7), 2**40 - 1, 2**40):
+        expected = probe not in set(sparse.tolist())
+        assert hashed.outer.is_member(probe) == expected
+        if probe < 2**40:
+            assert bitmap.outer.is_member(probe) == expected, probe

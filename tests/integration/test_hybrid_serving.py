@@ -102,7 +102,10 @@ async def test_at_all_moved_hybrid_is_the_reindexed_search(world: World, full_se
     assert snapshot.count == WORLD_GALLERY_SIZE
     ids = np.concatenate([block.ids for block in snapshot.blocks])
     rows = np.concatenate([block.vectors() for block in snapshot.blocks])
-    async with serving(settings_for(world, full_segment)) as service:
+    # The segment's block searched exactly, as the exact re-indexed service is: what an HNSW block
+    # loses against exact is the index's recall, measured in docs/backfill.md, not the merge's.
+    exact = settings_for(world, full_segment, segment_exact_rows=WORLD_GALLERY_SIZE + 1)
+    async with serving(exact) as service:
         hybrid, new = await search(service, "hybrid"), await search(service, "new")
         new_queries = service.pipeline.new.encoder.encode([CAPTION.format(i) for i in QUERY_ITEMS], "text")
         # The re-indexed service: the new queries against every item's new embedding, exactly.
@@ -250,7 +253,10 @@ async def test_the_finished_segment_is_the_gallery_of_the_next_upgrade(
     settings = Settings(
         old=EncoderSettings(backend="synthetic-new"),
         new=EncoderSettings(backend="synthetic-next"),
-        index=IndexSettings(gallery_dir=gallery, nprobe=64, segment_dir=segment),
+        # The segment searched exactly, to compare with the exact re-indexed ranking below.
+        index=IndexSettings(
+            gallery_dir=gallery, nprobe=64, segment_dir=segment, segment_exact_rows=WORLD_GALLERY_SIZE + 1
+        ),
         compat=CompatSettings(profile_dir=profile),
     )
     async with serving(settings) as service:

@@ -17,7 +17,8 @@ from service.encoders.identity import ModelIdentity
 from service.encoders.synthetic import IMAGE_VIEW, format_item
 from service.errors import InputError
 from service.items.store import ItemStore, write_item_store
-from service.segment.layout import GalleryRef, moved_ids, shard_names
+from service.segment.catalog import moved_ids
+from service.segment.layout import GalleryRef, shard_names
 from service.segment.reader import Segment
 from service.vocabulary import Modality, Role
 

@@ -10,12 +10,12 @@ import pytest
 
 from service.encoders.identity import ModelIdentity
 from service.errors import ArtifactError, InputError
+from service.segment.catalog import moved_ids
 from service.segment.layout import (
     SHARDS,
     VECTORS,
     GalleryRef,
     create_segment,
-    moved_ids,
     read_segment_meta,
     remove_abandoned,
     shard_names,
@@ -124,20 +124,22 @@ def test_a_folder_without_segment_json_is_refused(tmp_path: Path) -> None:
         Segment.open(tmp_path)
 
 
-def test_a_block_past_ivf_rows_is_an_inverted_file_that_finds_what_the_exact_scan_finds(segment: Path) -> None:
+def test_a_block_past_exact_rows_is_a_graph_that_finds_what_the_exact_scan_finds(segment: Path) -> None:
     rng = np.random.default_rng(3)
     centres = _rows(rng, 40)
     rows = centres[rng.integers(0, 40, 4000)] + 0.05 * rng.standard_normal((4000, 16)).astype(np.float32)
     rows /= np.linalg.norm(rows, axis=1, keepdims=True)
     write_shard(segment, np.arange(4000, dtype=np.int64), rows, MODEL, "test")
     exact = Segment.open(segment).snapshot
-    inverted = Segment.open(segment, Indexing(ivf_rows=1000, nprobe=8)).snapshot
+    graph = Segment.open(segment, Indexing(exact_rows=1000, ef_search=16)).snapshot
     assert type(exact.blocks[0].index).__name__ == "IndexFlatIP"
-    assert type(inverted.blocks[0].index).__name__ == "IndexIVFFlat"
-    np.testing.assert_array_equal(np.sort(inverted.blocks[0].vectors(), axis=0), np.sort(rows, axis=0))
+    assert type(graph.blocks[0].index).__name__ == "IndexHNSWFlat"
+    np.testing.assert_array_equal(np.sort(graph.blocks[0].vectors(), axis=0), np.sort(rows, axis=0))
+    found, back = graph.rows_of(np.array([5, 3999, 4000]))
+    assert found.tolist() == [True, True, False] and (back[:2] == rows[[5, 3999]]).all()
     queries = rows[:200]
     _, want = exact.search(queries, 10)
-    _, got = inverted.search(queries, 10)
+    _, got = graph.search(queries, 10)
     recall = np.mean([len(set(w) & set(g)) / 10 for w, g in zip(want.tolist(), got.tolist(), strict=True)])
     assert recall > 0.9
     assert (got[:, 0] == np.arange(200)).all()  # each row finds itself first

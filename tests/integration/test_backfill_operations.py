@@ -1,0 +1,124 @@
+"""`backfill run / status / repair` as an operator meets them: the model check, damaged shards, stops, two runs.
+
+The synthetic world's gallery (real FAISS) and item store; every command through the CLI.
+"""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from service.backfill.run import one_run_at_a_time
+from service.segment.catalog import moved_ids
+from service.segment.layout import SHARDS, VECTORS, shard_names
+from service.segment.reader import Segment
+from tests.support.cli import NOBACKFILL, cli
+from tests.support.world import WORLD_GALLERY_SIZE, World
+
+
+@pytest.fixture(scope="module")
+def items(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("items") / "store"
+    done = cli("synth", "items", "--size", WORLD_GALLERY_SIZE, "--out", out)
+    assert done.returncode == 0, done.stderr
+    return out
+
+
+def _run_args(world: World, items: Path, segment: Path, *extra: str | int | Path) -> list[str | int | Path]:
+    return ["backfill", "run", "--segment", segment, "--input", items, "--gallery", world.gallery_dir, *extra]
+
+
+def test_a_model_nothing_can_check_is_refused_before_it_loads(world: World, items: Path, tmp_path: Path) -> None:
+    segment = tmp_path / "segment"
+    done = cli(*_run_args(world, items, segment, "--backend", "synthetic-next", "--limit", 10))
+    assert done.returncode == 2 and len(done.stderr.strip().splitlines()) == 1, done.stderr
+    assert "nothing says which model its rows must come from" in done.stderr and not segment.exists()
+    wrong = cli(*_run_args(world, items, segment, "--backend", "synthetic-next", "--new-model-id", "synthetic-new"))
+    assert wrong.returncode == 2 and "--new-model-id synthetic-new was confirmed" in wrong.stderr
+    assert not segment.exists()
+
+
+def test_a_confirmed_model_creates_the_segment_and_another_is_refused_there(
+    world: World, items: Path, tmp_path: Path
+) -> None:
+    segment = tmp_path / "segment"
+    first = cli(*_run_args(world, items, segment, "--backend", "synthetic-new", "--new-model-id", "synthetic-new",
+                           "--limit", 40))  # fmt: skip
+    assert first.returncode == 0, first.stderr
+    # The segment now records the model: another one is refused with no flag at all, and with a profile.
+    for extra in ((), ("--profile", world.profile_dir)):
+        other = cli(*_run_args(world, items, segment, "--backend", "synthetic-next", "--limit", 10, *extra))
+        assert other.returncode == 2 and len(other.stderr.strip().splitlines()) == 1, other.stderr
+    assert len(moved_ids(segment)) == 40
+
+
+def test_a_damaged_shard_is_reported_quarantined_and_moved_again(world: World, items: Path, tmp_path: Path) -> None:
+    segment = tmp_path / "segment"
+    args = _run_args(world, items, segment, "--backend", "synthetic-new", "--profile", world.profile_dir)
+    assert cli(*args, "--limit", 300, "--shard-size", 100, "--batch-size", 50).returncode == 0  # 3 shards of 100
+    before = moved_ids(segment).tolist()
+    damaged = shard_names(segment)[1]
+    path = segment / SHARDS / damaged / VECTORS
+    data = bytearray(path.read_bytes())
+    data[-3] ^= 0xFF
+    path.write_bytes(bytes(data))
+
+    status = cli("backfill", "status", segment)
+    assert status.returncode == 1 and "moved 200 of" in status.stdout
+    assert f"nobackfill backfill repair {segment}" in status.stderr
+
+    repaired = cli("backfill", "repair", segment)
+    assert repaired.returncode == 0, repaired.stderr
+    assert "moved 1 shard(s)" in repaired.stdout and "100 rows count as not moved" in repaired.stdout
+    assert (segment / "quarantine" / damaged / VECTORS).is_file() and damaged not in shard_names(segment)
+    assert Segment.open(segment).refused == {}  # nothing left for the service to log at its start
+    assert cli("backfill", "status", segment).returncode == 0
+
+    again = cli(*args, "--limit", 100)
+    assert again.returncode == 0, again.stderr
+    assert moved_ids(segment).tolist() == before  # the quarantined shard's items moved again
+    assert cli("backfill", "repair", segment).stdout.startswith(f"segment {segment}: every shard is intact")
+
+
+def test_a_second_run_on_one_segment_is_refused_in_one_line(world: World, items: Path, tmp_path: Path) -> None:
+    segment = tmp_path / "segment"
+    args = _run_args(world, items, segment, "--backend", "synthetic-new", "--profile", world.profile_dir)
+    assert cli(*args, "--limit", 10).returncode == 0
+    with one_run_at_a_time(segment):  # as a run in another process holds it
+        second = cli(*args, "--limit", 10)
+    assert second.returncode == 2 and len(second.stderr.strip().splitlines()) == 1, second.stderr
+    assert "another `backfill run` is moving items into it" in second.stderr
+    assert len(moved_ids(segment)) == 10
+    assert cli(*args, "--limit", 10).returncode == 0  # the lock went with its holder
+
+
+def test_sigterm_keeps_what_was_encoded_and_exits_143(world: World, items: Path, tmp_path: Path) -> None:
+    segment = tmp_path / "segment"
+    args = _run_args(world, items, segment, "--backend", "synthetic-new", "--profile", world.profile_dir)
+    # Throttled, so the run is still going when the first shard has landed.
+    run = subprocess.Popen(
+        [*NOBACKFILL, *map(str, [*args, "--limit", 5000, "--rate", 400, "--shard-size", 50, "--batch-size", 25])],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        while not shard_names(segment):  # a condition, however slow the box: the first shard is published
+            assert run.poll() is None, run.communicate()
+            time.sleep(0.05)
+        run.send_signal(signal.SIGTERM)
+        out, err = run.communicate(timeout=120)
+    finally:
+        run.kill()
+    assert run.returncode == 143, err
+    assert "stopped by SIGTERM: what was encoded is kept" in err
+    kept = moved_ids(segment)
+    assert 0 < len(kept) < 5000 and np.array_equal(kept, np.arange(len(kept)))  # given order, nothing partial
+    assert cli("backfill", "status", segment).returncode == 0  # every published shard intact
+    rest = cli(*args, "--limit", 5000 - len(kept))
+    assert rest.returncode == 0 and moved_ids(segment).tolist() == list(range(5000))
