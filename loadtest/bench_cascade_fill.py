@@ -40,12 +40,12 @@ sys.path.insert(0, str(ROOT))
 
 from loadtest.bench_hybrid import CAPTION, build  # noqa: E402
 from loadtest.benchlib import table  # noqa: E402
-from service.backfill.evaluate import zipf_weights  # noqa: E402
 from service.encoders.synthetic import SyntheticNewEncoder, format_item  # noqa: E402
 from service.metrics import CASCADE_SOURCES, REGISTRY  # noqa: E402
 from service.pipeline import Pipeline  # noqa: E402
 from service.plots import png_of, pyplot  # noqa: E402
 from service.query.job import Query  # noqa: E402
+from service.scoring.migration import zipf_weights  # noqa: E402
 from service.settings import CascadeSettings, CompatSettings, IndexSettings, Settings  # noqa: E402
 from service.vocabulary import Modality, Mode  # noqa: E402
 

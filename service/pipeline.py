@@ -35,7 +35,6 @@ import numpy.typing as npt
 
 from service import metrics
 from service.artifact_check import check_compatible, encoder_line
-from service.backfill.hits import HitCounter, create_hit_counter
 from service.cache import EmbeddingCache, create_cache
 from service.compat.hubness import Corrected, load_hubness
 from service.compat.profile import CompatProfile, load_profile
@@ -60,6 +59,7 @@ from service.segment.layout import GalleryRef
 from service.segment.reader import Indexing, Segment
 from service.segment.writer import SegmentWriter
 from service.settings import NO_MODEL, EncoderSettings, Settings, env_name
+from service.traffic.hits import HitCounter, create_hit_counter
 from service.traffic.sampler import TrafficSampler, create_sampler
 from service.vocabulary import Merge, Mode, Role
 

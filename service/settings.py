@@ -268,7 +268,7 @@ class TrafficSettings(Section):
     # The drain thread writes at least this often while pairs wait.
     flush_s: float = Field(0.5, gt=0)
     # Share of result lists whose gallery ids are counted, for `backfill run --order hot` (hottest
-    # items move first; backfill/hits.py).  0, the default, counts nothing.  Counts live in Redis when
+    # items move first; traffic/hits.py).  0, the default, counts nothing.  Counts live in Redis when
     # a URL is set (as for the pairs), in hits_dir otherwise; at most hits_capacity ids are kept, and
     # every count halves each hits_half_life_s, so they say what is hot now.
     hit_rate: float = Field(0.0, ge=0.0, le=1.0)

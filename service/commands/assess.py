@@ -1,4 +1,4 @@
-"""`nobackfill assess`: the upgrade decision (service/compat/assess.py) as a table, JSON, or a markdown report."""
+"""`nobackfill assess`: the upgrade decision (service/scoring/assess.py) as a table, JSON, or a markdown report."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from typing import Any
 
 import typer
 
-from service.compat.assess import MIN_GAIN, MIN_RETENTION
+from service.scoring.assess import MIN_GAIN, MIN_RETENTION
 
 SAMPLE = 256  # inputs timed to measure the new encoder's rate
 
@@ -35,11 +35,11 @@ def assess(
     report: Path | None = typer.Option(None, "--report", help="Also write a markdown report (and its plot) here."),
 ) -> None:
     """Is the upgrade worth it, does the bridge suffice, backfill how much, or re-index: one verdict and why."""
-    from service.compat.assess import assess as run_assess
-    from service.compat.assess import backfill_cost, expected_curve
     from service.compat.io import load_split
     from service.compat.profile import load_profile
     from service.errors import InputError
+    from service.scoring.assess import assess as run_assess
+    from service.scoring.assess import backfill_cost, expected_curve
 
     with tempfile.TemporaryDirectory(prefix="nobackfill-assess-") as scratch:
         profile_dir, in_sample = _profile_dir(source, Path(scratch))
@@ -149,7 +149,7 @@ def _ratio(part: dict[str, float] | None) -> str:
 
 def _write_report(out: Path, result: dict[str, Any]) -> None:
     """A short markdown report with the figures, and the migration curve's plot beside it when there is one."""
-    from service.backfill.migration_curve import plot_curves
+    from service.scoring.migration_curve import plot_curves
 
     body = ["# Upgrade assessment", "", *(f"    {line}" for line in _lines(result)), ""]
     if result["curve"]:

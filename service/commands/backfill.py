@@ -154,8 +154,8 @@ def _gallery_ref(segment: Path, gallery: Path | None, source: Any) -> Any:
 
 def _hot_ids(hits: str | None) -> Any:
     """The hit counts' ids, hottest first, from --hits or the service's settings; InputError when there are none."""
-    from service.backfill.hits import read_hits
     from service.errors import InputError
+    from service.traffic.hits import read_hits
 
     ids, _ = read_hits(hits)
     if not len(ids):
@@ -192,8 +192,8 @@ def status(
     as_json: bool = typer.Option(False, "--json", help="Print the status as JSON."),
 ) -> None:
     """Share of items moved, share of recent hits on moved items, and the shards with their models."""
-    from service.backfill.hits import read_hits
     from service.backfill.status import segment_status
+    from service.traffic.hits import read_hits
 
     counts = read_hits(hits, missing_ok=True)
     report = segment_status(segment, counts if len(counts[0]) else None)
@@ -272,7 +272,7 @@ def curve(
     as_json: bool = typer.Option(False, "--json", help="Print the rows as JSON."),
 ) -> None:
     """Quality as items move: hybrid R@1 / R@10 with bootstrap intervals at each moved share (offline, exact)."""
-    from service.backfill.migration_curve import score_curve
+    from service.scoring.migration_curve import score_curve
 
     result = score_curve(
         profile_dir,
@@ -286,7 +286,7 @@ def curve(
         seed=seed,
     )
     if plot is not None:
-        from service.backfill.migration_curve import plot_curves
+        from service.scoring.migration_curve import plot_curves
 
         plot.write_bytes(plot_curves({f"{order}, {merge}": result["rows"]}, result["title"]))
     if as_json:
@@ -326,8 +326,8 @@ def cascade(
     as_json: bool = typer.Option(False, "--json", help="Print the result as JSON."),
 ) -> None:
     """Re-rank cascade: R@1 / R@10 of the top N old hits re-ranked by the new model (offline, exact)."""
-    from service.backfill.rerank_eval import score_cascade
     from service.errors import InputError
+    from service.scoring.rerank_eval import score_cascade
 
     try:
         sizes = [int(c) for c in candidates.split(",") if c.strip()]

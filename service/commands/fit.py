@@ -463,8 +463,8 @@ def _served(
 ) -> Any:
     """The test queries answered by the gallery (and the sidecar) with the service's own search calls."""
     from service.compat.hubness import Corrected, load_hubness
-    from service.compat.served_eval import served_rankings
     from service.index.factory import create_gallery
+    from service.scoring.served_eval import served_rankings
     from service.settings import IndexSettings
 
     gallery = create_gallery(IndexSettings(gallery_dir=gallery_dir))  # opened as the service opens it
@@ -546,7 +546,7 @@ def evaluate(
 
     if gallery_dir is not None:
         served = _served(profile, split, modality, gallery_dir, hubness_dir, nprobe, hubness_candidates)
-        from service.compat.served_eval import served_rows
+        from service.scoring.served_eval import served_rows
 
         rows = served_rows(served, judge)
         if rankings_out is not None:

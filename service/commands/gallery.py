@@ -331,8 +331,8 @@ def evaluate(
 ) -> None:
     """Recall@1/@10 of IVF-PQ against exact search (sampled sub-gallery) and latency per nprobe."""
     from service.errors import InputError
-    from service.index.evaluate import evaluate_gallery, format_report, source_of
     from service.index.gallery import Gallery
+    from service.scoring.gallery_eval import evaluate_gallery, format_report, source_of
 
     try:
         probes = tuple(int(p) for p in nprobe.split(",") if p.strip())
@@ -370,10 +370,10 @@ def hubness(
     from service.compat.procrustes import normalize_rows
     from service.compat.profile import load_profile
     from service.errors import InputError
-    from service.index.evaluate import source_of
     from service.index.gallery import Gallery
     from service.index.sources import chunks
     from service.progress import progress_bar
+    from service.scoring.gallery_eval import source_of
 
     if out.exists() and not force:
         raise InputError(f"{out} exists; pass --force to replace it")

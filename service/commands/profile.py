@@ -153,11 +153,11 @@ def profile_compare(
     judge: str = typer.Option("recall@10", "--judge", help="Metric judged beside R@1 (recall@5, recall@10, ...)."),
 ) -> None:
     """The rollout gate. Exit 0 pass, 1 fail (worse, or breaks too much), 3 not enough data to tell, 4 refused."""
-    from service.compat.compare import EXIT_CODES, compare
     from service.compat.io import load_query_pairs, load_split
     from service.compat.profile import load_profile
     from service.compat.uncertainty import METRICS
     from service.errors import InputError
+    from service.scoring.compare import EXIT_CODES, compare
 
     if judge not in METRICS:
         raise InputError(f"--judge must be one of {', '.join(METRICS)}, got {judge!r}")

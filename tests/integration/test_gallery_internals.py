@@ -17,10 +17,10 @@ import pytest
 from service.errors import InputError
 from service.index.build import build_gallery
 from service.index.coarse import assign_two_level, train_two_level
-from service.index.evaluate import evaluate_gallery, format_report, source_of
 from service.index.gallery import Gallery
 from service.index.params import MAX_NLIST, TWO_LEVEL_MIN_NLIST, default_nlist, default_train_size, resolve
 from service.index.sources import NpySource
+from service.scoring.gallery_eval import evaluate_gallery, format_report, source_of
 
 
 def unit_rows(n: int, d: int, seed: int, clusters: int = 50) -> npt.NDArray[np.float32]:

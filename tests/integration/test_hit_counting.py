@@ -12,8 +12,8 @@ import pytest
 import redis
 
 from service import metrics
-from service.backfill.hits import read_hits
 from service.settings import CompatSettings, IndexSettings, Settings, TrafficSettings
+from service.traffic.hits import read_hits
 from tests.support.app import Running, serving
 from tests.support.world import World
 

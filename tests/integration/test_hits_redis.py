@@ -12,8 +12,8 @@ import numpy as np
 import pytest
 
 from service import metrics
-from service.backfill.hits import HitCounter, RedisHitStore, read_hits
 from service.errors import InputError
+from service.traffic.hits import HitCounter, RedisHitStore, read_hits
 from tests.support.servers import free_port
 
 REDIS_URL = os.environ.get("NOBACKFILL_TEST_REDIS_URL", "redis://127.0.0.1:6379/15")

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from service.compat.compare import sign_test_worse
 from service.compat.profile import load_profile, save_profile
+from service.scoring.compare import sign_test_worse
 from tests.support.cli import cli
 from tests.support.upgrade_standin import make_world, write_split
 

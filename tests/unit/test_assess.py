@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from service.compat.assess import VERDICTS, decide
+from service.scoring.assess import VERDICTS, decide
 from tests.support.cli import cli
 from tests.support.upgrade_standin import make_world, write_split
 

@@ -7,7 +7,7 @@ from pathlib import Path
 import numpy as np
 
 from service import metrics
-from service.backfill.hits import HitCounter, LocalHitStore, read_hits, read_local_hits
+from service.traffic.hits import HitCounter, LocalHitStore, read_hits, read_local_hits
 
 
 def _hits(event: str) -> float:

@@ -5,9 +5,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from service.backfill.evaluate import Spaces, curve, merged_ranks, move_order
 from service.compat.calibration import IDENTITY, References, ScoreMap, best_line, fit_score_map
 from service.compat.metrics import relevance
+from service.scoring.migration import Spaces, curve, merged_ranks, move_order
 from service.segment.merge import merge
 from service.vocabulary import Merge
 

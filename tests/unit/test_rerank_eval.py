@@ -1,4 +1,4 @@
-"""The re-rank cascade's offline evaluation (backfill/rerank_eval.py): its ends, a brute force, a hand case, the CLI."""
+"""The re-rank cascade's offline evaluation (scoring/rerank_eval.py): its ends, a brute force, a hand case, the CLI."""
 
 from __future__ import annotations
 
@@ -8,11 +8,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from service.backfill.evaluate import Spaces
-from service.backfill.rerank_eval import Plan, cascade_ranks, cascade_rows, plans_of
 from service.compat.fit_options import FitOptions
 from service.compat.fitting import fit_profile
 from service.compat.profile import save_profile
+from service.scoring.migration import Spaces
+from service.scoring.rerank_eval import Plan, cascade_ranks, cascade_rows, plans_of
 from tests.support.cli import cli
 
 

@@ -6,10 +6,10 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from service.backfill.evaluate import Spaces, compatible_queries, curve, gain_share, hot_order, move_order, zipf_weights
 from service.compat.calibration import IDENTITY
 from service.errors import InputError
 from service.plots import png_of, pyplot
+from service.scoring.migration import Spaces, compatible_queries, curve, gain_share, hot_order, move_order, zipf_weights
 from service.vocabulary import Merge
 
 

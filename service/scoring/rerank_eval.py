@@ -24,9 +24,9 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from service.backfill.evaluate import BOOTSTRAP, Spaces, compatible_queries
 from service.compat.uncertainty import bootstrap_picks, interval95
 from service.errors import InputError
+from service.scoring.migration import BOOTSTRAP, Spaces, compatible_queries
 
 I64 = npt.NDArray[np.int64]
 F32 = npt.NDArray[np.float32]

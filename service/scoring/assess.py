@@ -14,7 +14,7 @@ The verdict, the first rule that holds:
                             cannot carry this upgrade, only new-model rows can
 Each comes with the figures that decided it.  With the gallery's size and the new encoder's rate, a
 full backfill's cost; with calibration in the profile, the expected R@1 / R@10 of hybrid search at
-10 / 25 / 50 % moved (backfill/migration_curve.py, random order).
+10 / 25 / 50 % moved (scoring/migration_curve.py, random order).
 """
 
 from __future__ import annotations
@@ -87,7 +87,7 @@ def backfill_cost(items: int, rate: float) -> dict[str, float]:
 
 def expected_curve(profile_dir: Path, test_dir: Path, modality: str) -> list[dict[str, Any]] | None:
     """R@1 / R@10 of hybrid search at FRACTIONS moved (random order), or None without a calibration."""
-    from service.backfill.migration_curve import score_curve
+    from service.scoring.migration_curve import score_curve
 
     try:
         curve = score_curve(profile_dir, test_dir, [0.0, *FRACTIONS, 1.0], modality=modality)
