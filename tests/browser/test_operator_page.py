@@ -61,6 +61,13 @@ def base(operator_world: OperatorWorld) -> Iterator[str]:
 
 
 @pytest.fixture(scope="module")
+def keyless_base(operator_world: OperatorWorld) -> Iterator[str]:
+    """A second `nobackfill serve` with the page on and no API key (the demo's case)."""
+    with serve_process(operator_world.world, env={"NOBACKFILL_API__UI": "true"}) as url:
+        yield url
+
+
+@pytest.fixture(scope="module")
 def browser() -> Iterator[Any]:
     """One headless Chromium for the module; a missing one fails (not skips), saying how `make test` installs it."""
     if not CHROMIUM.exists():
@@ -183,6 +190,35 @@ def test_keyboard_only_query_shows_every_column_with_the_item_texts(tab: Tab, in
     assert page.inner_text(".column[data-mode='slerp'] .overlap").startswith(f"overlap@{K}: old ")
     assert "search" in page.inner_text(".column[data-mode='old'] .timings")
     assert "residual angle" in page.inner_text(".column[data-mode='slerp'] .meta")
+    assert tab.errors == []
+
+
+def test_a_keyless_service_shows_no_key_bar(browser: Any, keyless_base: str) -> None:
+    assert httpx.get(f"{keyless_base}/ui/api/config", timeout=10).json() == {"api_key_required": False}
+    keyless = Tab(browser, keyless_base)
+    try:
+        # In the DOM but hidden: a stylesheet rule that sets display (.bar's flex) must not undo `hidden`.
+        assert keyless.page.get_attribute("#key-form", "hidden") is not None
+        assert not keyless.page.is_visible("#key-form")
+        keyless.search(CAPTION.format(QUERY_ID))  # and searching needs no key
+        assert keyless.cells("old")[0][0] == QUERY_ID
+        assert keyless.errors == []
+    finally:
+        keyless.context.close()
+
+
+def test_a_hit_the_first_column_lacks_is_marked_entered_not_new(tab: Tab) -> None:
+    # "new" names the new model on this page (a mode, a column); the mark must not read as it.
+    tab.enter_key()
+    tab.search(CAPTION.format(QUERY_ID))
+    first = {i for i, _ in tab.cells("old")}
+    marked = tab.page.eval_on_selector_all(
+        ".column[data-mode='new'] tbody tr",
+        "rows => rows.map(r => [+r.dataset.id, r.querySelector('.move.fresh')?.textContent ?? null])",
+    )
+    assert any(i not in first for i, _ in marked), "the new model's top k is the old one's: nothing to mark"
+    assert [mark for _, mark in marked] == ["entered" if i not in first else None for i, _ in marked]
+    assert "entered" in tab.page.inner_text(".legend")
     assert tab.errors == []
 
 

@@ -234,7 +234,8 @@
         let move = null;
         if (c > 0) {
           const before = baseline.indexOf(id);
-          if (before < 0) move = el("span", { class: "move fresh" }, "new");
+          // "entered", not "new": on this page "new" is the new model (a column, a mode).
+          if (before < 0) move = el("span", { class: "move fresh", title: `not in ${answers[0].mode}'s top k` }, "entered");
           else if (before > rank) move = el("span", { class: "move up", title: `rank ${before + 1} in ${answers[0].mode}` }, `\u25b2${before - rank}`);
           else if (before < rank) move = el("span", { class: "move down", title: `rank ${before + 1} in ${answers[0].mode}` }, `\u25bc${rank - before}`);
         }
