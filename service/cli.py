@@ -7,7 +7,19 @@ import sys
 import typer
 
 import service
-from service.commands import assess, backfill, encode, fit, gallery, profile, realworld, serve, synth, traffic
+from service.commands import (
+    assess,
+    backfill,
+    encode,
+    fit,
+    gallery,
+    profile,
+    realworld,
+    serve,
+    settings_reference,
+    synth,
+    traffic,
+)
 from service.errors import NobackfillError
 
 # The click exceptions typer raises: its own vendored copy in typer >= 0.22, click itself before.
@@ -27,10 +39,13 @@ app.add_typer(synth.app, name="synth", help="Write support / test sets from the 
 app.add_typer(realworld.app, name="realworld", help="Build the real upgrade's corpus and models (offline).")
 app.command("serve")(serve.serve)
 app.command("demo")(serve.demo)
+app.command("settings")(settings_reference.settings)
 app.command("encode")(encode.encode)
 app.add_typer(encode.support_app, name="support", help="Build support sets for `fit` from your own pairs and models.")
 app.add_typer(traffic.app, name="traffic", help="Export the (old, new) query pairs sampled from live traffic.")
-app.add_typer(backfill.app, name="backfill", help="Move gallery items into the new-model segment: run, status, curve.")
+app.add_typer(
+    backfill.app, name="backfill", help="Move gallery items into the new-model segment, and score a migration offline."
+)
 
 
 def _print_version(asked: bool) -> None:

@@ -16,6 +16,9 @@ from service.commands import render
 from service.vocabulary import Modality
 
 app = typer.Typer(no_args_is_help=True)
+# Where --hits reads without one: the service's default hits folder (traffic.hits_dir's default; the
+# service/traffic/hits.py DEFAULT_FOLDER), not imported from there, to keep `--help` free of numpy.
+HITS_FOLDER = Path("artifacts/hits")
 
 
 @app.command("run")
@@ -44,15 +47,25 @@ def run(
     ),
     order: str = typer.Option("given", "--order", help="given (input order), random (seeded) or hot (hits first)."),
     fraction: float | None = typer.Option(
-        None, "--fraction", min=0.0, max=1.0, help="Stop once the segment holds this share of the gallery."
+        None,
+        "--fraction",
+        min=0.0,
+        max=1.0,
+        help="Stop once the segment holds this share of the gallery.",
+        show_default="every item",
     ),
     limit: int | None = typer.Option(None, "--limit", min=0, help="Move at most this many items in this run."),
-    rate: float | None = typer.Option(None, "--rate", min=0.001, help="At most this many items per second."),
+    rate: float | None = typer.Option(
+        None, "--rate", min=0.001, help="At most this many items per second.", show_default="unthrottled"
+    ),
     batch_size: int = typer.Option(64, "--batch-size", min=1, help="Items per encoder call."),
     shard_size: int = typer.Option(4096, "--shard-size", min=1, help="Rows per published shard."),
     seed: int = typer.Option(0, "--seed", help="Seed of --order random (and of the rest after the hot ids)."),
     hits: str | None = typer.Option(
-        None, "--hits", help="--order hot: the service's hit counts (a folder, or a redis:// URL) [its settings]."
+        None,
+        "--hits",
+        help="--order hot: the service's hit counts, a folder (its traffic.hits_dir) or a redis:// URL.",
+        show_default=str(HITS_FOLDER),
     ),
     device: str = typer.Option("auto", "--device", help="auto, cpu, cuda:0, ..."),
     threads: int | None = typer.Option(None, "--threads", min=1, help="Torch CPU threads (default: all usable cores)."),
@@ -188,7 +201,12 @@ def _check_profile(profile_dir: Path, identity: Any) -> None:
 @app.command("status")
 def status(
     segment: Path = typer.Argument(..., help="Segment folder.", metavar="SEGMENT"),
-    hits: str | None = typer.Option(None, "--hits", help="The service's hit counts (a folder or redis:// URL)."),
+    hits: str | None = typer.Option(
+        None,
+        "--hits",
+        help="The service's hit counts, a folder (its traffic.hits_dir) or a redis:// URL.",
+        show_default=str(HITS_FOLDER),
+    ),
     as_json: bool = typer.Option(False, "--json", help="Print the status as JSON."),
 ) -> None:
     """Share of items moved, share of recent hits on moved items, and the shards with their models."""

@@ -34,12 +34,23 @@ curl -s http://{host}:{port}/v1/search -H 'content-type: application/json' \\
 UI_LINE = "or open the operator page (old and new answers side by side): http://{host}:{port}/ui/"
 
 
+# The docstring is `serve --help`: typer keeps its line breaks, so its lines stay under 78 characters.
 def serve(
     host: str | None = typer.Option(None, help="Bind address (default: settings api.host)."),
     port: int | None = typer.Option(None, help="Port (default: settings api.port)."),
     workers: int | None = typer.Option(None, help="Worker processes (default: settings api.workers)."),
 ) -> None:
-    """Run the HTTP service with the configured encoders, gallery and profile."""
+    """Run the HTTP service with the configured encoders, gallery and profile.
+
+    Everything else is a NOBACKFILL_* setting: an environment variable, or a key
+    of the YAML file named by NOBACKFILL_CONFIG_FILE.  `nobackfill settings`
+    lists every one with its type and default (the same: docs/settings.md).
+
+    The migration's settings:
+    NOBACKFILL_INDEX__SEGMENT_DIR=SEGMENT   hybrid: the backfilled segment too
+    NOBACKFILL_INDEX__ITEM_STORE=ITEMS      the re-rank cascade (hybrid re-ranks)
+    NOBACKFILL_OLD__BACKEND=none            the cut-over: the new model alone
+    """
     settings = Settings()
     refuse_missing(settings)  # one `error:` line and exit 2, before uvicorn or any model starts
     _run(settings, host or settings.api.host, port or settings.api.port, workers or settings.api.workers)
