@@ -89,6 +89,7 @@ def run(
     if not Order.has(order):
         raise InputError(f"--order must be one of {', '.join(Order)}, got {order!r}")
     _need_a_model_reference(segment, profile, new_model_id)
+    _refuse_an_artifact_as_items(input_path)
     source = open_items(input_path, modality, field, id_field, ids)
     gallery_ref = _gallery_ref(segment, gallery, source)
     hot = _hot_ids(hits) if order == Order.hot else None
@@ -97,7 +98,8 @@ def run(
         _check_profile(profile, identity)
     if new_model_id is not None and identity.model_id != new_model_id:
         raise InputError(
-            f"--new-model-id {new_model_id} was confirmed, but the encoder is {identity.backend} {identity.model_id}"
+            f"--new-model-id {new_model_id} was confirmed, but the encoder is "
+            f"{render.model_name(identity.backend, identity.model_id)}"
         )
     options = RunOptions(
         order=Order(order),
@@ -143,6 +145,19 @@ def _need_a_model_reference(segment: Path, profile: Path | None, new_model_id: s
             f"{segment}: no segment yet and no --profile: nothing says which model its rows must come from; "
             "pass --profile PROFILE_DIR (the profile's new model is checked), or --new-model-id ID to confirm the model"
         )
+
+
+def _refuse_an_artifact_as_items(input_path: Path) -> None:
+    """--input given a gallery or a segment folder: say so, not that a folder of image files needs --modality image."""
+    from service.errors import InputError
+    from service.segment.layout import SEGMENT_JSON
+
+    for marker, what in (("gallery.json", "a gallery"), (SEGMENT_JSON, "a segment")):
+        if (input_path / marker).is_file():
+            raise InputError(
+                f"--input {input_path} is {what} ({marker}), not the gallery's items: give their item store "
+                "(`encode --items-out`, `synth items`), or the file / image folder `encode` reads"
+            )
 
 
 def _gallery_ref(segment: Path, gallery: Path | None, source: Any) -> Any:
@@ -191,7 +206,8 @@ def _check_profile(profile_dir: Path, identity: Any) -> None:
     )
     if not theirs.same_model(identity):
         raise InputError(
-            f"the new model is {identity.backend} {identity.model_id} (dim {identity.dim}, fingerprint "
+            f"the new model is {render.model_name(identity.backend, identity.model_id)} (dim {identity.dim}, "
+            "fingerprint "
             f"{(identity.fingerprint or 'none')[:12]}), but profile {profile.profile_id} was fitted for "
             f"{theirs.model_id} (dim {theirs.dim}, fingerprint {(theirs.fingerprint or 'none')[:12]}); "
             "backfill with the profile's new model"
@@ -210,7 +226,12 @@ def status(
     as_json: bool = typer.Option(False, "--json", help="Print the status as JSON."),
 ) -> None:
     """Share of items moved, share of recent hits on moved items, and the shards with their models."""
+    from service.errors import InputError
+
+    if not segment.is_dir():  # said before the heavy imports, and not as "no segment.json (not a segment)"
+        raise InputError(f"{segment}: no such folder (`backfill run --segment {segment} --gallery ...` creates it)")
     from service.backfill.status import segment_status
+    from service.segment.writer import WRITER as CASCADE_WRITER
     from service.traffic.hits import read_hits
 
     counts = read_hits(hits, missing_ok=True)
@@ -219,15 +240,17 @@ def status(
         typer.echo(json.dumps(report))
         return
     model = report["model"]
-    typer.echo(f"segment {segment}: {model['backend']} {model['model_id']} (dim {model['dim']})")
+    typer.echo(f"segment {segment}: {render.model_name(model['backend'], model['model_id'])} (dim {model['dim']})")
     typer.echo(
         f"  moved {report['moved']:,} of {report['gallery']['ntotal']:,} items ({report['coverage']:.1%}) "
         f"in {len(report['shards'])} shard(s)"
         + (f", {report['damaged_shards']} damaged" if report["damaged_shards"] else "")
     )
-    if report["moved_by_writer"]:
-        parts = ", ".join(f"{writer} {count:,}" for writer, count in report["moved_by_writer"].items())
-        typer.echo(f"  moved by: {parts} (service-cascade: traffic, through the re-rank cascade)")
+    by_writer = report["moved_by_writer"]
+    if by_writer:
+        parts = ", ".join(f"{writer} {count:,}" for writer, count in by_writer.items())
+        legend = f" ({CASCADE_WRITER}: traffic, through the re-rank cascade)" if CASCADE_WRITER in by_writer else ""
+        typer.echo(f"  moved by: {parts}{legend}")
     share = report.get("hits", {}).get("share_on_moved")
     typer.echo(
         "  recent hits on moved items: "

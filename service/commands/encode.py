@@ -50,6 +50,7 @@ def encode(
     """Encode a file of inputs into OUT.npy (float32 unit rows) and OUT.json (model identity, count, skips)."""
     from service.bulk.encode import check_outputs, encode_file, load_encoder, write_items
     from service.bulk.inputs import input_spec, scan
+    from service.commands import render
     from service.errors import InputError
     from service.items.store import check_output as check_items_output
 
@@ -67,8 +68,9 @@ def encode(
     )
     _warn_ignored_id(backend, model_id, identity.model_id)
     meta = encode_file(encoder, identity, spec, checked, out, ids_out=ids_out, batch_size=batch_size)
+    model = render.model_name(identity.backend, identity.model_id)
     typer.echo(
-        f"wrote {out}: {meta['count']:,} x {meta['dim']} float32 ({identity.backend} {identity.model_id}), "
+        f"wrote {out}: {meta['count']:,} x {meta['dim']} float32 ({model}), "
         f"{meta['skipped']} skipped, {meta['blank_lines']} blank line(s) ignored, {meta['seconds']} s; "
         f"description in {out.with_suffix('.json')}"
     )

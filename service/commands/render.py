@@ -10,6 +10,11 @@ from typing import Any
 from service.plots import png_of, pyplot
 
 
+def model_name(backend: str, model_id: str) -> str:
+    """`backend model_id`, or the id alone where it is the backend's own name (not "synthetic-new synthetic-new")."""
+    return model_id if model_id == backend else f"{backend} {model_id}"
+
+
 def fmt(x: Any) -> str:
     """Table cell text: 4 decimals for floats, '-' for missing."""
     if x is None:

@@ -135,4 +135,9 @@ def items(
     rows = ((i, format_item(i, IMAGE_VIEW)) for i in range(size))
     # Text: the synthetic encoders read the view from the string itself (docs/synthetic-world.md).
     meta = write_item_store(out, rows, Modality.text, f"synthetic world, items 0..{size - 1}", force=force)
-    typer.echo(f"wrote item store {out}: {meta['count']:,} synthetic items (image view)")
+    # Not "(image view)": on the text demo that reads as if the items were images; they are texts that
+    # name the view the gallery was built from.
+    typer.echo(
+        f"wrote item store {out}: {meta['count']:,} synthetic items, as the texts the synthetic models read "
+        f"({format_item(0, IMAGE_VIEW)!r} ...)"
+    )
