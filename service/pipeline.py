@@ -242,8 +242,8 @@ def _refuse_nprobe_over_nlist(settings: Settings, gallery: GalleryBackend) -> No
 
 
 def _indexing(settings: Settings) -> Indexing:
-    """How the segment's blocks are indexed (index.segment_exact_rows, index.segment_ef_search)."""
-    return Indexing(settings.index.segment_exact_rows, settings.index.segment_ef_search)
+    """How the segment is searched (index.segment_exact, index.segment_ef_search)."""
+    return Indexing(settings.index.segment_exact, settings.index.segment_ef_search)
 
 
 def _finished_segment(settings: Settings, new: Encoder) -> tuple[GalleryBackend, CompatProfile]:

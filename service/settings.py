@@ -194,12 +194,14 @@ class IndexSettings(Section):
     # How often the service looks for shards published since (new ones are searched from then on).
     segment_refresh_s: float = Field(5.0, gt=0)
     """How often the service looks for newly published segment shards."""
-    # A segment block of this many rows or more is an HNSW graph (searched at ef_search candidates)
-    # instead of an exact flat scan, so hybrid stays fast as the segment grows (segment/reader.py).
-    segment_exact_rows: int = Field(10_000, ge=1)
-    """A segment block of this many rows or more is an HNSW graph instead of an exact scan."""
+    # The segment's sealed indexes (HNSW graphs `backfill run` / `backfill index` store in it) are
+    # searched at ef_search candidates, the rows they do not cover exactly (segment/sealed.py).  exact:
+    # every row exactly, sealed indexes unread (the re-indexed answer to the last digit, at a cost that
+    # grows with the rows).
+    segment_exact: bool = False
+    """Search every segment row exactly, leaving its sealed HNSW indexes unread."""
     segment_ef_search: int = Field(32, ge=1)
-    """Candidates an HNSW segment block searches (its efSearch)."""
+    """Candidates a sealed HNSW index of the segment searches (its efSearch)."""
     # How hybrid puts both lists on one scale: the profile's fitted calibration (raw cosines when it has
     # none), raw cosines, or reciprocal rank fusion.
     hybrid_merge: Merge = Merge.calibrated

@@ -15,9 +15,10 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from service.errors import InputError
+from service.errors import ArtifactError, InputError
 from service.segment.catalog import ShardCatalog
 from service.segment.layout import SHARD_JSON, SHARDS
+from service.segment.sealed import INDEXES, read_meta, sealed_names
 
 QUARANTINE = "quarantine"
 
@@ -29,6 +30,7 @@ class Repair:
     quarantined: dict[str, str] = field(default_factory=dict)  # shard name -> why it was refused
     rows: int = 0  # rows the quarantined shards said they held (as far as their shard.json can be read)
     unknown_rows: int = 0  # quarantined shards whose shard.json could not say
+    indexes: list[str] = field(default_factory=list)  # sealed indexes over a quarantined shard, moved aside too
 
 
 def repair_segment(folder: Path) -> Repair:
@@ -50,6 +52,16 @@ def repair_segment(folder: Path) -> Repair:
                 report.unknown_rows += 1
             else:
                 report.rows += count
+        # A sealed index over a quarantined shard is served by no reader any more (its shards are not all
+        # intact): it goes aside too, and the next seal covers its other shards again.
+        for name in sealed_names(folder):
+            try:
+                shards = read_meta(folder, name).shards
+            except ArtifactError:
+                continue
+            if shards & set(refused):
+                os.rename(folder / INDEXES / name, target / f"index-{name}")
+                report.indexes.append(name)
     except OSError as exc:
         raise InputError(f"cannot move a refused shard into {target}: {exc.strerror or exc}") from exc
     return report

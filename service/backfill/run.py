@@ -43,12 +43,14 @@ from service.encoders.identity import ModelIdentity
 from service.errors import InputError
 from service.segment.catalog import MovedIds
 from service.segment.layout import GalleryRef, create_segment, remove_abandoned, write_shard
+from service.segment.sealed import SealReport, seal
 from service.vocabulary import Word
 
 I64 = npt.NDArray[np.int64]
 F32 = npt.NDArray[np.float32]
 DEFAULT_SHARD_SIZE = 4096
 LOCK_NAME = "backfill.lock"
+DEFAULT_SEAL_ROWS = 10_000  # below this an exact scan costs about as much as a graph search (docs/backfill.md)
 
 
 class Order(Word):
@@ -71,6 +73,9 @@ class RunOptions:
     shard_size: int = DEFAULT_SHARD_SIZE
     seed: int = 0
     progress: bool = True
+    # At the end of a run, the rows no sealed index covers become one (segment/sealed.py) once there
+    # are this many; 0: never (`backfill index` seals on demand).
+    seal_rows: int = DEFAULT_SEAL_ROWS
 
 
 @dataclass
@@ -85,6 +90,7 @@ class RunReport:
     moved_before: int = 0
     moved_meanwhile: int = 0  # planned items another writer moved while this run went
     interrupted: str | None = None  # the signal that stopped the run early: "SIGINT" or "SIGTERM"
+    sealed: SealReport | None = None  # the sealed index built at the end, if any
 
     @property
     def rate(self) -> float:
@@ -228,6 +234,8 @@ def _run(
         writer_pool.shutdown(wait=True)  # a shard under way still lands, even when encoding failed
         bar.close()
         report.seconds = time.perf_counter() - started
+    if options.seal_rows > 0 and not report.interrupted:  # a stopped run stops now; the next one seals
+        report.sealed = seal(segment_dir, options.seal_rows, writer)
     return report
 
 
@@ -265,7 +273,13 @@ def describe_report(report: RunReport, total: int) -> dict[str, Any]:
         "gallery_items": total,
         "interrupted": report.interrupted is not None,
         "signal": report.interrupted,
+        "sealed": None if report.sealed is None or report.sealed.name is None else sealed_summary(report.sealed),
     }
+
+
+def sealed_summary(done: SealReport) -> dict[str, Any]:
+    """JSON-ready summary of a seal."""
+    return {"index": done.name, "rows": done.rows, "shards": done.shards, "seconds": round(done.seconds, 2)}
 
 
 class Terminated(KeyboardInterrupt):

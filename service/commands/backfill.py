@@ -1,4 +1,4 @@
-"""`nobackfill backfill run|status|repair|curve|cascade`: move items into the new-model segment, score it offline.
+"""`nobackfill backfill run|status|index|repair|curve|cascade`: move items into the segment, score it offline.
 
 Thin over service/backfill/: cheap checks first (segment, gallery, items, profile), then the model
 loads, then the run (run.py).  Every refusal is one `error:` line and exit 2.
@@ -60,6 +60,12 @@ def run(
     ),
     batch_size: int = typer.Option(64, "--batch-size", min=1, help="Items per encoder call."),
     shard_size: int = typer.Option(4096, "--shard-size", min=1, help="Rows per published shard."),
+    seal_rows: int = typer.Option(
+        10_000,
+        "--seal-rows",
+        min=0,
+        help="At the end, seal the rows no index covers into an HNSW index once there are this many (0: never).",
+    ),
     seed: int = typer.Option(0, "--seed", help="Seed of --order random (and of the rest after the hot ids)."),
     hits: str | None = typer.Option(
         None,
@@ -110,6 +116,7 @@ def run(
         shard_size=shard_size,
         seed=seed,
         progress=not as_json,
+        seal_rows=seal_rows,
     )
     if fraction is not None and limit is not None:
         raise InputError("give --fraction or --limit, not both")
@@ -127,6 +134,10 @@ def run(
         f"({now / gallery_ref.ntotal:.1%})"
         + (f"; {report.zero_rows} all-zero rows stay old" if report.zero_rows else "")
     )
+    if summary["sealed"]:
+        sealed = summary["sealed"]
+        typer.echo(f"sealed {sealed['rows']:,} rows of {sealed['shards']} shard(s) into index {sealed['index']} "
+                   f"in {sealed['seconds']} s (the service serves it from its next refresh)")  # fmt: skip
     if report.interrupted:
         typer.echo(
             f"stopped by {report.interrupted}: what was encoded is kept; run the same command again to continue",
@@ -274,6 +285,25 @@ def status(
         raise typer.Exit(1)
 
 
+@app.command("index")
+def index(segment: Path = typer.Argument(..., help="Segment folder.", metavar="SEGMENT")) -> None:
+    """Seal the rows no index covers into one HNSW index stored in the segment (every reader then serves it)."""
+    from service.backfill.run import one_run_at_a_time
+    from service.segment.layout import read_segment_meta
+    from service.segment.sealed import seal
+
+    read_segment_meta(segment)  # one line when the folder is no segment
+    with one_run_at_a_time(segment):
+        done = seal(segment, min_rows=1, writer="backfill index")
+    if done.name is None:
+        typer.echo(f"segment {segment}: every intact shard is in a sealed index already; nothing to seal")
+        return
+    typer.echo(
+        f"sealed {done.rows:,} rows of {done.shards} shard(s) into index {done.name} in {done.seconds:.1f} s; "
+        "the service serves it from its next refresh"
+    )
+
+
 @app.command("repair")
 def repair(segment: Path = typer.Argument(..., help="Segment folder.", metavar="SEGMENT")) -> None:
     """Move the shards the service refuses (damaged) into SEGMENT/quarantine, never deleting one."""
@@ -290,6 +320,8 @@ def repair(segment: Path = typer.Argument(..., help="Segment folder.", metavar="
         f"moved {len(done.quarantined)} shard(s) into {segment / QUARANTINE}: {done.rows:,} rows{unknown} "
         "count as not moved; run `nobackfill backfill run` again to move those items"
     )
+    if done.indexes:
+        typer.echo(f"  and {len(done.indexes)} sealed index(es) over them; the next seal covers their other shards")
 
 
 @app.command("curve")

@@ -271,10 +271,8 @@ def remove_abandoned(folder: Path) -> list[str]:
     """Delete hidden shard folders of writers on this host whose process is gone; returns their names."""
     host = "".join(c for c in socket.gethostname() if c.isalnum())[:16] or "host"
     removed: list[str] = []
-    shards = folder / SHARDS
-    if not shards.is_dir():
-        return removed
-    for path in shards.iterdir():
+    hidden = [p for sub in (SHARDS, "indexes") if (folder / sub).is_dir() for p in (folder / sub).iterdir()]
+    for path in hidden:  # shards being written, and sealed indexes (segment/sealed.py)
         parts = path.name.lstrip(".").removesuffix(".tmp").split("-")
         if not (path.name.startswith(".") and path.name.endswith(".tmp") and len(parts) == 4 and parts[1] == host):
             continue

@@ -27,7 +27,7 @@ import numpy.typing as npt
 from service.encoders.identity import ModelIdentity
 from service.errors import ArtifactError, InputError
 from service.index.base import Exclusion, sorted_member
-from service.segment.catalog import ShardCatalog
+from service.segment.catalog import ShardCatalog, ShardEntry
 from service.segment.layout import (
     SEGMENT_JSON,
     GalleryRef,
@@ -35,6 +35,7 @@ from service.segment.layout import (
     check_same,
     read_segment_meta,
 )
+from service.segment.sealed import Sealed, SealedMeta, choose_cover, load_sealed, read_meta, sealed_names
 
 MAX_BLOCKS = 8
 log = logging.getLogger("nobackfill.segment")
@@ -45,33 +46,15 @@ I64 = npt.NDArray[np.int64]
 
 @dataclass(frozen=True)
 class Indexing:
-    """How a block is indexed: exact (flat) below exact_rows, an HNSW graph above it (searched at ef_search).
+    """How the segment is searched: its sealed indexes at ef_search, the rows they do not cover exactly.
 
-    A flat scan costs time in proportion to the rows (about 20 ms for 100,000 rows of 768 floats on
-    one query here), so a segment growing towards the whole gallery would slow every hybrid search.
-    Of the indexes measured on 100,000 synthetic new-space rows (docs/backfill.md), an HNSW graph of
-    32 links per row searched at ef 32 was the fastest at the best recall (0.47 ms, recall@10 0.91
-    against exact, where IVF-Flat with sqrt(n) lists at nprobe 16 took 1.4 ms for 0.71), it needs no
-    training on the block's distribution, and it keeps each row, so a merge reads them back exactly.
+    exact: every row searched exactly, the sealed indexes left unread (what the exactness tests and an
+    operator who wants the re-indexed answer to the last digit use; its cost grows with the rows,
+    about 20 ms a query over 100,000 rows of 768 floats here).
     """
 
-    exact_rows: int = 10_000
+    exact: bool = False
     ef_search: int = 32
-    links: int = 32  # HNSW M: edges per row (more: better recall, slower build, more memory)
-
-    def index_of(self, vectors: F32) -> Any:
-        """A faiss inner-product index over `vectors` (copied in): flat, or an HNSW graph."""
-        n, dim = vectors.shape
-        data = np.ascontiguousarray(vectors, dtype=np.float32)
-        if n < self.exact_rows:
-            flat = faiss.IndexFlatIP(dim)
-            flat.add(data)
-            return flat
-        graph = faiss.IndexHNSWFlat(dim, self.links, faiss.METRIC_INNER_PRODUCT)
-        graph.hnsw.efConstruction = 40
-        graph.add(data)
-        graph.hnsw.efSearch = self.ef_search
-        return graph
 
 
 @dataclass(frozen=True)
@@ -82,10 +65,12 @@ class Block:
     ids: I64  # sorted, so an id's row is found by bisection
 
     @classmethod
-    def of(cls, vectors: F32, ids: I64, indexing: Indexing | None = None) -> Block:
-        """A block over these rows (copied into faiss in id order), indexed as `indexing` says."""
+    def of(cls, vectors: F32, ids: I64) -> Block:
+        """An exact (flat inner-product) block over these rows, copied into faiss in id order."""
         order = np.argsort(ids, kind="stable")
-        return cls((indexing or Indexing()).index_of(vectors[order]), ids[order])
+        flat = faiss.IndexFlatIP(vectors.shape[1])
+        flat.add(np.ascontiguousarray(vectors[order], dtype=np.float32))
+        return cls(flat, ids[order])
 
     def vectors(self) -> F32:
         """The block's rows back out of faiss (for a merge)."""
@@ -109,6 +94,7 @@ class Snapshot:
     shards: tuple[str, ...] = ()
     moved: I64 = field(default_factory=lambda: np.zeros(0, dtype=np.int64))  # sorted
     exclusion: Exclusion | None = None  # what the old gallery's search skips; None while nothing has moved
+    sealed_blocks: int = 0  # the first this many blocks are sealed indexes (approximate), the rest exact
 
     @property
     def count(self) -> int:
@@ -125,8 +111,9 @@ class Snapshot:
         for block in self.blocks:
             kk = min(k, block.index.ntotal)
             scores, rows = block.index.search(q, kk)
-            parts_s.append(scores)
-            parts_i.append(block.ids[rows])
+            missing = rows < 0  # a graph search may find fewer than kk rows: faiss pads with -1
+            parts_s.append(np.where(missing, -np.inf, scores))
+            parts_i.append(np.where(missing, -1, block.ids[np.maximum(rows, 0)]))
         scores = np.concatenate(parts_s, axis=1)
         ids = np.concatenate(parts_i, axis=1)
         order = np.argsort(-scores, axis=1, kind="stable")[:, :k]
@@ -153,12 +140,12 @@ class Snapshot:
         return found, rows
 
 
-def _merge_smallest(blocks: list[Block], indexing: Indexing) -> list[Block]:
-    """Merge the adjacent pair with the fewest rows into one block."""
+def _merge_smallest(blocks: list[Block]) -> list[Block]:
+    """Merge the adjacent pair of exact blocks with the fewest rows into one."""
     sizes = [blocks[i].index.ntotal + blocks[i + 1].index.ntotal for i in range(len(blocks) - 1)]
     i = int(np.argmin(sizes))
     a, b = blocks[i], blocks[i + 1]
-    merged = Block.of(np.concatenate([a.vectors(), b.vectors()]), np.concatenate([a.ids, b.ids]), indexing)
+    merged = Block.of(np.concatenate([a.vectors(), b.vectors()]), np.concatenate([a.ids, b.ids]))
     return [*blocks[:i], merged, *blocks[i + 2 :]]
 
 
@@ -174,6 +161,10 @@ class Segment:
         self.created = created  # False: no segment.json yet; each refresh looks for it
         self.snapshot = Snapshot(meta.dim)
         self._catalog = ShardCatalog(folder, meta.dim)  # each shard checked once, as every other reader checks it
+        self._metas: dict[str, SealedMeta] = {}  # sealed indexes seen, by name
+        self._sealed: dict[str, Sealed] = {}  # the ones loaded (served while in the cover)
+        self.refused_indexes: dict[str, str] = {}  # sealed index name -> why it is not served
+        self._growing: list[Block] = []  # exact blocks over the rows no served sealed index covers
         self._refresh_lock = threading.Lock()
 
     @classmethod
@@ -207,37 +198,89 @@ class Segment:
         return self.snapshot.count / self.meta.gallery.ntotal
 
     def refresh(self) -> list[str]:
-        """Load the shards published since the last refresh and swap in the new snapshot; returns their names."""
+        """Load the shards and sealed indexes published since the last refresh, swap in the new snapshot.
+
+        Returns the names of the shards newly served.  The sealed indexes served (the cover) are a
+        function of the folder alone (sealed.choose_cover), and the rows they do not cover are searched
+        exactly, so the answers do not depend on the order in which shards were loaded.
+        """
         with self._refresh_lock:  # one refresh at a time; searches never wait on it
             if not self.created and not self._found_meta():
                 return []
             current = self.snapshot
             fresh = self._catalog.scan()
-            if not fresh:
-                return []
-            ids_parts, vec_parts, loaded = [], [], []
-            moved = current.moved
             for entry in fresh:
                 if entry.refused is not None:
                     log.error("segment %s: shard refused, the rest keeps serving: %s", self.folder, entry.refused)
-                    continue
-                ids, keep = np.unique(entry.ids, return_index=True)  # an id twice in one shard: its first row
-                new = ~sorted_member(ids, moved)
-                ids = ids[new]
-                loaded.append(entry.name)
-                if len(ids):
-                    assert entry.vectors is not None  # an intact entry carries its rows
-                    ids_parts.append(ids)
-                    vec_parts.append(np.asarray(entry.vectors[keep[new]], dtype=np.float32))
-                    moved = np.union1d(moved, ids)
-            blocks = list(current.blocks)
-            if ids_parts:
-                blocks.append(Block.of(np.concatenate(vec_parts), np.concatenate(ids_parts), self.indexing))
-                while len(blocks) > MAX_BLOCKS:
-                    blocks = _merge_smallest(blocks, self.indexing)
-            exclusion = current.exclusion if len(moved) == len(current.moved) else Exclusion(moved)
-            self.snapshot = Snapshot(current.dim, tuple(blocks), (*current.shards, *loaded), moved, exclusion)
+            cover_changed = False if self.indexing.exact else self._update_cover()
+            loaded = [e.name for e in fresh if e.intact]
+            if not loaded and not cover_changed:
+                return []
+            covered = self._covered_shards()
+            if cover_changed:  # rows moved between the exact part and the sealed part: rebuild the exact part
+                self._growing = self._exact_blocks([e for e in self._catalog.intact if e.name not in covered])
+            else:
+                self._growing += self._exact_blocks([e for e in fresh if e.intact and e.name not in covered])
+            while len(self._growing) > MAX_BLOCKS:
+                self._growing = _merge_smallest(self._growing)
+            sealed = tuple(Block(s.index, s.ids) for s in self._sealed.values())
+            moved = self._catalog.moved()
+            exclusion = current.exclusion if np.array_equal(moved, current.moved) else Exclusion(moved)
+            shards = tuple(e.name for e in self._catalog.intact)
+            self.snapshot = Snapshot(current.dim, (*sealed, *self._growing), shards, moved, exclusion, len(sealed))
             return loaded
+
+    def _update_cover(self) -> bool:
+        """Read new sealed indexes, choose the cover, load what it adds; whether the served indexes changed."""
+        for name in sealed_names(self.folder):
+            if name in self._metas or name in self.refused_indexes:
+                continue
+            try:
+                self._metas[name] = read_meta(self.folder, name)
+            except ArtifactError as exc:
+                self._refuse_index(name, exc.message)
+        before = set(self._sealed)
+        intact = {e.name for e in self._catalog.intact}
+        while True:  # an index that fails to load is refused, and the cover chosen again without it
+            cover = choose_cover(list(self._metas.values()), intact)
+            missing = [m for m in cover if m.name not in self._sealed]
+            if not missing:
+                break
+            for meta in missing:
+                try:
+                    self._sealed[meta.name] = load_sealed(self.folder, meta, self.meta.dim, self.indexing.ef_search)
+                except ArtifactError as exc:
+                    del self._metas[meta.name]
+                    self._refuse_index(meta.name, exc.message)
+        wanted = {m.name for m in cover}
+        self._sealed = {name: self._sealed[name] for name in sorted(wanted)}
+        return set(self._sealed) != before
+
+    def _refuse_index(self, name: str, why: str) -> None:
+        """A sealed index that is not served: its shards stay in the exact part."""
+        self.refused_indexes[name] = why
+        log.error("segment %s: sealed index refused, its rows are searched exactly: %s", self.folder, why)
+
+    def _covered_shards(self) -> set[str]:
+        """The shards the served sealed indexes hold."""
+        return set().union(*(s.meta.shards for s in self._sealed.values())) if self._sealed else set()
+
+    def _exact_blocks(self, entries: list[ShardEntry]) -> list[Block]:
+        """One exact block over these shards' rows, less ids already served (an id keeps its first row)."""
+        served = [b.ids for b in self._growing] + [s.ids for s in self._sealed.values()]
+        seen = np.unique(np.concatenate(served)) if served else np.zeros(0, dtype=np.int64)
+        ids_parts, vec_parts = [], []
+        for entry in entries:
+            assert entry.vectors is not None  # an intact entry carries its rows
+            ids, first = np.unique(entry.ids, return_index=True)  # an id twice in one shard: its first row
+            new = ~sorted_member(ids, seen)
+            if new.any():
+                ids_parts.append(ids[new])
+                vec_parts.append(np.asarray(entry.vectors[first[new]], dtype=np.float32))
+                seen = np.union1d(seen, ids[new])
+        if not ids_parts:
+            return []
+        return [Block.of(np.concatenate(vec_parts), np.concatenate(ids_parts))]
 
     def _found_meta(self) -> bool:
         """Whether segment.json has appeared (checked against the expected model and gallery)."""
@@ -261,8 +304,11 @@ class Segment:
             "coverage": round(self.coverage, 6),
             "shards": len(snap.shards),
             "blocks": len(snap.blocks),
-            "graph_blocks": sum(1 for block in snap.blocks if block.index.ntotal >= self.indexing.exact_rows),
+            "sealed_indexes": snap.sealed_blocks,
+            "sealed_rows": sum(block.index.ntotal for block in snap.blocks[: snap.sealed_blocks]),
+            "exact": self.indexing.exact,
             "refused_shards": dict(self.refused),
+            "refused_indexes": dict(self.refused_indexes),
         }
 
 

@@ -5,6 +5,7 @@ The synthetic world's gallery (real FAISS) and item store; every command through
 
 from __future__ import annotations
 
+import json
 import signal
 import subprocess
 import time
@@ -17,6 +18,7 @@ from service.backfill.run import one_run_at_a_time
 from service.segment.catalog import moved_ids
 from service.segment.layout import SHARDS, VECTORS, shard_names
 from service.segment.reader import Segment
+from service.segment.sealed import sealed_names
 from tests.support.cli import NOBACKFILL, cli
 from tests.support.world import WORLD_GALLERY_SIZE, World
 
@@ -122,3 +124,20 @@ def test_sigterm_keeps_what_was_encoded_and_exits_143(world: World, items: Path,
     assert cli("backfill", "status", segment).returncode == 0  # every published shard intact
     rest = cli(*args, "--limit", 5000 - len(kept))
     assert rest.returncode == 0 and moved_ids(segment).tolist() == list(range(5000))
+
+
+def test_a_run_seals_at_its_end_and_backfill_index_seals_on_demand(world: World, items: Path, tmp_path: Path) -> None:
+    segment = tmp_path / "segment"
+    args = _run_args(world, items, segment, "--backend", "synthetic-new", "--profile", world.profile_dir)
+    below = cli(*args, "--limit", 300, "--seal-rows", 500, "--json")
+    assert below.returncode == 0 and json.loads(below.stdout)["sealed"] is None  # 300 rows: below the minimum
+    at = cli(*args, "--limit", 300, "--seal-rows", 500, "--json")
+    sealed = json.loads(at.stdout)["sealed"]
+    assert sealed["rows"] == 600 and sealed["shards"] == 2 and sealed_names(segment) == [sealed["index"]]
+    assert cli(*args, "--limit", 50, "--seal-rows", 0).returncode == 0
+    on_demand = cli("backfill", "index", segment)
+    assert on_demand.returncode == 0 and "sealed 50 rows of 1 shard(s)" in on_demand.stdout
+    again = cli("backfill", "index", segment)
+    assert "nothing to seal" in again.stdout and len(sealed_names(segment)) == 2
+    served = Segment.open(segment)
+    assert served.snapshot.sealed_blocks == 2 and served.describe()["sealed_rows"] == 650

@@ -21,7 +21,7 @@ from service.segment.layout import (
     shard_names,
     write_shard,
 )
-from service.segment.reader import MAX_BLOCKS, Indexing, Segment
+from service.segment.reader import MAX_BLOCKS, Segment
 
 MODEL = ModelIdentity("synthetic-new", "synthetic-new", None, 16)
 GALLERY = GalleryRef("ab" * 32, 1000)
@@ -122,24 +122,3 @@ def test_a_dead_writers_hidden_shard_is_removed(segment: Path) -> None:
 def test_a_folder_without_segment_json_is_refused(tmp_path: Path) -> None:
     with pytest.raises(ArtifactError, match="not a segment"):
         Segment.open(tmp_path)
-
-
-def test_a_block_past_exact_rows_is_a_graph_that_finds_what_the_exact_scan_finds(segment: Path) -> None:
-    rng = np.random.default_rng(3)
-    centres = _rows(rng, 40)
-    rows = centres[rng.integers(0, 40, 4000)] + 0.05 * rng.standard_normal((4000, 16)).astype(np.float32)
-    rows /= np.linalg.norm(rows, axis=1, keepdims=True)
-    write_shard(segment, np.arange(4000, dtype=np.int64), rows, MODEL, "test")
-    exact = Segment.open(segment).snapshot
-    graph = Segment.open(segment, Indexing(exact_rows=1000, ef_search=16)).snapshot
-    assert type(exact.blocks[0].index).__name__ == "IndexFlatIP"
-    assert type(graph.blocks[0].index).__name__ == "IndexHNSWFlat"
-    np.testing.assert_array_equal(np.sort(graph.blocks[0].vectors(), axis=0), np.sort(rows, axis=0))
-    found, back = graph.rows_of(np.array([5, 3999, 4000]))
-    assert found.tolist() == [True, True, False] and (back[:2] == rows[[5, 3999]]).all()
-    queries = rows[:200]
-    _, want = exact.search(queries, 10)
-    _, got = graph.search(queries, 10)
-    recall = np.mean([len(set(w) & set(g)) / 10 for w, g in zip(want.tolist(), got.tolist(), strict=True)])
-    assert recall > 0.9
-    assert (got[:, 0] == np.arange(200)).all()  # each row finds itself first

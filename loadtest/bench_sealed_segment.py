@@ -1,0 +1,91 @@
+"""A segment with a sealed index against one read exactly: the seal's cost, a reader's start, one query, recall.
+
+    .venv/bin/python loadtest/bench_sealed_segment.py --rows 100000
+
+Rows are the simulated new model's embeddings (synthetic-new) of gallery items, written as shards of
+4,096 rows; queries its embeddings of 200 of those items' captions, one at a time, as a request
+sends them.  The seal uses every core (faiss); the start is `Segment.open` (every shard and the
+sealed index read and checked, as the service's start and a cut-over read them).  docs/backfill.md
+records a run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from loadtest.benchlib import table  # noqa: E402
+from service.encoders.identity import ModelIdentity  # noqa: E402
+from service.encoders.synthetic import SyntheticNewEncoder  # noqa: E402
+from service.segment.layout import GalleryRef, create_segment, write_shard  # noqa: E402
+from service.segment.reader import Indexing, Segment  # noqa: E402
+from service.segment.sealed import seal  # noqa: E402
+from service.vocabulary import Modality  # noqa: E402
+
+CAPTION = "item-{:010d} caption-1"
+SHARD = 4096
+
+
+def one_query_ms(segment: Segment, queries: np.ndarray) -> float:
+    """Median milliseconds of one query's top-10 over the segment."""
+    took = []
+    for row in queries:
+        started = time.perf_counter()
+        segment.snapshot.search(row[None], 10)
+        took.append((time.perf_counter() - started) * 1000)
+    return statistics.median(took)
+
+
+def main() -> None:
+    """Build the segment, seal it, open it both ways, print the table."""
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--rows", type=int, default=100_000)
+    args = parser.parse_args()
+    encoder = SyntheticNewEncoder()
+    with tempfile.TemporaryDirectory() as tmp:
+        folder = Path(tmp) / "segment"
+        model = ModelIdentity("synthetic-new", encoder.model_id, None, encoder.dim)
+        create_segment(folder, model, GalleryRef("ab" * 32, args.rows))
+        for start in range(0, args.rows, SHARD):
+            ids = np.arange(start, min(start + SHARD, args.rows), dtype=np.int64)
+            write_shard(folder, ids, encoder.encode_items(ids), model, "bench")
+        picked = np.random.default_rng(0).choice(args.rows, 200, replace=False)
+        queries = encoder.encode([CAPTION.format(int(i)) for i in picked], Modality.text)
+        started = time.perf_counter()
+        done = seal(folder)
+        seal_s = time.perf_counter() - started
+        measured = []
+        for name, indexing in (("exact", Indexing(exact=True)), ("sealed HNSW, ef 32", Indexing(ef_search=32)),
+                               ("sealed HNSW, ef 64", Indexing(ef_search=64))):  # fmt: skip
+            started = time.perf_counter()
+            segment = Segment.open(folder, indexing)
+            open_s = time.perf_counter() - started
+            measured.append((name, segment, open_s))
+        _, want = measured[0][1].snapshot.search(queries, 10)
+        lines = []
+        for name, segment, open_s in measured:
+            _, got = segment.snapshot.search(queries, 10)
+            recall = np.mean([len(set(w) & set(g)) / 10 for w, g in zip(want.tolist(), got.tolist(), strict=True)])
+            lines.append(
+                {
+                    "segment read": name,
+                    "start (Segment.open)": f"{open_s:.1f} s",
+                    "one query (median)": f"{one_query_ms(segment, queries):.2f} ms",
+                    "recall@10": f"{recall:.3f}",
+                }
+            )
+        print(f"{args.rows:,} rows of {queries.shape[1]} floats; seal: {seal_s:.1f} s ({done.rows:,} rows)")
+        print(table(lines))
+
+
+if __name__ == "__main__":
+    main()
