@@ -117,7 +117,7 @@ serve: $(STAMP)
 	    NOBACKFILL_API__UI="$${NOBACKFILL_API__UI:-true}"; \
 	  if [ -f artifacts/demo/items/items.json ]; then \
 	    export NOBACKFILL_INDEX__ITEM_STORE="$${NOBACKFILL_INDEX__ITEM_STORE:-artifacts/demo/items}"; fi; \
-	  if [ -f artifacts/demo/eval.json ] && [ -z "$$NOBACKFILL_COMPAT__PROFILE_DIR" ]; then \
+	  if [ -f artifacts/demo/eval.json ] && [ "$$NOBACKFILL_COMPAT__PROFILE_DIR" = artifacts/demo/profile ]; then \
 	    export NOBACKFILL_API__UI_EVAL="$${NOBACKFILL_API__UI_EVAL:-artifacts/demo/eval.json}"; fi; \
 	fi; exec $(BIN)/nobackfill serve
 

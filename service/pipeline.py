@@ -731,7 +731,13 @@ class Pipeline:
         merge = self.segment.method
         calibrated = merge == Merge.calibrated and bool(profile.calibration)
         merge_line = (
-            "calibrated" if calibrated else "raw (the profile has no calibration)" if merge == "calibrated" else merge
+            "none (cut over: the segment alone answers, in new-model cosines)"
+            if self.settings.cut_over
+            else "calibrated"
+            if calibrated
+            else "raw (the profile has no calibration)"
+            if merge == "calibrated"
+            else merge
         )
         return {**self.segment.segment.describe(), "merge": merge_line}
 

@@ -10,7 +10,7 @@ from typing import Any
 
 import typer
 
-from service.scoring.assess import MIN_GAIN, MIN_RETENTION
+from service.scoring.thresholds import MIN_GAIN, MIN_RETENTION
 
 SAMPLE = 256  # inputs timed to measure the new encoder's rate
 

@@ -32,11 +32,8 @@ from service.compat.procrustes import normalize_rows
 from service.compat.profile import CompatProfile
 from service.compat.uncertainty import describe, few_queries_line, paired_differences, retention, summary
 from service.errors import InputError
+from service.scoring.thresholds import MIN_GAIN, MIN_RETENTION
 
-# Below 2 points of R@10 a re-index buys less than one query in fifty; an operator upgrades for more.
-MIN_GAIN = 0.02
-# A bridge that keeps 95 % of the re-indexed R@10 (its lower bound) leaves too little to backfill for.
-MIN_RETENTION = 0.95
 JUDGE = "recall@10"
 FRACTIONS = (0.1, 0.25, 0.5)
 I64 = npt.NDArray[np.int64]

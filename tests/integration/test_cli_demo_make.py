@@ -27,3 +27,40 @@ def test_make_demo_passes_its_port_to_the_demo() -> None:
 
 def test_make_demo_without_a_port_leaves_it_to_the_settings() -> None:
     assert "--port" not in demo_command("PORT=")
+
+
+def serve_environment(tmp_path: Path, **env: str) -> dict[str, str]:
+    """The NOBACKFILL_* variables `make serve` hands to `nobackfill serve`.
+
+    Run in a copy of the Makefile over stand-in demo artifacts, with BIN pointing at a `nobackfill`
+    that prints its environment instead of serving.
+    """
+    import os
+
+    tmp_path.mkdir()
+    shutil.copy(ROOT / "Makefile", tmp_path / "Makefile")
+    (tmp_path / "pyproject.toml").touch()
+    (tmp_path / ".venv").mkdir()
+    (tmp_path / ".venv" / ".installed").touch()  # newer than pyproject.toml: nothing is installed
+    for name in ("artifacts/demo/profile/profile.json", "artifacts/demo/eval.json", "artifacts/demo/items/items.json"):
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_text("{}")
+    fake = tmp_path / "bin" / "nobackfill"
+    fake.parent.mkdir()
+    fake.write_text("#!/bin/sh\nenv | grep '^NOBACKFILL_' | sort\n")
+    fake.chmod(0o755)
+    clean = {k: v for k, v in os.environ.items() if not k.startswith("NOBACKFILL_")}
+    done = subprocess.run(
+        ["make", "-s", "-C", str(tmp_path), "serve", f"BIN={fake.parent}"],
+        capture_output=True, text=True, timeout=60, check=True, env={**clean, **env},
+    )  # fmt: skip
+    return dict(line.split("=", 1) for line in done.stdout.splitlines() if line.startswith("NOBACKFILL_"))
+
+
+def test_make_serve_shows_the_demos_saved_eval_with_the_demos_profile_only(tmp_path: Path) -> None:
+    demo = serve_environment(tmp_path / "demo")
+    assert demo["NOBACKFILL_COMPAT__PROFILE_DIR"] == "artifacts/demo/profile"
+    assert demo["NOBACKFILL_API__UI_EVAL"] == "artifacts/demo/eval.json"
+    assert demo["NOBACKFILL_INDEX__ITEM_STORE"] == "artifacts/demo/items"
+    other = serve_environment(tmp_path / "other", NOBACKFILL_COMPAT__PROFILE_DIR="elsewhere/profile")
+    assert other["NOBACKFILL_COMPAT__PROFILE_DIR"] == "elsewhere/profile" and "NOBACKFILL_API__UI_EVAL" not in other

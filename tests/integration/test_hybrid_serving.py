@@ -233,6 +233,7 @@ async def test_after_the_cut_over_the_new_model_alone_answers_as_hybrid_did_at_1
         info = (await service.client.get("/v1/info")).json()
         assert info["old_model"] == {"backend": "none"} and info["modes"] == ["new"]
         assert info["gallery"]["backend"] == "segment" and info["gallery"]["coverage"] == 1.0
+        assert info["segment"]["merge"].startswith("none (cut over")  # no profile, so no merge to describe
         refused = await service.search(queries=queries(), k=10, mode="slerp")
         assert refused.status_code == 400 and "serves new" in refused.json()["error"]["message"]
         assert (await service.client.get("/readyz")).status_code == 200
