@@ -28,7 +28,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from service.segment.catalog import moved_ids  # noqa: E402
-from service.segment.layout import SHARDS  # noqa: E402
+from service.segment.layout import SHARDS, shard_names  # noqa: E402
 from service.segment.reader import Segment  # noqa: E402
 
 NOBACKFILL = [sys.executable, "-m", "service.cli"]
@@ -51,18 +51,21 @@ def _content(segment: Path) -> dict[int, bytes]:
     return out
 
 
-def _hidden(target: Path) -> set[str]:
-    """The hidden (being written, or abandoned) shard folders of the segment."""
-    shards = target / SHARDS
-    return {p.name for p in shards.iterdir() if p.name.startswith(".")} if shards.is_dir() else set()
+def _published(target: Path) -> set[str]:
+    """The published shards of the segment."""
+    return set(shard_names(target))
 
 
 def _wait_until_writing(
-    target: Path, process: subprocess.Popen[bytes], before: set[str], timeout_s: float = 60.0
+    target: Path, process: subprocess.Popen[bytes], before: set[str], timeout_s: float = 120.0
 ) -> None:
-    """Until `process` writes a shard of its own (one not hidden `before` it started), ends, or the timeout passes."""
+    """Until `process` has published a shard of its own (one not published `before` it started), or ends.
+
+    A published shard stays, so a poller that a busy box starves cannot miss it (a hidden folder being
+    written lasts milliseconds: waiting for one made a run finish unkilled, and the test count fewer kills).
+    """
     deadline = time.monotonic() + timeout_s
-    while process.poll() is None and time.monotonic() < deadline and not (_hidden(target) - before):
+    while process.poll() is None and time.monotonic() < deadline and not (_published(target) - before):
         time.sleep(0.01)
 
 
@@ -84,7 +87,7 @@ def run(work: Path, items: int, kills: int, seed: int) -> dict[str, object]:
     shard_s = SHARD_SIZE / rate
     killed, finished, moved_at_kill = 0, False, []
     while not finished:
-        before = _hidden(target)  # a killed run's abandoned shard, which this run removes
+        before = _published(target)
         process = subprocess.Popen(
             [*NOBACKFILL, "backfill", "run", "--segment", str(target), *map(str, common), "--rate", str(rate)],
             cwd=ROOT,
@@ -92,8 +95,8 @@ def run(work: Path, items: int, kills: int, seed: int) -> dict[str, object]:
             stderr=subprocess.DEVNULL,
         )
         if killed < kills:
-            # Kill mid-run, not during the imports: once this process is writing (a hidden shard exists,
-            # or the count moved), then after a random part of a shard's time.
+            # Kill mid-run, not during the imports: once this process has published a shard, then after a
+            # random part of 1.5 shards' time, so some kills land while the next shard is half-written.
             _wait_until_writing(target, process, before)
             time.sleep(rng.uniform(0.0, 1.5 * shard_s))
             if process.poll() is None:
