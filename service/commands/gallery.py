@@ -276,6 +276,34 @@ def _logit_features(logits_path: Path, out: Path, mode: str, top_k: int | None) 
     return target
 
 
+@app.command("adopt")
+def adopt(
+    index_file: Path = typer.Argument(..., help="A faiss index file your own pipeline built.", metavar="INDEX_FILE"),
+    out: Path = typer.Option(..., "--out", help="The gallery folder to write (new)."),
+    model_id: str = typer.Option(..., "--model-id", help="The old model that made the index's vectors."),
+    backend: str | None = typer.Option(None, "--backend", help="That model's backend, recorded beside its id."),
+    ids: Path | None = typer.Option(
+        None, "--ids", help="int64 gallery id of each row, in the order they were added (the labels are positions)."
+    ),
+    metric: str | None = typer.Option(
+        None, "--metric", help="ip or l2: confirms the index's own metric.", show_default="the index's"
+    ),
+) -> None:
+    """Adopt an existing FAISS index (IVF, HNSW, Flat; IDMap or not) as the frozen gallery, without rewriting it."""
+    from service.index.adopted import adopt as adopt_index
+
+    meta = adopt_index(index_file, out, model_id, backend, ids, metric)
+    kind = meta["index"]
+    typer.echo(
+        f"adopted {index_file} into {out} ({meta['source']['how']}): a faiss {kind['type']}"
+        + (" with its id map" if kind["id_map"] else "")
+        + f", {meta['ntotal']:,} rows of dim {meta['d']} by {kind['metric']}"
+        + (f", {kind['nlist']:,} lists" if kind["nlist"] else "")
+        + f"; labels are {meta['labels']}; sha256 {meta['sha256'][:16]}..."
+    )
+    typer.echo(f"serve it: NOBACKFILL_INDEX__GALLERY_DIR={out} nobackfill serve")
+
+
 @app.command("info")
 def info(
     gallery_dir: Path | None = typer.Argument(None, help="Gallery folder (backend faiss).", metavar="GALLERY_DIR"),
@@ -313,8 +341,13 @@ def info(
     meta = read_meta(gallery_dir)
     typer.echo(json.dumps(meta, indent=2, sort_keys=True))
     if verify:
+        from service.index.adopted import AdoptedGallery, is_adopted
         from service.index.gallery import Gallery
 
+        if is_adopted(gallery_dir):
+            adopted = AdoptedGallery.load(gallery_dir)
+            typer.echo(f"verified: sha256 matches, {adopted.ntotal:,} vectors, a {adopted.kind['type']}")
+            return
         gallery = Gallery.load(gallery_dir, progress=True)
         typer.echo(f"verified: sha256 matches, {gallery.ntotal:,} vectors, nlist {gallery.nlist}")
 

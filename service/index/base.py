@@ -1,8 +1,9 @@
 """The gallery interface the pipeline searches, and the checks every backend shares.
 
     GalleryBackend (protocol)
-    ├── Gallery        index/gallery.py  a local FAISS IVF-PQ folder, memory-mapped read-only (the default)
-    └── MilvusGallery  index/milvus.py   an existing Milvus collection, searched read-only
+    ├── Gallery          index/gallery.py  a local FAISS IVF-PQ folder, memory-mapped read-only (the default)
+    ├── AdoptedGallery   index/adopted.py  a FAISS index file the user built (IVF, HNSW, Flat), adopted untouched
+    └── MilvusGallery    index/milvus.py   an existing Milvus collection, searched read-only
 
 `index/factory.py` opens the configured one.  Both rank unit old-model vectors by inner product, so the
 compat path in front of them is the same.

@@ -1,4 +1,4 @@
-"""`create_gallery`: open the configured gallery backend (a FAISS folder or a Milvus collection), read-only."""
+"""`create_gallery`: open the configured gallery backend (a FAISS folder, built or adopted, or a Milvus collection)."""
 
 from __future__ import annotations
 
@@ -12,6 +12,9 @@ def create_gallery(index: IndexSettings) -> GalleryBackend:
         from service.index.milvus import MilvusGallery  # optional extra: nobackfill[milvus]
 
         return MilvusGallery.open(index)
+    from service.index.adopted import AdoptedGallery, is_adopted
     from service.index.gallery import Gallery
 
+    if is_adopted(index.gallery_dir):  # a FAISS index file the user built (`gallery adopt`)
+        return AdoptedGallery.load(index.gallery_dir)
     return Gallery.load(index.gallery_dir, coarse=index.coarse, graph_ef=index.coarse_ef)

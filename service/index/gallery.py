@@ -113,27 +113,7 @@ class Gallery:
             raise InputError(f"coarse must be 'auto', 'flat' or 'hnsw', got {coarse!r}")
         folder = Path(folder)
         meta = read_checked_meta(folder)
-        path = folder / str(meta.get("index_file", INDEX_NAME))
-        if not path.is_file():
-            raise ArtifactError(f"gallery {folder}: {path.name} is missing")
-        size = path.stat().st_size
-        if size != meta["index_bytes"]:
-            raise ArtifactError(
-                f"gallery {folder}: {path.name} is {size:,} bytes, gallery.json says {meta['index_bytes']:,} "
-                "(truncated or replaced)"
-            )
-        if verify == "sha256":
-            digest = sha256_of(path, progress)
-            if digest != meta["sha256"]:
-                raise ArtifactError(
-                    f"gallery {folder}: fingerprint mismatch: {path.name} has sha256 {digest[:16]}..., "
-                    f"gallery.json says {str(meta['sha256'])[:16]}... (corrupt or modified)"
-                )
-        elif verify == "size":
-            if "edges_sha256" in meta and edges_sha256(path) != meta["edges_sha256"]:
-                raise ArtifactError(f"gallery {folder}: fingerprint mismatch in the first / last MiB of {path.name}")
-        else:
-            raise InputError(f"verify must be 'sha256' or 'size', got {verify!r}")
+        path = verified_index(folder, meta, verify, progress)
         try:
             index = faiss.read_index(str(path), faiss.IO_FLAG_MMAP | faiss.IO_FLAG_READ_ONLY)
         except RuntimeError as exc:
@@ -186,6 +166,32 @@ class Gallery:
     def faiss_index(self) -> Any:
         """The underlying faiss index, for read-only use (evaluation copies a subset out of it)."""
         return self._index
+
+
+def verified_index(folder: Path, meta: dict[str, Any], verify: str, progress: bool | None = None) -> Path:
+    """The gallery's index file, checked against gallery.json (size, then sha256 or its edges) before faiss reads it."""
+    path = folder / str(meta.get("index_file", INDEX_NAME))
+    if not path.is_file():
+        raise ArtifactError(f"gallery {folder}: {path.name} is missing")
+    size = path.stat().st_size
+    if size != meta["index_bytes"]:
+        raise ArtifactError(
+            f"gallery {folder}: {path.name} is {size:,} bytes, gallery.json says {meta['index_bytes']:,} "
+            "(truncated or replaced)"
+        )
+    if verify == "sha256":
+        digest = sha256_of(path, progress)
+        if digest != meta["sha256"]:
+            raise ArtifactError(
+                f"gallery {folder}: fingerprint mismatch: {path.name} has sha256 {digest[:16]}..., "
+                f"gallery.json says {str(meta['sha256'])[:16]}... (corrupt or modified)"
+            )
+    elif verify == "size":
+        if "edges_sha256" in meta and edges_sha256(path) != meta["edges_sha256"]:
+            raise ArtifactError(f"gallery {folder}: fingerprint mismatch in the first / last MiB of {path.name}")
+    else:
+        raise InputError(f"verify must be 'sha256' or 'size', got {verify!r}")
+    return path
 
 
 def _check_shape(folder: Path, meta: dict[str, Any], index: Any) -> int:
