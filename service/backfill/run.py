@@ -28,7 +28,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -76,6 +76,8 @@ class RunOptions:
     # At the end of a run, the rows no sealed index covers become one (segment/sealed.py) once there
     # are this many; 0: never (`backfill index` seals on demand).
     seal_rows: int = DEFAULT_SEAL_ROWS
+    # This run's share of the items: part i of n (0 <= i < n), a fixed hash of each id; None: all of them.
+    part: Part | None = None
 
 
 @dataclass
@@ -96,6 +98,34 @@ class RunReport:
     def rate(self) -> float:
         """Items encoded per second over the run."""
         return (self.moved + self.zero_rows) / self.seconds if self.seconds > 0 else 0.0
+
+
+@dataclass(frozen=True)
+class Part:
+    """Part `index` of `count` (0-based, as a Kubernetes Indexed Job numbers its pods)."""
+
+    index: int
+    count: int
+
+    @classmethod
+    def parse(cls, text: str) -> Part:
+        """'I/N' -> Part(I, N); InputError unless 0 <= I < N."""
+        head, _, tail = text.partition("/")
+        if not (head.strip().isdigit() and tail.strip().isdigit()):
+            raise InputError(f"--part must be I/N (part I of N, counted from 0), got {text!r}")
+        part = cls(int(head), int(tail))
+        if not 0 <= part.index < part.count:
+            raise InputError(f"--part {text}: I must be in 0..{part.count - 1} (parts are counted from 0)")
+        return part
+
+    def holds(self, ids: I64) -> npt.NDArray[np.bool_]:
+        """Which of `ids` are this part's: a multiplicative hash of the id, so every process agrees without talking."""
+        mixed = (ids.astype(np.uint64) * np.uint64(0x9E3779B97F4A7C15)) >> np.uint64(32)
+        mine: npt.NDArray[np.bool_] = (mixed % np.uint64(self.count)).astype(np.int64) == self.index
+        return mine
+
+    def __str__(self) -> str:
+        return f"{self.index}/{self.count}"
 
 
 def plan(ids: I64, order: Order, seed: int, hot: I64 | None = None) -> I64:
@@ -147,7 +177,7 @@ def run_backfill(
             "backfill needs exactly the gallery's items"
         )
     create_segment(segment_dir, model, gallery)
-    with one_run_at_a_time(segment_dir), stopped_by_sigterm():
+    with one_run_at_a_time(segment_dir, options.part), stopped_by_sigterm():
         return _run(segment_dir, source, encoder, model, gallery, options, hot, writer, on_shard, ids)
 
 
@@ -170,9 +200,14 @@ def _run(
     report = RunReport()
     others = MovedIds(segment_dir)  # read again before each batch: the service (cascade) may be writing too
     moved = others.update()
-    report.moved_before = len(moved)
     order = plan(ids, options.order, options.seed, hot)
-    todo = order[~np.isin(order, moved)][: goal(gallery.ntotal, len(moved), options.fraction, options.limit)]
+    total = gallery.ntotal
+    if options.part is not None:  # this part's items, in the plan's order (hot first stays hot first)
+        order = order[options.part.holds(order)]
+        moved = moved[options.part.holds(moved)]
+        total = len(order)
+    report.moved_before = len(moved)
+    todo = order[~np.isin(order, moved)][: goal(total, len(moved), options.fraction, options.limit)]
     report.planned = len(todo)
     started = time.perf_counter()
     buffer_ids: list[I64] = []
@@ -304,36 +339,58 @@ def stopped_by_sigterm() -> Iterator[None]:
 
 
 @contextmanager
-def one_run_at_a_time(segment_dir: Path) -> Iterator[None]:
-    """Hold the segment's run lock (an flock on SEGMENT/backfill.lock); InputError at once when another run holds it.
+def one_run_at_a_time(segment_dir: Path, part: Part | None = None) -> Iterator[None]:
+    """Hold the segment's run lock; InputError at once, in one line, when another run holds what this one needs.
 
-    Two runs of one plan would encode the same items twice and race on what each counts; the cascade
-    writer in the service needs no lock (it skips what moved).  The lock goes with the process, so a
-    run killed with -9 never leaves it held.  flock needs a filesystem that honours it (local disks,
+    A whole run holds SEGMENT/backfill.lock alone (an exclusive flock); a run of one part shares it
+    with the other parts and holds its own SEGMENT/backfill.part-I-of-N.lock alone, so N parts run
+    side by side while a second run of the same part, or a whole run beside them, is refused.  Two
+    runs of one plan would encode the same items twice and race on what each counts; the cascade
+    writer in the service needs no lock (it skips what moved).  A lock goes with its process, so a
+    run killed with -9 never leaves one held.  flock needs a filesystem that honours it (local disks,
     most NFS v4 mounts).
     """
-    path = segment_dir / LOCK_NAME
+    with ExitStack() as held:
+        holder = _flock(held, segment_dir / LOCK_NAME, exclusive=part is None)
+        if holder is not None:
+            what = f"a `backfill run` (pid {holder})" if holder else "parts of a `backfill run --part`"
+            raise InputError(
+                f"segment {segment_dir}: {what} {'is' if holder else 'are'} moving items into it; "
+                "wait for it to finish, or stop it (what it encoded is kept)"
+            )
+        if part is not None:
+            holder = _flock(held, segment_dir / f"backfill.part-{part.index}-of-{part.count}.lock", exclusive=True)
+            if holder is not None:
+                raise InputError(
+                    f"segment {segment_dir}: part {part} is being moved by another run (pid {holder}); "
+                    "each part runs once at a time"
+                )
+        yield
+
+
+def _flock(held: ExitStack, path: Path, exclusive: bool) -> str | None:
+    """An flock on `path` for the life of `held`; None when taken, else the holder's pid ("" for shared holders)."""
     try:
-        handle = path.open("a+", encoding="utf-8")
+        handle = held.enter_context(path.open("a+", encoding="utf-8"))
     except OSError as exc:
         raise InputError(f"cannot open the run lock {path}: {exc.strerror or exc}") from exc
-    with handle:
-        try:
-            fcntl.flock(handle.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            handle.seek(0)
-            holder = handle.read().strip() or "unknown"
-            raise InputError(
-                f"segment {segment_dir}: another `backfill run` is moving items into it (pid {holder}); "
-                "wait for it to finish, or stop it (what it encoded is kept)"
-            ) from None
+    try:
+        fcntl.flock(handle.fileno(), (fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH) | fcntl.LOCK_NB)
+    except BlockingIOError:
+        handle.seek(0)
+        return handle.read().strip()  # only an exclusive holder writes its pid
+    if exclusive:
         handle.seek(0)
         handle.truncate()
         handle.write(f"{os.getpid()}\n")
         handle.flush()
-        try:
-            yield
-        finally:
-            handle.seek(0)
-            handle.truncate()
-            fcntl.flock(handle.fileno(), fcntl.LOCK_UN)
+    held.callback(_release, handle, exclusive)
+    return None
+
+
+def _release(handle: Any, exclusive: bool) -> None:
+    """Unlock (an exclusive holder first clears its pid, so no later reader names a finished run)."""
+    if exclusive:
+        handle.seek(0)
+        handle.truncate()
+    fcntl.flock(handle.fileno(), fcntl.LOCK_UN)

@@ -60,6 +60,13 @@ def run(
     ),
     batch_size: int = typer.Option(64, "--batch-size", min=1, help="Items per encoder call."),
     shard_size: int = typer.Option(4096, "--shard-size", min=1, help="Rows per published shard."),
+    part: str | None = typer.Option(
+        None,
+        "--part",
+        help="Move only part I of N (I/N, counted from 0: a Kubernetes Indexed Job's JOB_COMPLETION_INDEX); "
+        "N runs fill one segment side by side.",
+        show_default="every item",
+    ),
     seal_rows: int = typer.Option(
         10_000,
         "--seal-rows",
@@ -86,7 +93,7 @@ def run(
     # With --nice, below the service's priority: on a shared box its requests then preempt the backfill's
     # bursts (encoding, a shard's sha256).  docs/backfill.md has the served p99 with and without.
     os.nice(nice)
-    from service.backfill.run import Order, RunOptions, describe_report, run_backfill
+    from service.backfill.run import Order, Part, RunOptions, describe_report, run_backfill
     from service.backfill.sources import open_items
     from service.bulk.encode import load_encoder
     from service.errors import InputError
@@ -94,6 +101,7 @@ def run(
 
     if not Order.has(order):
         raise InputError(f"--order must be one of {', '.join(Order)}, got {order!r}")
+    my_part = Part.parse(part) if part is not None else None  # before the model loads: a typo fails at once
     _need_a_model_reference(segment, profile, new_model_id)
     _refuse_an_artifact_as_items(input_path)
     source = open_items(input_path, modality, field, id_field, ids)
@@ -117,6 +125,7 @@ def run(
         seed=seed,
         progress=not as_json,
         seal_rows=seal_rows,
+        part=my_part,
     )
     if fraction is not None and limit is not None:
         raise InputError("give --fraction or --limit, not both")
@@ -133,6 +142,7 @@ def run(
         f"({summary['items_per_s']} items/s); the segment holds {now:,} of {gallery_ref.ntotal:,} "
         f"({now / gallery_ref.ntotal:.1%})"
         + (f"; {report.zero_rows} all-zero rows stay old" if report.zero_rows else "")
+        + (f" (this run: part {options.part})" if options.part is not None else "")
     )
     if summary["sealed"]:
         sealed = summary["sealed"]
@@ -288,13 +298,11 @@ def status(
 @app.command("index")
 def index(segment: Path = typer.Argument(..., help="Segment folder.", metavar="SEGMENT")) -> None:
     """Seal the rows no index covers into one HNSW index stored in the segment (every reader then serves it)."""
-    from service.backfill.run import one_run_at_a_time
     from service.segment.layout import read_segment_meta
     from service.segment.sealed import seal
 
     read_segment_meta(segment)  # one line when the folder is no segment
-    with one_run_at_a_time(segment):
-        done = seal(segment, min_rows=1, writer="backfill index")
+    done = seal(segment, min_rows=1, writer="backfill index")  # beside a running backfill: it seals what is published
     if done.name is None:
         typer.echo(f"segment {segment}: every intact shard is in a sealed index already; nothing to seal")
         return

@@ -15,18 +15,22 @@ structure: the approximate part is the same everywhere, and the rest (rows of sh
 covers yet: the growing part) is searched exactly, whose answers do not depend on any order.  It also
 spares every start the build (about a quarter of a second per thousand rows of 768 floats on 2 cores).
 
-Who seals: `backfill run` at its end once enough rows are uncovered, and `nobackfill backfill index`,
-both under the segment's run lock.  A seal covers the intact shards no sealed index covers, each id
-once (its first row in shard-name order, as a once-read segment keeps it; ids a covering index holds
-already are left out).  Which sealed indexes a reader serves (the cover) is a function of the folder
-alone: in name order, each index whose shards are all intact and none covered by one taken before.
+Who seals: `backfill run` (each part of a parallel one) at its end once enough rows are uncovered,
+and `nobackfill backfill index`; one at a time (SEGMENT/seal.lock).  A seal covers the intact shards
+no sealed index covers, each id once (its first row in shard-name order, as a once-read segment keeps
+it; ids a covering index holds already are left out).  Which sealed indexes a reader serves (the
+cover) is a function of the folder alone: in name order, each index whose shards are all intact and
+none covered by one taken before.
 """
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import shutil
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -43,6 +47,7 @@ from service.segment.catalog import ShardCatalog
 from service.segment.layout import new_shard_name
 
 INDEXES = "indexes"
+SEAL_LOCK = "seal.lock"
 INDEX_FILE = "index.faiss"
 IDS_FILE = "ids.npy"
 INDEX_JSON = "index.json"
@@ -134,11 +139,31 @@ class SealReport:
 def seal(folder: Path, min_rows: int = 1, writer: str = "backfill") -> SealReport:
     """Build one sealed index over the intact shards no sealed index covers, when they hold >= min_rows new ids.
 
-    The caller holds the segment's run lock (backfill/run.py), so two seals never cover the same shards.
+    One seal at a time per segment (it waits for SEGMENT/seal.lock), so two never cover the same shards:
+    parts of a parallel backfill that end together seal one after the other, the later one what is left.
     """
     import time
 
     started = time.perf_counter()
+    with _seal_lock(folder):
+        return _seal(folder, min_rows, writer, started)
+
+
+@contextmanager
+def _seal_lock(folder: Path) -> Iterator[None]:
+    """An exclusive flock on SEGMENT/seal.lock, waited for (a seal takes seconds to minutes); released on exit."""
+    with (folder / SEAL_LOCK).open("a", encoding="utf-8") as handle:
+        fcntl.flock(handle.fileno(), fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle.fileno(), fcntl.LOCK_UN)
+
+
+def _seal(folder: Path, min_rows: int, writer: str, started: float) -> SealReport:
+    """seal()'s work, under the seal lock."""
+    import time
+
     catalog = ShardCatalog.of(folder)
     catalog.scan()
     cover = choose_cover(_readable_metas(folder), {e.name for e in catalog.intact})

