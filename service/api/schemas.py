@@ -67,6 +67,10 @@ class QueryResultOut(BaseModel):
     fallback: Literal["old", "new", "none"] | None = None
     # hybrid / new: how many of the ids came from the new-model segment (the rest from the frozen gallery).
     segment_hits: int | None = None
+    # What the scores are: old (old-model cosines, the gallery's), new (new-model cosines: mode new, the
+    # cut-over), calibrated (hybrid: the segment's scores mapped onto the old scale), raw (hybrid without
+    # a calibration: both models' cosines side by side), rrf (hybrid: fused ranks, not cosines).
+    score_scale: Literal["old", "new", "calibrated", "raw", "rrf"] = "old"
     # cascade (and hybrid with an item store): the first `reranked` ids were re-ranked by the new query
     # (their scores are new-model cosines); the rest keep their stage-1 order and scores.
     reranked: int | None = None

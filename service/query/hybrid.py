@@ -70,6 +70,12 @@ class SegmentSearch:
         metrics.HYBRID_HITS.labels(source="old").inc(int((out.ids >= 0).sum()) - from_segment)
         return _padded(out)
 
+    def scale(self, job: SearchJob, row: int) -> str:
+        """The scale of a merged row's scores (the response's score_scale) when some of its hits are the segment's."""
+        if self.method != Merge.calibrated:
+            return str(self.method)  # raw: both models' cosines side by side; rrf: fused ranks
+        return "calibrated" if job.profile.score_map(str(job.queries[row].modality)) is not None else "raw"
+
     def _score_maps(self, job: SearchJob, groups: Groups) -> dict[str, ScoreMap]:
         """The calibration of each query modality that has one, when the merge is calibrated."""
         if self.method != Merge.calibrated:

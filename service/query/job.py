@@ -43,6 +43,9 @@ class QueryResult:
     overlap: float | None = None
     fallback: str | None = None  # which endpoint answered alone after an all-zero encoder row (old | new | none)
     segment_hits: int | None = None  # hybrid / new: how many of the ids came from the new-model segment
+    # What the scores are: old (old-model cosines), new (new-model cosines), calibrated (segment scores on
+    # the old scale), raw (both models' cosines side by side), rrf (fused ranks).
+    score_scale: str = "old"
     reranked: int | None = None  # cascade: how many of the first ids were re-ranked in the new space
     compared: list[str] | None = None  # compare: the mode of ids / scores, then of old_ids / old_scores (old)
 

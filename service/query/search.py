@@ -84,6 +84,9 @@ def transform_and_search(
                 theta=None if math.isnan(theta) else theta,
                 fallback=fallback,
                 segment_hits=from_segment[i] if from_segment is not None and found else None,
+                score_scale=segment.scale(job, i)
+                if segment is not None and from_segment and from_segment[i]
+                else "old",
             )
         )
         if fallback is not None and not job.new_failed[i]:  # a failed new encoder is the cascade's count
@@ -121,6 +124,7 @@ def _segment_only(job: SearchJob, segment: SegmentSearch) -> list[QueryResult]:
                 cache=job.cache_status[i],
                 fallback=None if ok else "none",
                 segment_hits=int(merged.from_segment[i].sum()) if ok else None,
+                score_scale="new",
             )
         )
     return results

@@ -106,6 +106,7 @@ async def test_at_zero_moved_hybrid_is_the_compatible_search(world: World, tmp_p
             assert h["segment_hits"] == 0 and h["mode"] == "hybrid"
         default = (await service.search(queries=queries(), k=10)).json()["results"]
         assert [r["ids"] for r in default] == [r["ids"] for r in hybrid]
+        assert {r["score_scale"] for r in hybrid} == {"old"}  # nothing moved: the gallery's own scores
 
 
 async def test_at_all_moved_hybrid_is_the_reindexed_search(world: World, full_segment: Path) -> None:
@@ -226,9 +227,12 @@ async def test_after_the_cut_over_the_new_model_alone_answers_as_hybrid_did_at_1
         assert (await service.client.get("/v1/info")).json()["segment"]["sealed_indexes"] == 1
         hybrid, new = await in_chunks(service, many, "hybrid"), await in_chunks(service, many, "new")
     assert len(hybrid) == 200 and [r["ids"] for r in hybrid] == [r["ids"] for r in new]
+    # Which scale the scores are on: hybrid's segment scores mapped onto the old one, new's raw.
+    assert {r["score_scale"] for r in hybrid} == {"calibrated"} and {r["score_scale"] for r in new} == {"new"}
     async with serving(cut_over_settings(full_segment, tmp_path)) as service:
         default = await in_chunks(service, many, None)
         assert [r["ids"] for r in default] == [r["ids"] for r in hybrid]
+        assert {r["score_scale"] for r in default} == {"new"}
         assert {r["mode"] for r in default} == {"new"}
         info = (await service.client.get("/v1/info")).json()
         assert info["old_model"] == {"backend": "none"} and info["modes"] == ["new"]
