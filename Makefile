@@ -102,6 +102,7 @@ chaos: $(STAMP) redis
 # uninterrupted run (loadtest/backfill_faults.py; `make test` runs 3 kills over 3,000 items).
 backfill-faults: $(STAMP)
 	$(BIN)/python loadtest/backfill_faults.py --kills 20 --items 20000
+	$(BIN)/python loadtest/backfill_faults.py --kills 20 --items 20000 --parts 2
 
 # `make demo PORT=8300` serves on another port; without PORT, NOBACKFILL_API__PORT's (default 8000).
 demo: $(STAMP)

@@ -2,10 +2,12 @@
 
     .venv/bin/python loadtest/backfill_faults.py --kills 20 --items 20000       # make backfill-faults
     .venv/bin/python loadtest/backfill_faults.py --kills 3 --items 3000 --json  # the short version (tests)
+    .venv/bin/python loadtest/backfill_faults.py --kills 20 --items 20000 --parts 2   # parallel parts
 
 Builds a synthetic gallery and its item store, backfills one segment in a single run (the reference),
 then backfills a second one with `nobackfill backfill run` processes killed with SIGKILL after a random
-0.1-1.5 s each, every kill followed by the same command again, until a run finishes.  Passes when both
+0.1-1.5 s each, every kill followed by the same command again, until a run finishes; with --parts N,
+N `--part i/N` runs fill it side by side and the kills fall on any of them.  Passes when both
 segments hold the same ids with byte-identical rows, and no hidden half-written shard is left.
 """
 
@@ -69,8 +71,9 @@ def _wait_until_writing(
         time.sleep(0.01)
 
 
-def run(work: Path, items: int, kills: int, seed: int) -> dict[str, object]:
-    """The whole experiment in `work`; returns what happened."""
+def run(work: Path, items: int, kills: int, seed: int, parts: int = 1) -> dict[str, object]:
+    """The whole experiment in `work`; returns what happened.  parts > 1: the killed target is filled by
+    `backfill run --part i/parts` processes side by side, the kills spread over them at random."""
     rng = random.Random(seed)
     _cli("synth", "items", "--size", items, "--out", work / "items")
     _cli("gallery", "build", "--size", items, "--out", work / "gallery", "--items", work / "items")
@@ -83,36 +86,45 @@ def run(work: Path, items: int, kills: int, seed: int) -> dict[str, object]:
     target = work / "killed"
     # Slow enough that every kill lands mid-run (the whole run takes about 10 s at this rate), and each
     # kill comes within 1.5 shards' time of the run starting to write, so some kills hit a shard half-written.
-    rate = max(100, items // 10)
+    rate = max(100, items // 10 // parts)
     shard_s = SHARD_SIZE / rate
-    killed, finished, moved_at_kill = 0, False, []
-    while not finished:
-        before = _published(target)
-        process = subprocess.Popen(
-            [*NOBACKFILL, "backfill", "run", "--segment", str(target), *map(str, common), "--rate", str(rate)],
-            cwd=ROOT,
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
+    split = [[]] if parts == 1 else [["--part", f"{i}/{parts}"] for i in range(parts)]
+
+    def start(part: int) -> subprocess.Popen[bytes]:
+        command = [*NOBACKFILL, "backfill", "run", "--segment", str(target), *map(str, common), "--rate", str(rate)]
+        return subprocess.Popen(
+            [*command, *split[part]], cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
         )
-        if killed < kills:
-            # Kill mid-run, not during the imports: once this process has published a shard, then after a
-            # random part of 1.5 shards' time, so some kills land while the next shard is half-written.
-            _wait_until_writing(target, process, before)
-            time.sleep(rng.uniform(0.0, 1.5 * shard_s))
-            if process.poll() is None:
-                os.kill(process.pid, signal.SIGKILL)
-                process.wait()
-                killed += 1
-                moved_at_kill.append(int(len(moved_ids(target))) if (target / "segment.json").exists() else 0)
-                continue
-        finished = process.wait() == 0
-        if not finished:
-            raise RuntimeError(f"a resumed run exited {process.returncode}")
+
+    running = {part: (start(part), _published(target)) for part in range(parts)}
+    killed, moved_at_kill = 0, []
+    while killed < kills:
+        alive = [part for part, (process, _) in running.items() if process.poll() is None]
+        if not alive:
+            break
+        part = rng.choice(alive)
+        process, before = running[part]
+        # Kill mid-run, not during the imports: once this process has published a shard, then after a
+        # random part of 1.5 shards' time, so some kills land while the next shard is half-written.
+        _wait_until_writing(target, process, before)
+        time.sleep(rng.uniform(0.0, 1.5 * shard_s))
+        if process.poll() is None:
+            os.kill(process.pid, signal.SIGKILL)
+            process.wait()
+            killed += 1
+            moved_at_kill.append(int(len(moved_ids(target))) if (target / "segment.json").exists() else 0)
+            running[part] = (start(part), _published(target))  # the same command again, resumed
+    for part, (process, _) in running.items():  # each part to its end, once its runs stop being killed
+        while process.wait() != 0:
+            if process.returncode != -signal.SIGKILL:
+                raise RuntimeError(f"a resumed run of part {part} exited {process.returncode}")
+            process = start(part)
     reference, resumed = _content(work / "reference"), _content(target)
     leftovers = [p.name for p in (target / SHARDS).iterdir() if p.name.startswith(".")]
     same = sorted(reference) == sorted(resumed) and all(reference[i] == resumed[i] for i in reference)
     return {
         "items": items,
+        "parts": parts,
         "kills": killed,
         "moved_at_each_kill": moved_at_kill,
         "shards_reference": len(list((work / "reference" / SHARDS).iterdir())),
@@ -130,10 +142,11 @@ def main() -> None:
     parser.add_argument("--items", type=int, default=20_000)
     parser.add_argument("--kills", type=int, default=20)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--parts", type=int, default=1, help="Fill the killed segment with this many --part runs.")
     parser.add_argument("--json", action="store_true", help="Print the result as one JSON line.")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="backfill-faults-") as tmp:
-        result = run(Path(tmp), args.items, args.kills, args.seed)
+        result = run(Path(tmp), args.items, args.kills, args.seed, args.parts)
     if args.json:
         print(json.dumps(result))
     else:
