@@ -172,8 +172,8 @@ class IndexSettings(Section):
     coarse_ef: int = Field(128, ge=1)
     """coarse hnsw: the graph's efSearch."""
     # "milvus": search an existing Milvus collection read-only instead of gallery_dir (docs/scale-out.md).
-    backend: Literal["faiss", "milvus"] = "faiss"
-    """faiss (gallery_dir), or milvus: search an existing Milvus collection read-only."""
+    backend: Literal["faiss", "milvus", "pgvector"] = "faiss"
+    """faiss (gallery_dir), milvus (an existing collection) or pgvector (your PostgreSQL table), read-only."""
     milvus_uri: str | None = None  # http://host:19530, or a milvus-lite ./x.db for development
     """backend milvus: http://host:19530, or a milvus-lite ./x.db."""
     milvus_collection: str | None = None
@@ -183,6 +183,17 @@ class IndexSettings(Section):
     # Every Milvus call (search, readiness probe) fails after this long: 503 gallery_unavailable, never a hang.
     milvus_timeout_s: float = Field(2.0, gt=0)
     """backend milvus: a call past this fails (503 gallery_unavailable)."""
+    # "pgvector": the user's PostgreSQL table of old-model vectors, searched read-only (index/pgvector.py).
+    pgvector_dsn: SecretStr | None = None
+    """backend pgvector: the connection string, postgresql://user:password@host:5432/db."""
+    pgvector_table: str | None = None
+    """backend pgvector: the table (schema.table allowed) holding the old model's vectors."""
+    pgvector_id_column: str = "id"
+    """backend pgvector: the integer column of gallery ids."""
+    pgvector_column: str = "embedding"
+    """backend pgvector: the vector column of the old model's rows."""
+    pgvector_ef_search: int = Field(40, ge=1)
+    """backend pgvector: hnsw.ef_search for an HNSW index (at least k)."""
     # Threads of the pipeline's own search pool (the heads and the gallery search), apart from the pool
     # that decodes images and runs probes.  Unset: one per usable CPU; for Milvus, which waits, CPUs + 4.
     search_threads: int | None = Field(None, ge=1)
@@ -492,6 +503,9 @@ def _contradictions(settings: Settings) -> list[str]:
     missing = [f"{env_name('index', name)} ({what})" for name, what in wanted.items() if not getattr(index, name)]
     if index.backend == "milvus" and missing:
         problems.append(f"{env_name('index', 'backend')}=milvus needs {' and '.join(missing)}")
+    unset = [env_name("index", name) for name in ("pgvector_dsn", "pgvector_table") if not getattr(index, name)]
+    if index.backend == "pgvector" and unset:
+        problems.append(f"{env_name('index', 'backend')}=pgvector needs {' and '.join(unset)}")
     if settings.traffic.store == "redis" and not (settings.traffic.redis_url or settings.cache.redis_url):
         problems.append(
             f"{env_name('traffic', 'store')}=redis needs a Redis URL: set {env_name('traffic', 'redis_url')} "

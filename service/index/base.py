@@ -3,6 +3,7 @@
     GalleryBackend (protocol)
     ├── Gallery          index/gallery.py  a local FAISS IVF-PQ folder, memory-mapped read-only (the default)
     ├── AdoptedGallery   index/adopted.py  a FAISS index file the user built (IVF, HNSW, Flat), adopted untouched
+    ├── PgvectorGallery  index/pgvector.py the user's PostgreSQL table (pgvector), searched where it is
     └── MilvusGallery    index/milvus.py   an existing Milvus collection, searched read-only
 
 `index/factory.py` opens the configured one.  Both rank unit old-model vectors by inner product, so the
@@ -169,6 +170,11 @@ def check_nprobe(nprobe: int, max_nprobe: int | None) -> None:
 
 def setting_line(index: IndexSettings) -> str:
     """The environment variables that chose the gallery, as the user would set them."""
+    if index.backend == "pgvector":
+        return (
+            f"NOBACKFILL_INDEX__BACKEND=pgvector NOBACKFILL_INDEX__PGVECTOR_TABLE={index.pgvector_table} "
+            f"NOBACKFILL_INDEX__PGVECTOR_COLUMN={index.pgvector_column}"
+        )
     if index.backend == "milvus":
         return (
             f"NOBACKFILL_INDEX__BACKEND=milvus NOBACKFILL_INDEX__MILVUS_URI={index.milvus_uri} "

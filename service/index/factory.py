@@ -12,6 +12,10 @@ def create_gallery(index: IndexSettings) -> GalleryBackend:
         from service.index.milvus import MilvusGallery  # optional extra: nobackfill[milvus]
 
         return MilvusGallery.open(index)
+    if index.backend == "pgvector":
+        from service.index.pgvector import PgvectorGallery  # optional extra: nobackfill[pgvector]
+
+        return PgvectorGallery.open(index)
     from service.index.adopted import AdoptedGallery, is_adopted
     from service.index.gallery import Gallery
 

@@ -1,0 +1,333 @@
+"""`PgvectorGallery`: the user's PostgreSQL table of old-model vectors (pgvector), searched read-only where it is.
+
+    NOBACKFILL_INDEX__BACKEND=pgvector
+    NOBACKFILL_INDEX__PGVECTOR_DSN=postgresql://user:pass@host/db      (a secret)
+    NOBACKFILL_INDEX__PGVECTOR_TABLE=items            (schema.table allowed)
+    NOBACKFILL_INDEX__PGVECTOR_ID_COLUMN=id           (a bigint or integer: the gallery ids)
+    NOBACKFILL_INDEX__PGVECTOR_COLUMN=embedding       (a vector(d) column: the old model's rows)
+
+The contract, checked once at open, each failure one line naming the settings: the `vector` extension,
+the table and both columns exist, the id column is an integer, the vector column has one dim d (its
+type's, or its rows').  The index on the column, if any, says how the rows are ranked: its operator
+class (vector_ip_ops, vector_cosine_ops, vector_l2_ops) picks the operator that uses it, so a search
+is the index's own approximate search; without an index the table is scanned exactly by inner
+product.  Scores come back as cosines on unit rows (ip: -(<#>); cosine: 1 - (<=>); l2: 1 - (<->)^2 / 2),
+the scale hybrid's merge reads.  A request's nprobe becomes `ivfflat.probes` for an IVFFlat index
+(bounded by its lists); an HNSW index searches at `hnsw.ef_search` = max(its setting, k).  Nothing
+is ever written: the connection is read-only (`default_transaction_read_only`).
+
+Moved items (hybrid) are left out by over-fetching (index/base.py), exact as long as the list can
+grow; a WHERE filter over a million moved ids would cost more than it saves.  Each search thread has
+its own connection.  A connection that fails (server down, a timeout) answers 503 gallery_unavailable
+and is opened again on the next search.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import threading
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import numpy.typing as npt
+
+from service.errors import ArtifactError, GalleryUnavailable
+from service.index.base import Exclusion, checked_queries, excluding_by_overfetch, setting_line
+
+if TYPE_CHECKING:
+    from service.settings import IndexSettings
+
+log = logging.getLogger(__name__)
+
+# What each operator class ranks by: the SQL operator, and its distance d as a cosine on unit rows.
+OPERATORS = {
+    "vector_ip_ops": ("<#>", "ip"),
+    "vector_cosine_ops": ("<=>", "cosine"),
+    "vector_l2_ops": ("<->", "l2"),
+}
+INTEGER_TYPES = ("bigint", "integer", "smallint")
+CONNECT_TIMEOUT_S = 5
+
+
+def as_cosine(distance: npt.NDArray[np.float64], metric: str) -> npt.NDArray[np.float32]:
+    """pgvector's distance of each operator as the cosine of unit rows (higher is nearer)."""
+    if metric == "ip":
+        return (-distance).astype(np.float32)  # <#> is the negative inner product
+    if metric == "cosine":
+        return (1.0 - distance).astype(np.float32)
+    return (1.0 - distance**2 / 2.0).astype(np.float32)  # <-> is the L2 distance
+
+
+class PgvectorGallery:
+    """A pgvector table searched read-only (index/base.py's GalleryBackend)."""
+
+    backend = "pgvector"
+
+    def __init__(self, settings: IndexSettings, described: dict[str, Any]) -> None:
+        self.settings = settings
+        self.table: str = described["table"]
+        self.column: str = described["column"]
+        self.id_column: str = described["id_column"]
+        self.dim: int = described["dim"]
+        self.ntotal: int = described["ntotal"]
+        self.index_method: str | None = described["index_method"]
+        self.metric: str = described["metric"]
+        self.operator: str = described["operator"]
+        self.lists: int | None = described["lists"]
+        self.fingerprint: str = described["fingerprint"]
+        self.meta: dict[str, Any] = {}  # no recorded model identity: artifact_check compares the dim
+        self._dsn = settings.pgvector_dsn.get_secret_value() if settings.pgvector_dsn else ""
+        self._local = threading.local()
+        self._connections: list[Any] = []
+        self._lock = threading.Lock()
+        self._problem: str | None = None
+
+    @property
+    def max_nprobe(self) -> int | None:
+        """An IVFFlat index takes probes up to its lists; HNSW and a plain table take none."""
+        return self.lists
+
+    @classmethod
+    def open(cls, settings: IndexSettings) -> PgvectorGallery:
+        """Connect, check the table against the contract, and describe it; ArtifactError / GalleryUnavailable."""
+        import psycopg
+
+        where = setting_line(settings)
+        dsn = settings.pgvector_dsn.get_secret_value() if settings.pgvector_dsn else ""
+        try:
+            with _connect(dsn) as conn:
+                described = _describe(conn, settings, where)
+        except psycopg.OperationalError as exc:
+            raise GalleryUnavailable(f"cannot reach PostgreSQL ({where}): {_first_line(exc)}") from exc
+        return cls(settings, described)
+
+    def search(
+        self, queries: npt.ArrayLike, k: int, nprobe: int, exclude: Exclusion | None = None
+    ) -> tuple[npt.NDArray[np.float32], npt.NDArray[np.int64]]:
+        """Top-k by the table's index (or exactly), as cosines, skipping `exclude`'s ids: (scores, ids; -1 pads)."""
+        q = checked_queries(queries, self.dim, k, nprobe, self.max_nprobe)
+        if exclude is not None and len(exclude.ids):
+            return excluding_by_overfetch(self._search, q, k, nprobe, exclude)
+        return self._search(q, k, nprobe)
+
+    def _search(
+        self, q: npt.NDArray[np.float32], k: int, nprobe: int
+    ) -> tuple[npt.NDArray[np.float32], npt.NDArray[np.int64]]:
+        """One SQL query per row, on this thread's connection, in one read-only transaction."""
+        import psycopg
+        from psycopg import sql
+
+        scores = np.full((len(q), k), -np.inf, dtype=np.float32)
+        ids = np.full((len(q), k), -1, dtype=np.int64)
+        statement = sql.SQL(
+            "SELECT {id}, {col} {op} %s::vector FROM {table} ORDER BY {col} {op} %s::vector LIMIT %s"
+        ).format(
+            id=sql.Identifier(self.id_column),
+            col=sql.Identifier(self.column),
+            op=sql.SQL(self.operator),
+            table=_table_identifier(self.table),
+        )
+        try:
+            conn = self._connection()
+            with conn.transaction(), conn.cursor() as cur:
+                self._set_search_parameters(cur, k, nprobe)
+                for row, query in enumerate(q):
+                    text = _vector_text(query)
+                    found = cur.execute(statement, (text, text, k)).fetchall()
+                    if found:
+                        ids[row, : len(found)] = [r[0] for r in found]
+                        scores[row, : len(found)] = as_cosine(
+                            np.array([r[1] for r in found], dtype=np.float64), self.metric
+                        )
+        except psycopg.OperationalError as exc:
+            self._drop_connection()
+            self._problem = f"PostgreSQL does not answer: {_first_line(exc)}"
+            raise GalleryUnavailable(f"the pgvector gallery did not answer ({setting_line(self.settings)})") from exc
+        self._problem = None
+        return scores, ids
+
+    def _set_search_parameters(self, cur: Any, k: int, nprobe: int) -> None:
+        """The index's search parameters for this transaction only (SET LOCAL: other threads never see them)."""
+        if self.index_method == "ivfflat":
+            cur.execute("SELECT set_config('ivfflat.probes', %s, true)", (str(nprobe),))
+        elif self.index_method == "hnsw":
+            cur.execute(
+                "SELECT set_config('hnsw.ef_search', %s, true)", (str(max(self.settings.pgvector_ef_search, k)),)
+            )
+
+    def _connection(self) -> Any:
+        """This thread's connection, opened on first use (and after a failure)."""
+        conn = getattr(self._local, "conn", None)
+        if conn is None or conn.closed:
+            conn = _connect(self._dsn)
+            self._local.conn = conn
+            with self._lock:
+                self._connections.append(conn)
+        return conn
+
+    def _drop_connection(self) -> None:
+        """Forget this thread's connection (the next search opens a fresh one)."""
+        conn = getattr(self._local, "conn", None)
+        self._local.conn = None
+        if conn is not None:
+            try:
+                conn.close()
+            except Exception:  # noqa: BLE001 (a broken connection may fail to close; it is gone either way)
+                log.debug("closing a failed PostgreSQL connection raised", exc_info=True)
+
+    def describe(self) -> dict[str, Any]:
+        """What /v1/info reports: the table, its index and size."""
+        return {
+            "backend": self.backend,
+            "table": self.table,
+            "column": self.column,
+            "id_column": self.id_column,
+            "ntotal": self.ntotal,
+            "dim": self.dim,
+            "index": self.index_method or "none (exact scan)",
+            "metric": self.metric,
+            "fingerprint": self.fingerprint,
+        }
+
+    def problem(self) -> str | None:
+        """The last search's failure, until a search succeeds."""
+        return self._problem
+
+    def probe(self) -> str | None:
+        """A `SELECT 1` on a fresh connection (for /readyz): None when PostgreSQL answers."""
+        import psycopg
+
+        try:
+            with _connect(self._dsn) as conn:
+                conn.execute("SELECT 1")
+        except psycopg.OperationalError as exc:
+            self._problem = f"PostgreSQL does not answer: {_first_line(exc)}"
+            return self._problem
+        self._problem = None
+        return None
+
+    def close(self) -> None:
+        """Close every thread's connection."""
+        with self._lock:
+            connections, self._connections = self._connections, []
+        for conn in connections:
+            conn.close()
+
+
+def _connect(dsn: str) -> Any:
+    """A read-only, autocommit connection (nothing this service sends can write)."""
+    import psycopg
+
+    return psycopg.connect(
+        dsn,
+        autocommit=True,
+        connect_timeout=CONNECT_TIMEOUT_S,
+        options="-c default_transaction_read_only=on",
+    )
+
+
+def _describe(conn: Any, settings: IndexSettings, where: str) -> dict[str, Any]:
+    """The table as the contract needs it (module docstring); ArtifactError in one line otherwise."""
+    table, column, id_column = settings.pgvector_table or "", settings.pgvector_column, settings.pgvector_id_column
+    if conn.execute("SELECT 1 FROM pg_extension WHERE extname = 'vector'").fetchone() is None:
+        raise ArtifactError(f"{where}: the database has no pgvector extension (CREATE EXTENSION vector)")
+    rel = conn.execute("SELECT to_regclass(%s)::oid", (table,)).fetchone()[0]
+    if rel is None:
+        raise ArtifactError(f"{where}: no table {table!r} (NOBACKFILL_INDEX__PGVECTOR_TABLE)")
+    types = dict(
+        conn.execute(
+            "SELECT attname, format_type(atttypid, atttypmod) FROM pg_attribute "
+            "WHERE attrelid = %s AND attnum > 0 AND NOT attisdropped",
+            (rel,),
+        ).fetchall()
+    )
+    if types.get(id_column) not in INTEGER_TYPES:
+        found = types.get(id_column, "missing")
+        raise ArtifactError(
+            f"{where}: id column {id_column!r} is {found}, not an integer (NOBACKFILL_INDEX__PGVECTOR_ID_COLUMN)"
+        )
+    vector_type = types.get(column, "missing")
+    if not vector_type.startswith("vector"):
+        raise ArtifactError(
+            f"{where}: column {column!r} is {vector_type}, not a pgvector vector (NOBACKFILL_INDEX__PGVECTOR_COLUMN)"
+        )
+    dim = _dim(conn, vector_type, table, column, where)
+    method, opclass, options = _index_on(conn, rel, column)
+    operator, metric = OPERATORS.get(opclass or "vector_ip_ops", ("<#>", "ip"))
+    if opclass is not None and opclass not in OPERATORS:
+        raise ArtifactError(
+            f"{where}: the index on {column!r} uses {opclass}; the head's queries rank by ip, cosine or l2"
+        )
+    lists = int(options.get("lists", 100)) if method == "ivfflat" else None
+    from psycopg import sql
+
+    ntotal = conn.execute(sql.SQL("SELECT count(*) FROM {}").format(_table_identifier(table))).fetchone()[0]
+    if ntotal == 0:
+        raise ArtifactError(f"{where}: table {table!r} is empty")
+    database = conn.execute("SELECT current_database()").fetchone()[0]
+    fingerprint = hashlib.sha256(f"pgvector:{database}/{table}.{column}".encode()).hexdigest()
+    return {
+        "table": table,
+        "column": column,
+        "id_column": id_column,
+        "dim": dim,
+        "ntotal": int(ntotal),
+        "index_method": method,
+        "metric": metric,
+        "operator": operator,
+        "lists": lists,
+        "fingerprint": fingerprint,
+    }
+
+
+def _dim(conn: Any, vector_type: str, table: str, column: str, where: str) -> int:
+    """The column's dim: from its type (vector(384)), else from its first row."""
+    if "(" in vector_type:
+        return int(vector_type.split("(", 1)[1].rstrip(")"))
+    from psycopg import sql
+
+    row = conn.execute(
+        sql.SQL("SELECT vector_dims({col}) FROM {table} WHERE {col} IS NOT NULL LIMIT 1").format(
+            col=sql.Identifier(column), table=_table_identifier(table)
+        )
+    ).fetchone()
+    if row is None:
+        raise ArtifactError(f"{where}: column {column!r} of {table!r} holds no vector")
+    return int(row[0])
+
+
+def _index_on(conn: Any, rel: int, column: str) -> tuple[str | None, str | None, dict[str, str]]:
+    """(access method, operator class, reloptions) of an index on the column (hnsw preferred), or Nones."""
+    rows = conn.execute(
+        "SELECT am.amname, opc.opcname, c.reloptions FROM pg_index i "
+        "JOIN pg_class c ON c.oid = i.indexrelid JOIN pg_am am ON am.oid = c.relam "
+        "JOIN pg_opclass opc ON opc.oid = i.indclass[0] "
+        "JOIN pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = i.indkey[0] "
+        "WHERE i.indrelid = %s AND a.attname = %s AND am.amname IN ('hnsw', 'ivfflat') "
+        "ORDER BY am.amname = 'hnsw' DESC, c.relname",
+        (rel, column),
+    ).fetchall()
+    if not rows:
+        return None, None, {}
+    method, opclass, reloptions = rows[0]
+    options = dict(option.split("=", 1) for option in reloptions or [])
+    return str(method), str(opclass), options
+
+
+def _table_identifier(table: str) -> Any:
+    """schema.table or table, quoted as identifiers."""
+    from psycopg import sql
+
+    return sql.Identifier(*table.split(".", 1))
+
+
+def _vector_text(row: npt.NDArray[np.float32]) -> str:
+    """A query row in pgvector's text form ([x,y,...]): no client-side type registration needed."""
+    return "[" + ",".join(repr(float(x)) for x in row) + "]"
+
+
+def _first_line(exc: BaseException) -> str:
+    """An exception's first line, for a one-line message."""
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__

