@@ -181,6 +181,8 @@ class MicroBatcher:
             return "stopped" if self._collector is None else "collector crashed too often"
         if len(self._stuck) == len(self.replicas):
             return f"every replica is stuck in a call longer than {self.timeout_s:g} s"
+        if all(getattr(replica, "replacing", False) for replica in self.replicas):  # process isolation only
+            return "every replica's encoder process is loading its replacement"
         return None
 
     @property

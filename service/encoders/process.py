@@ -146,6 +146,15 @@ class ProcessEncoder:
         """The child's process id (None once stopped), for whoever signals it: the tests; the service never does."""
         return None if self._process is None else self._process.pid
 
+    @property
+    def replacing(self) -> bool:
+        """From a child's death until its replacement reports ready: no call can be answered meanwhile.
+
+        The batcher reads it for /readyz: with every replica replacing its child, the service is not
+        ready, though nothing is stuck (a request would spend its deadline on the model's load).
+        """
+        return not self._closed and self._conn is None
+
     def details(self) -> dict[str, Any]:
         """The child encoder's own /v1/info details (its describe() minus what the protocol covers)."""
         own = {"id", "dim", "device", "fingerprint", "modalities"}

@@ -193,6 +193,36 @@ async def test_an_interrupt_while_the_child_is_replaced_keeps_the_timed_out_batc
         encoder.close()
 
 
+@pytest.mark.usefixtures("hang_load_plugin")
+async def test_readiness_is_refused_while_the_only_child_loads_its_replacement(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    # /readyz used to say 200 here: the next request then spent its whole deadline on the model's load.
+    monkeypatch.setenv("FAULTY_LOAD_S", "0")
+    encoder = ProcessEncoder(EncoderSettings(backend="faulty-hang-load", device="cpu"), "new")
+    batcher = MicroBatcher([encoder], max_batch_size=8, max_wait_ms=0, name="new", timeout_s=60.0)
+    await batcher.start()
+    try:
+        expected = await batcher.encode(TEXTS)
+        assert batcher.problem() is None and not encoder.replacing
+        load_may_end = tmp_path / "load-may-end"
+        monkeypatch.setenv("FAULTY_LOAD_GATE", str(load_may_end))  # the replacement loads until the test says
+        dead_pid = encoder.pid
+        assert dead_pid is not None
+        os.kill(dead_pid, signal.SIGKILL)
+        while os.waitid(os.P_PID, dead_pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is None:
+            await asyncio.sleep(0.01)
+        waiting = asyncio.create_task(batcher.encode(TEXTS))  # finds the child dead, waits for a new one
+        await until(lambda: encoder.replacing, "the call to start the replacement")
+        assert batcher.problem() == "every replica's encoder process is loading its replacement"
+        load_may_end.touch()
+        np.testing.assert_array_equal(await waiting, expected)
+        assert batcher.problem() is None and not encoder.replacing and encoder.pid not in (None, dead_pid)
+    finally:
+        await batcher.stop()
+        encoder.close()
+
+
 def test_what_the_model_raises_in_the_child_is_raised_here() -> None:
     encoder = ProcessEncoder(EncoderSettings(backend="external", dim=8, model_id="clients-encode"), "old")
     try:
