@@ -2,14 +2,15 @@
 
 A `Snapshot` is immutable: blocks of rows (each one faiss inner-product index), their gallery ids,
 and the sorted set of moved ids (an index.base.Exclusion, which the old gallery's search skips).
-`Segment.refresh()` reads the shards published since the last snapshot, drops rows whose id is
-already in (an id moved by two writers at once keeps its first row), and swaps in a new snapshot in
-one assignment; a search holds the snapshot it started with, so a refresh never disturbs it.
-Shards are read through a ShardCatalog (segment/catalog.py), as every other reader reads them.  New
-shards form a new block; past MAX_BLOCKS the two smallest neighbours are merged, so a search runs a
-bounded number of scans: exact below Indexing.exact_rows rows, an HNSW graph above.  A damaged
-shard (manifest, shape, values) is refused with one logged line, kept out, and not read again; the
-others keep serving.
+`Segment.refresh()` reads the shards and sealed indexes published since the last snapshot and swaps
+in a new snapshot in one assignment; a search holds the snapshot it started with, so a refresh never
+disturbs it.  Shards are read through a ShardCatalog (segment/catalog.py), as every other reader
+reads them.  The blocks: first the sealed HNSW indexes the folder's cover names (segment/sealed.py),
+then exact flat blocks over the rows they do not cover (an id moved by two writers at once keeps
+its first row); new shards form a new exact block, and past MAX_BLOCKS the two smallest are merged,
+so a search runs a bounded number of scans.  Which rows are approximate and which exact depends on
+the folder alone, never on the order of loading.  A damaged shard or sealed index (manifest, shape,
+values) is refused with one logged line, kept out, and not read again; the rest keeps serving.
 """
 
 from __future__ import annotations
@@ -218,6 +219,7 @@ class Segment:
                 return []
             covered = self._covered_shards()
             if cover_changed:  # rows moved between the exact part and the sealed part: rebuild the exact part
+                self._growing = []  # (its old blocks must not count as served: their uncovered rows go back in)
                 self._growing = self._exact_blocks([e for e in self._catalog.intact if e.name not in covered])
             else:
                 self._growing += self._exact_blocks([e for e in fresh if e.intact and e.name not in covered])

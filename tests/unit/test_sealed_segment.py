@@ -115,3 +115,23 @@ def test_a_damaged_sealed_index_is_refused_and_its_rows_are_searched_exactly(seg
     queries = _clustered(rng, 30)
     want = np.argsort(-(queries @ rows.T), axis=1)[:, :5]
     assert (served.snapshot.search(queries, 5)[1] == want).mean() > 0.999
+
+
+def test_rows_a_new_sealed_index_leaves_out_stay_searched_after_the_cover_changes(segment: Path) -> None:
+    rng = np.random.default_rng(5)
+    rows = _clustered(rng, 600)
+    first = write_shard(segment, np.arange(300), rows[:300], MODEL, "t")
+    second = write_shard(segment, np.arange(300, 600), rows[300:], MODEL, "t")
+    live = Segment.open(segment)  # both shards in its exact part
+    # A seal that saw only the first shard (the second was published while it scanned).
+    hidden = segment / "shards" / f".{second}.tmp"
+    (segment / "shards" / second).rename(hidden)
+    assert seal(segment).shards == 1
+    hidden.rename(segment / "shards" / second)
+    live.refresh()
+    assert live.snapshot.sealed_blocks == 1 and live.snapshot.count == 600
+    _, ids = live.snapshot.search(rows[300:310], 1)
+    assert ids[:, 0].tolist() == list(range(300, 310))  # the second shard's rows are still found
+    at_once = Segment.open(segment)
+    np.testing.assert_array_equal(live.snapshot.search(rows[::7], 10)[1], at_once.snapshot.search(rows[::7], 10)[1])
+    assert first in live.snapshot.shards
