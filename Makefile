@@ -16,7 +16,7 @@ $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	# torch first, pinned, so the CPU build on disk is used instead of a multi-GB CUDA build.
 	$(BIN)/pip install -q torch==2.13.0
-	$(BIN)/pip install -q -e '.[dev,models,real-demo,milvus-lite,pgvector]'
+	$(BIN)/pip install -q -e '.[dev,models,real-demo,milvus-lite,pgvector,qdrant]'
 	# The model libraries must not have pulled a CUDA build or torchvision in.
 	! $(BIN)/pip list 2>/dev/null | grep -i -E '^(nvidia-|torchvision )'
 	touch $(STAMP)

@@ -172,8 +172,8 @@ class IndexSettings(Section):
     coarse_ef: int = Field(128, ge=1)
     """coarse hnsw: the graph's efSearch."""
     # "milvus": search an existing Milvus collection read-only instead of gallery_dir (docs/scale-out.md).
-    backend: Literal["faiss", "milvus", "pgvector"] = "faiss"
-    """faiss (gallery_dir), milvus (an existing collection) or pgvector (your PostgreSQL table), read-only."""
+    backend: Literal["faiss", "milvus", "pgvector", "qdrant"] = "faiss"
+    """faiss (gallery_dir), milvus or qdrant (an existing collection), pgvector (your table); read-only."""
     milvus_uri: str | None = None  # http://host:19530, or a milvus-lite ./x.db for development
     """backend milvus: http://host:19530, or a milvus-lite ./x.db."""
     milvus_collection: str | None = None
@@ -194,6 +194,19 @@ class IndexSettings(Section):
     """backend pgvector: the vector column of the old model's rows."""
     pgvector_ef_search: int = Field(40, ge=1)
     """backend pgvector: hnsw.ef_search for an HNSW index (at least k)."""
+    # "qdrant": the user's Qdrant collection, searched read-only (index/qdrant.py).
+    qdrant_url: str | None = None
+    """backend qdrant: the server, http://host:6333."""
+    qdrant_path: Path | None = None
+    """backend qdrant: a folder for qdrant-client's embedded local mode (development, tests), instead of a url."""
+    qdrant_collection: str | None = None
+    """backend qdrant: the collection holding the old model's vectors."""
+    qdrant_vector: str | None = None
+    """backend qdrant: the named vector of the old model (unset: the collection's default vector)."""
+    qdrant_api_key: SecretStr | None = None
+    """backend qdrant: the server's API key."""
+    qdrant_hnsw_ef: int | None = Field(None, ge=1)
+    """backend qdrant: hnsw_ef of each search (unset: the collection's own)."""
     # Threads of the pipeline's own search pool (the heads and the gallery search), apart from the pool
     # that decodes images and runs probes.  Unset: one per usable CPU; for Milvus, which waits, CPUs + 4.
     search_threads: int | None = Field(None, ge=1)
@@ -506,6 +519,13 @@ def _contradictions(settings: Settings) -> list[str]:
     unset = [env_name("index", name) for name in ("pgvector_dsn", "pgvector_table") if not getattr(index, name)]
     if index.backend == "pgvector" and unset:
         problems.append(f"{env_name('index', 'backend')}=pgvector needs {' and '.join(unset)}")
+    if index.backend == "qdrant" and (
+        not index.qdrant_collection or (index.qdrant_url is None) == (index.qdrant_path is None)
+    ):
+        problems.append(
+            f"{env_name('index', 'backend')}=qdrant needs {env_name('index', 'qdrant_collection')} and one of "
+            f"{env_name('index', 'qdrant_url')} (a server) or {env_name('index', 'qdrant_path')} (local mode)"
+        )
     if settings.traffic.store == "redis" and not (settings.traffic.redis_url or settings.cache.redis_url):
         problems.append(
             f"{env_name('traffic', 'store')}=redis needs a Redis URL: set {env_name('traffic', 'redis_url')} "

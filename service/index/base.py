@@ -4,6 +4,7 @@
     ├── Gallery          index/gallery.py  a local FAISS IVF-PQ folder, memory-mapped read-only (the default)
     ├── AdoptedGallery   index/adopted.py  a FAISS index file the user built (IVF, HNSW, Flat), adopted untouched
     ├── PgvectorGallery  index/pgvector.py the user's PostgreSQL table (pgvector), searched where it is
+    ├── QdrantGallery    index/qdrant.py   the user's Qdrant collection (a named vector), searched where it is
     └── MilvusGallery    index/milvus.py   an existing Milvus collection, searched read-only
 
 `index/factory.py` opens the configured one.  Both rank unit old-model vectors by inner product, so the
@@ -170,6 +171,13 @@ def check_nprobe(nprobe: int, max_nprobe: int | None) -> None:
 
 def setting_line(index: IndexSettings) -> str:
     """The environment variables that chose the gallery, as the user would set them."""
+    if index.backend == "qdrant":
+        where = (
+            f"NOBACKFILL_INDEX__QDRANT_URL={index.qdrant_url}"
+            if index.qdrant_url
+            else f"NOBACKFILL_INDEX__QDRANT_PATH={index.qdrant_path}"
+        )
+        return f"NOBACKFILL_INDEX__BACKEND=qdrant {where} NOBACKFILL_INDEX__QDRANT_COLLECTION={index.qdrant_collection}"
     if index.backend == "pgvector":
         return (
             f"NOBACKFILL_INDEX__BACKEND=pgvector NOBACKFILL_INDEX__PGVECTOR_TABLE={index.pgvector_table} "

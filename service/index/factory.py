@@ -12,6 +12,10 @@ def create_gallery(index: IndexSettings) -> GalleryBackend:
         from service.index.milvus import MilvusGallery  # optional extra: nobackfill[milvus]
 
         return MilvusGallery.open(index)
+    if index.backend == "qdrant":
+        from service.index.qdrant import QdrantGallery  # optional extra: nobackfill[qdrant]
+
+        return QdrantGallery.open(index)
     if index.backend == "pgvector":
         from service.index.pgvector import PgvectorGallery  # optional extra: nobackfill[pgvector]
 

@@ -1,0 +1,204 @@
+"""`QdrantGallery`: the user's Qdrant collection of old-model vectors, searched read-only where it is.
+
+    NOBACKFILL_INDEX__BACKEND=qdrant
+    NOBACKFILL_INDEX__QDRANT_URL=http://qdrant:6333     (a server), or
+    NOBACKFILL_INDEX__QDRANT_PATH=./qdrant-data          (qdrant-client's embedded local mode: development, tests)
+    NOBACKFILL_INDEX__QDRANT_COLLECTION=products
+    NOBACKFILL_INDEX__QDRANT_VECTOR=old                  (a named vector; unset: the collection's default vector)
+    NOBACKFILL_INDEX__QDRANT_API_KEY=...                 (a secret)
+
+The contract, checked once at open, each failure one line naming the settings: the collection and the
+vector exist, its distance is Dot, Cosine or Euclid (Manhattan ranks otherwise than any cosine), the
+collection holds points, and their ids are integers (the gallery ids the API returns; UUID points have
+none).  A search is one batched query of the collection's own index (its HNSW, at
+`NOBACKFILL_INDEX__QDRANT_HNSW_EF` when set); the scores come back as cosines of unit rows (Cosine as
+it is, Dot as it is, Euclid d as 1 - d^2 / 2), the scale hybrid's merge reads.  Moved items (hybrid)
+are left out by over-fetching (index/base.py), exact as long as the list can grow: a must_not filter
+over a million moved ids would cost more than it saves.  A call that fails (server down, timeout)
+answers 503 gallery_unavailable.  Nothing is written.
+
+Local mode is the client's own engine, not Qdrant's: it searches by brute force (exact; search
+parameters have no effect) and one process at a time may open its folder.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import warnings
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import numpy.typing as npt
+
+from service.errors import ArtifactError, GalleryUnavailable
+from service.index.base import Exclusion, checked_queries, excluding_by_overfetch, setting_line
+
+if TYPE_CHECKING:
+    from service.settings import IndexSettings
+
+log = logging.getLogger(__name__)
+DISTANCES = {"Dot": "ip", "Cosine": "cosine", "Euclid": "l2"}
+TIMEOUT_S = 5
+
+
+class QdrantGallery:
+    """A Qdrant collection searched read-only (index/base.py's GalleryBackend)."""
+
+    backend = "qdrant"
+
+    def __init__(self, settings: IndexSettings, client: Any, described: dict[str, Any]) -> None:
+        self.settings = settings
+        self._client = client
+        self.collection: str = described["collection"]
+        self.vector: str | None = described["vector"]
+        self.dim: int = described["dim"]
+        self.ntotal: int = described["ntotal"]
+        self.metric: str = described["metric"]
+        self.fingerprint: str = described["fingerprint"]
+        self.meta: dict[str, Any] = {}  # no recorded model identity: artifact_check compares the dim
+        self.max_nprobe: int | None = None  # an HNSW collection takes no nprobe
+        self._problem: str | None = None
+
+    @classmethod
+    def open(cls, settings: IndexSettings) -> QdrantGallery:
+        """Connect (or open the local folder), check the collection against the contract; one line otherwise."""
+        where = setting_line(settings)
+        client = _client(settings)
+        try:
+            described = _describe(client, settings, where)
+        except ArtifactError:
+            client.close()
+            raise
+        except Exception as exc:  # the client's transport errors: the server is not there
+            client.close()
+            raise GalleryUnavailable(f"cannot reach Qdrant ({where}): {_first_line(exc)}") from exc
+        return cls(settings, client, described)
+
+    def search(
+        self, queries: npt.ArrayLike, k: int, nprobe: int, exclude: Exclusion | None = None
+    ) -> tuple[npt.NDArray[np.float32], npt.NDArray[np.int64]]:
+        """Top-k by the collection's index, as cosines, skipping `exclude`'s ids: (scores, ids; -1 pads)."""
+        q = checked_queries(queries, self.dim, k, nprobe, None)
+        if exclude is not None and len(exclude.ids):
+            return excluding_by_overfetch(self._search, q, k, nprobe, exclude)
+        return self._search(q, k, nprobe)
+
+    def _search(
+        self,
+        q: npt.NDArray[np.float32],
+        k: int,
+        nprobe: int,  # noqa: ARG002 (the protocol's; HNSW takes hnsw_ef)
+    ) -> tuple[npt.NDArray[np.float32], npt.NDArray[np.int64]]:
+        """One batched query: a request per row."""
+        from qdrant_client import models
+
+        params = models.SearchParams(hnsw_ef=self.settings.qdrant_hnsw_ef) if self.settings.qdrant_hnsw_ef else None
+        requests = [
+            models.QueryRequest(query=row.tolist(), using=self.vector, limit=k, params=params, with_payload=False)
+            for row in q
+        ]
+        try:
+            with warnings.catch_warnings():  # local mode says, per call, that it ignores search params
+                warnings.simplefilter("ignore", UserWarning)
+                answers = self._client.query_batch_points(self.collection, requests=requests, timeout=TIMEOUT_S)
+        except Exception as exc:  # the client's transport and server errors alike: an outage for this request
+            self._problem = f"Qdrant does not answer: {_first_line(exc)}"
+            raise GalleryUnavailable(f"the Qdrant gallery did not answer ({setting_line(self.settings)})") from exc
+        self._problem = None
+        scores = np.full((len(q), k), -np.inf, dtype=np.float32)
+        ids = np.full((len(q), k), -1, dtype=np.int64)
+        for row, answer in enumerate(answers):
+            points = answer.points
+            ids[row, : len(points)] = [int(p.id) for p in points]
+            found = np.array([p.score for p in points], dtype=np.float64)
+            scores[row, : len(points)] = (1.0 - found**2 / 2.0) if self.metric == "l2" else found
+        return scores, ids
+
+    def describe(self) -> dict[str, Any]:
+        """What /v1/info reports: the collection, its vector and size."""
+        return {
+            "backend": self.backend,
+            "collection": self.collection,
+            "vector": self.vector or "(the default vector)",
+            "ntotal": self.ntotal,
+            "dim": self.dim,
+            "metric": self.metric,
+            "fingerprint": self.fingerprint,
+        }
+
+    def problem(self) -> str | None:
+        """The last search's failure, until a search succeeds."""
+        return self._problem
+
+    def probe(self) -> str | None:
+        """Whether Qdrant answers (for /readyz): None when it does."""
+        try:
+            self._client.collection_exists(self.collection)
+        except Exception as exc:  # the client's transport errors
+            self._problem = f"Qdrant does not answer: {_first_line(exc)}"
+            return self._problem
+        self._problem = None
+        return None
+
+    def close(self) -> None:
+        """Close the client (a local folder is released for the next process)."""
+        self._client.close()
+
+
+def _client(settings: IndexSettings) -> Any:
+    """A server client (url, api key) or the embedded local mode (path)."""
+    from qdrant_client import QdrantClient
+
+    if settings.qdrant_path is not None:
+        return QdrantClient(path=str(settings.qdrant_path))
+    key = settings.qdrant_api_key.get_secret_value() if settings.qdrant_api_key else None
+    return QdrantClient(url=settings.qdrant_url, api_key=key, timeout=TIMEOUT_S)
+
+
+def _describe(client: Any, settings: IndexSettings, where: str) -> dict[str, Any]:
+    """The collection as the contract needs it (module docstring); ArtifactError in one line otherwise."""
+    name, vector = settings.qdrant_collection or "", settings.qdrant_vector
+    if not client.collection_exists(name):
+        raise ArtifactError(f"{where}: no collection {name!r} (NOBACKFILL_INDEX__QDRANT_COLLECTION)")
+    vectors = client.get_collection(name).config.params.vectors
+    if isinstance(vectors, dict):
+        if vector is None and "" in vectors:
+            vector = ""  # the default vector of a collection created with named vectors
+        if vector not in vectors:
+            named = ", ".join(sorted(vectors)) or "none"
+            raise ArtifactError(
+                f"{where}: collection {name!r} has no vector {vector!r} (it has: {named}); "
+                "set NOBACKFILL_INDEX__QDRANT_VECTOR"
+            )
+        params = vectors[vector]
+    elif vector:
+        raise ArtifactError(
+            f"{where}: collection {name!r} has one unnamed vector; unset NOBACKFILL_INDEX__QDRANT_VECTOR"
+        )
+    else:
+        params = vectors
+    distance = str(getattr(params.distance, "value", params.distance))
+    if distance not in DISTANCES:
+        raise ArtifactError(f"{where}: distance {distance}; the head's unit queries rank by Dot, Cosine or Euclid")
+    ntotal = int(client.count(name, exact=True).count)
+    if ntotal == 0:
+        raise ArtifactError(f"{where}: collection {name!r} holds no points")
+    first = client.scroll(name, limit=1, with_payload=False, with_vectors=False)[0][0]
+    if not isinstance(first.id, int):
+        raise ArtifactError(f"{where}: point ids are UUIDs ({first.id}); nobackfill serves integer gallery ids")
+    origin = str(settings.qdrant_url or settings.qdrant_path)
+    return {
+        "collection": name,
+        "vector": vector or None,
+        "dim": int(params.size),
+        "ntotal": ntotal,
+        "metric": DISTANCES[distance],
+        "fingerprint": hashlib.sha256(f"qdrant:{origin}/{name}/{vector or ''}".encode()).hexdigest(),
+    }
+
+
+def _first_line(exc: BaseException) -> str:
+    """An exception's first line, for a one-line message."""
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
