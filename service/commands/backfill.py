@@ -376,7 +376,8 @@ def curve(
     from rich.table import Table
 
     table = Table(title=result["title"], caption=result["caption"])
-    for column in ("moved", "R@1", "95 % interval", "R@10", "95 % interval", "share of the gain (R@1)"):
+    columns = ("moved", "R@1", "95 % interval", "R@10", "95 % interval", "share of the gain (R@1)", "negative flips")
+    for column in columns:
         table.add_column(column, justify="right")
     for row, share in zip(result["rows"], result["gain_share"], strict=True):
         table.add_row(
@@ -386,6 +387,7 @@ def curve(
             f"{row['recall@10']:.4f}",
             "[{:.4f}, {:.4f}]".format(*row["ci@10"]),
             f"{share:.2f}",
+            "{:.2%} [{:.2%}, {:.2%}]".format(row["negative_flips@1"], *row["flips_ci"]),
         )
     render.console().print(table)
 

@@ -114,10 +114,17 @@ def curve(
     score_map: ScoreMap = IDENTITY,
     weights: npt.NDArray[np.float64] | None = None,
     seed: int = 0,
+    old_right: npt.NDArray[np.bool_] | None = None,
 ) -> list[dict[str, Any]]:
-    """R@1 / R@10 (with bootstrap intervals) at each moved share; `weights`: how often each query is asked."""
+    """R@1 / R@10 (with bootstrap intervals) at each moved share; `weights`: how often each query is asked.
+
+    old_right: which queries the old system (old query, old gallery) answered right at rank 1; each row
+    then has `negative_flips@1`, the share of queries it answered right that this state answers wrong
+    (the regression an operator sees, as the online-backfilling literature reports it), with its interval.
+    """
     m = len(spaces.old_targets)
     picks = bootstrap_picks(len(spaces.served), BOOTSTRAP, seed)
+    w = np.ones(len(spaces.served)) if weights is None else weights
     rows = []
     for fraction in fractions:
         moved = np.zeros(m, dtype=bool)
@@ -126,13 +133,24 @@ def curve(
         row: dict[str, Any] = {"fraction": fraction, "moved": int(moved.sum())}
         for k in (1, 10):
             hit = (rank < k).astype(np.float64)
-            w = np.ones(len(hit)) if weights is None else weights
-            value = float(np.dot(hit, w) / w.sum())
-            boot = (hit[picks] * w[picks]).sum(axis=1) / w[picks].sum(axis=1)
-            row[f"recall@{k}"] = value
-            row[f"ci@{k}"] = list(interval95(boot))
+            row[f"recall@{k}"] = float(np.dot(hit, w) / w.sum())
+            row[f"ci@{k}"] = list(interval95((hit[picks] * w[picks]).sum(axis=1) / w[picks].sum(axis=1)))
+        if old_right is not None:
+            flipped = (old_right & (rank >= 1)).astype(np.float64)
+            row["negative_flips@1"] = float(np.dot(flipped, w) / w.sum())
+            row["flips_ci"] = list(interval95((flipped[picks] * w[picks]).sum(axis=1) / w[picks].sum(axis=1)))
         rows.append(row)
     return rows
+
+
+def old_system_right(split: Split, spaces: Spaces) -> npt.NDArray[np.bool_]:
+    """Which queries the old system answers right at rank 1: the old queries over the old targets, nothing moved."""
+    old = Spaces(normalize_rows(split.old_query), spaces.old_targets, spaces.new_queries, spaces.new_targets,
+                 spaces.rel_target)  # fmt: skip
+    right: npt.NDArray[np.bool_] = (
+        merged_ranks(old, np.zeros(len(spaces.old_targets), dtype=bool), Merge.raw, IDENTITY) == 0
+    )
+    return right
 
 
 def zipf_weights(n: int, s: float, seed: int) -> npt.NDArray[np.float64]:

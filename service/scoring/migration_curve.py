@@ -9,7 +9,16 @@ from typing import Any
 from service.compat.calibration import IDENTITY
 from service.errors import InputError
 from service.plots import png_of, pyplot
-from service.scoring.migration import Spaces, compatible_queries, curve, gain_share, hot_order, move_order, zipf_weights
+from service.scoring.migration import (
+    Spaces,
+    compatible_queries,
+    curve,
+    gain_share,
+    hot_order,
+    move_order,
+    old_system_right,
+    zipf_weights,
+)
 from service.vocabulary import Merge
 
 
@@ -49,14 +58,16 @@ def score_curve(
         moves = hot_order(spaces, weights, traffic, seed)
     else:
         moves = move_order(len(spaces.old_targets), seed)
-    rows = curve(spaces, fractions, moves, Merge(merge), score_map or IDENTITY, weights, seed)
+    old_right = old_system_right(split, spaces)
+    rows = curve(spaces, fractions, moves, Merge(merge), score_map or IDENTITY, weights, seed, old_right)
     traffic_text = f"queries weighted by Zipf({zipf})" if zipf is not None else "every query once"
     return {
         "title": f"hybrid search as items move: profile {profile.profile_id} on {test_dir} ({modality} queries)",
         "caption": (
             f"{len(spaces.old_targets):,} targets moved in {order} order, merge {merge}; {traffic_text}; "
             "95 % bootstrap intervals over queries; "
-            "share of the gain = (R@1 - R@1 at 0 %) / (R@1 at 100 % - R@1 at 0 %)"
+            "share of the gain = (R@1 - R@1 at 0 %) / (R@1 at 100 % - R@1 at 0 %); "
+            "negative flips = queries the old system answered right at rank 1, answered wrong now"
         ),
         "rows": rows,
         "gain_share": gain_share(rows),

@@ -162,3 +162,18 @@ def _best(spaces: Spaces) -> tuple[np.ndarray, ...]:
         np.fill_diagonal(s, -np.inf)
         out += [hit, s.max(axis=1)]
     return tuple(out)
+
+
+def test_negative_flips_count_the_queries_the_old_system_had_right_and_a_state_gets_wrong() -> None:
+    spaces = _crowded_spaces(400, 7)
+    old_right = np.random.default_rng(8).random(400) < 0.6
+    order = move_order(400, 1)
+    rows = curve(spaces, [0.0, 0.5, 1.0], order, Merge.calibrated, IDENTITY, old_right=old_right)
+    for row in rows:
+        moved = np.zeros(400, bool)
+        moved[order[: row["moved"]]] = True
+        wrong_now = merged_ranks(spaces, moved, Merge.calibrated, IDENTITY) >= 1
+        assert row["negative_flips@1"] == pytest.approx((old_right & wrong_now).mean())
+        low, high = row["flips_ci"]
+        assert low <= row["negative_flips@1"] <= high
+    assert "negative_flips@1" not in curve(spaces, [0.5], order, Merge.raw)[0]  # only with the old system's answers
