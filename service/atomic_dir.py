@@ -14,6 +14,7 @@ from __future__ import annotations
 import os
 import shutil
 import uuid
+from collections.abc import Collection
 from pathlib import Path
 
 from service.errors import InputError
@@ -47,13 +48,16 @@ def replace_dir(tmp: Path, final: Path) -> None:
     shutil.rmtree(old, ignore_errors=True)
 
 
-def readable_by_others(folder: Path) -> None:
-    """Give `folder` and its files the modes the umask allows (mkdtemp makes 0700, mkstemp / safetensors 0600)."""
+def readable_by_others(folder: Path, keep: Collection[str] = ()) -> None:
+    """Give `folder` and its files the modes the umask allows (mkdtemp makes 0700, mkstemp / safetensors 0600).
+
+    keep: files whose mode is not ours to change (a hard link to a user's own file).
+    """
     # An artifact built by one user must be readable by the service's (the image runs as uid 10001).
     mask = _umask()
     os.chmod(folder, 0o777 & ~mask)
     for path in folder.iterdir():
-        if path.is_file():
+        if path.is_file() and path.name not in keep:
             os.chmod(path, 0o666 & ~mask)
 
 

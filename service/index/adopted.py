@@ -33,6 +33,7 @@ import numpy as np
 import numpy.typing as npt
 
 import service
+from service.atomic_dir import readable_by_others, replace_dir, sibling_dir
 from service.errors import ArtifactError, InputError
 from service.index.artifact import INDEX_NAME, META_NAME, read_checked_meta, write_meta
 from service.index.base import Exclusion, checked_queries
@@ -97,10 +98,8 @@ def adopt(
     if kind["metric"] == "l2":
         _refuse_non_unit_rows(index, index_file)
     ids = _checked_ids(ids_file, int(index.ntotal)) if ids_file is not None else None
-    tmp = out.parent / f".{out.name}.adopting"
-    shutil.rmtree(tmp, ignore_errors=True)
+    tmp = sibling_dir(out)  # published whole by one rename (atomic_dir.py), as every artifact folder is
     try:
-        tmp.mkdir(parents=True)
         how = _link_or_copy(index_file, tmp / INDEX_NAME)
         if ids is not None:
             np.save(tmp / IDS_NAME, ids, allow_pickle=False)
@@ -122,7 +121,8 @@ def adopt(
             "nobackfill_version": service.__version__,
         }
         write_meta(tmp, meta)
-        os.rename(tmp, out)
+        readable_by_others(tmp, keep=(INDEX_NAME,))  # the service may run as another user; the index is theirs
+        replace_dir(tmp, out)
     except OSError as exc:
         shutil.rmtree(tmp, ignore_errors=True)
         raise InputError(f"cannot write {out}: {exc.strerror or exc}") from exc

@@ -9,6 +9,7 @@ as its built gallery is.
 from __future__ import annotations
 
 import json
+import stat
 from pathlib import Path
 
 import faiss
@@ -64,6 +65,7 @@ def _adopted(tmp_path: Path, spec: str, labels: str, **extra: object) -> tuple[f
     index = _user_index(spec, labels, **extra)  # type: ignore[arg-type]
     path = tmp_path / "theirs.faiss"
     faiss.write_index(index, str(path))
+    path.chmod(0o640)  # a user's file, as their pipeline left it
     ids = None
     if labels == "positions":
         ids = tmp_path / "ids.npy"
@@ -102,6 +104,8 @@ def test_the_index_is_linked_not_rewritten_and_checked_at_every_load(tmp_path: P
     _adopted(tmp_path, "IVF32,Flat", "ids")
     theirs, ours = tmp_path / "theirs.faiss", tmp_path / "gallery" / "index.faiss"
     assert theirs.stat().st_ino == ours.stat().st_ino  # a hard link: no byte copied
+    assert stat.S_IMODE(theirs.stat().st_mode) == 0o640  # its mode is the user's, untouched
+    assert stat.S_IMODE((tmp_path / "gallery" / "gallery.json").stat().st_mode) & 0o044 == 0o044  # ours: readable
     meta = json.loads((tmp_path / "gallery" / "gallery.json").read_text())
     assert meta["kind"] == "adopted" and meta["source"]["how"] == "hard link"
     assert meta["index"] == {"family": "ivf", "type": "IndexIVFFlat", "id_map": False, "nlist": 32, "metric": "ip"}

@@ -7,37 +7,25 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def test_a_backfill_killed_three_times_and_resumed_equals_an_uninterrupted_one() -> None:
+@pytest.mark.parametrize(("parts", "kills"), [(1, 3), (2, 4)], ids=["one-run", "two-parallel-parts"])
+def test_a_backfill_killed_and_resumed_equals_an_uninterrupted_run(parts: int, kills: int) -> None:
     done = subprocess.run(
-        [sys.executable, "loadtest/backfill_faults.py", "--kills", "3", "--items", "3000", "--json"],
+        [sys.executable, "loadtest/backfill_faults.py", "--kills", str(kills), "--items", "3000",
+         "--parts", str(parts), "--json"],
         cwd=ROOT,
         capture_output=True,
         text=True,
         timeout=300,
         check=False,
-    )
+    )  # fmt: skip
     assert done.returncode == 0, done.stderr[-2000:]
     result = json.loads(done.stdout.strip().splitlines()[-1])
-    assert result["kills"] == 3
-    # Each kill landed while the run was moving items, not before it started or after it ended.
-    assert all(0 <= moved < 3000 for moved in result["moved_at_each_kill"])
-    assert result["identical"] and result["ids_covered"] and not result["hidden_leftovers"]
-
-
-def test_two_parallel_parts_killed_four_times_and_resumed_equal_an_uninterrupted_run() -> None:
-    done = subprocess.run(
-        [sys.executable, "loadtest/backfill_faults.py", "--kills", "4", "--items", "3000", "--parts", "2", "--json"],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=300,
-        check=False,
-    )
-    assert done.returncode == 0, done.stderr[-2000:]
-    result = json.loads(done.stdout.strip().splitlines()[-1])
-    assert result["parts"] == 2 and result["kills"] == 4
+    assert result["parts"] == parts and result["kills"] == kills
+    # Each kill landed while a run was moving items, not before it started or after it ended.
     assert all(0 <= moved < 3000 for moved in result["moved_at_each_kill"])
     assert result["identical"] and result["ids_covered"] and not result["hidden_leftovers"]
