@@ -26,6 +26,7 @@ import shutil
 import socket
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -176,12 +177,10 @@ def write_shard(
             f"a shard's rows must have a direction: {int(no_direction.sum())} of {len(ids)} are all zero or not "
             f"finite (first: gallery id {int(ids[np.argmax(no_direction)])}); such items stay on the old gallery"
         )
-    name = new_shard_name()
-    tmp = folder / SHARDS / f".{name}.tmp"
-    try:
-        tmp.mkdir(parents=True)
-        _save(tmp / IDS, np.ascontiguousarray(ids, dtype=np.int64))
-        _save(tmp / VECTORS, np.ascontiguousarray(vectors, dtype=np.float32))
+
+    def fill(tmp: Path) -> None:
+        save(tmp / IDS, np.ascontiguousarray(ids, dtype=np.int64))
+        save(tmp / VECTORS, np.ascontiguousarray(vectors, dtype=np.float32))
         meta = {
             "format_version": FORMAT_VERSION,
             "count": int(len(ids)),
@@ -191,12 +190,28 @@ def write_shard(
             "created_at": datetime.now(UTC).isoformat(timespec="milliseconds"),
         }
         write_json_durably(tmp / SHARD_JSON, meta)
+
+    return publish_folder(folder / SHARDS, fill, "a shard")
+
+
+def publish_folder(parent: Path, fill: Callable[[Path], None], what: str) -> str:
+    """A new folder in `parent`, published by one rename; returns its name (new_shard_name: unique, time-sorted).
+
+    `fill` writes the files into the hidden `.<name>.tmp` (which remove_abandoned knows), the manifest
+    is written last, then the rename and an fsync of `parent`: a reader sees the whole folder or none.
+    Shards and sealed indexes (segment/sealed.py) are published so.
+    """
+    name = new_shard_name()
+    tmp = parent / f".{name}.tmp"
+    try:
+        tmp.mkdir(parents=True)
+        fill(tmp)
         write_manifest(tmp)
-        os.rename(tmp, folder / SHARDS / name)
-        _fsync_dir(folder / SHARDS)
+        os.rename(tmp, parent / name)
+        _fsync_dir(parent)
     except OSError as exc:
         shutil.rmtree(tmp, ignore_errors=True)
-        raise InputError(f"cannot write a shard into {folder / SHARDS}: {exc.strerror or exc}") from exc
+        raise InputError(f"cannot write {what} into {parent}: {exc.strerror or exc}") from exc
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
@@ -218,7 +233,7 @@ def unit_rows(vectors: npt.NDArray[np.floating[Any]]) -> npt.NDArray[np.float32]
     return out
 
 
-def _save(path: Path, array: npt.NDArray[Any]) -> None:
+def save(path: Path, array: npt.NDArray[Any]) -> None:
     """np.save and fsync: a shard is renamed into place only once its bytes are on disk."""
     with path.open("wb") as f:
         np.save(f, array, allow_pickle=False)

@@ -28,7 +28,6 @@ from __future__ import annotations
 import fcntl
 import json
 import os
-import shutil
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -40,11 +39,11 @@ import faiss
 import numpy as np
 import numpy.typing as npt
 
-from service.errors import ArtifactError, InputError
+from service.errors import ArtifactError
 from service.index.base import sorted_member
-from service.manifest import verify_manifest, write_json_durably, write_manifest
+from service.manifest import verify_manifest, write_json_durably
 from service.segment.catalog import ShardCatalog
-from service.segment.layout import new_shard_name
+from service.segment.layout import publish_folder, save
 
 INDEXES = "indexes"
 SEAL_LOCK = "seal.lock"
@@ -211,17 +210,12 @@ def _covered_ids(folder: Path, cover: list[SealedMeta]) -> I64:
 
 
 def _publish(folder: Path, graph: Any, ids: I64, shards: list[str], writer: str) -> str:
-    """Write a sealed index hidden, manifest last, then one rename; returns its name."""
-    name = new_shard_name()
-    tmp = folder / INDEXES / f".{name}.tmp"
-    try:
-        tmp.mkdir(parents=True)
+    """Write a sealed index hidden, manifest last, then one rename (layout.publish_folder); returns its name."""
+
+    def fill(tmp: Path) -> None:
         faiss.write_index(graph, str(tmp / INDEX_FILE))
         _fsync_file(tmp / INDEX_FILE)  # faiss does not: the index is renamed into place only once on disk
-        with (tmp / IDS_FILE).open("wb") as f:
-            np.save(f, ids, allow_pickle=False)
-            f.flush()
-            os.fsync(f.fileno())
+        save(tmp / IDS_FILE, ids)
         document = {
             "format_version": 1,
             "rows": int(len(ids)),
@@ -233,16 +227,8 @@ def _publish(folder: Path, graph: Any, ids: I64, shards: list[str], writer: str)
             "created_at": datetime.now(UTC).isoformat(timespec="milliseconds"),
         }
         write_json_durably(tmp / INDEX_JSON, document)
-        write_manifest(tmp)
-        os.rename(tmp, folder / INDEXES / name)
-        _fsync_file(folder / INDEXES)
-    except OSError as exc:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise InputError(f"cannot write a sealed index into {folder / INDEXES}: {exc.strerror or exc}") from exc
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
-    return name
+
+    return publish_folder(folder / INDEXES, fill, "a sealed index")
 
 
 def _fsync_file(path: Path) -> None:
