@@ -288,11 +288,14 @@ def adopt(
     metric: str | None = typer.Option(
         None, "--metric", help="ip or l2: confirms the index's own metric.", show_default="the index's"
     ),
+    items: Path | None = typer.Option(
+        None, "--items", help="The item store behind it: must hold exactly the index's ids (recorded, as `build` does)."
+    ),
 ) -> None:
     """Adopt an existing FAISS index (IVF, HNSW, Flat; IDMap or not) as the frozen gallery, without rewriting it."""
     from service.index.adopted import adopt as adopt_index
 
-    meta = adopt_index(index_file, out, model_id, backend, ids, metric)
+    meta = adopt_index(index_file, out, model_id, backend, ids, metric, items)
     kind = meta["index"]
     typer.echo(
         f"adopted {index_file} into {out} ({meta['source']['how']}): a faiss {kind['type']}"

@@ -78,8 +78,13 @@ def adopt(
     backend: str | None = None,
     ids_file: Path | None = None,
     metric: str | None = None,
+    items: Path | None = None,
 ) -> dict[str, Any]:
-    """Wrap `index_file` in the gallery folder `out` (see the module docstring); returns gallery.json's content."""
+    """Wrap `index_file` in the gallery folder `out` (see the module docstring); returns gallery.json's content.
+
+    items: the item store behind the gallery (for the cascade and the backfill): every id the index
+    serves must be one of its items, and its identity is recorded as a built gallery records it.
+    """
     if out.exists():
         raise InputError(f"{out}: exists; adopt into a new folder")
     if not index_file.is_file():
@@ -98,6 +103,7 @@ def adopt(
     if kind["metric"] == "l2":
         _refuse_non_unit_rows(index, index_file)
     ids = _checked_ids(ids_file, int(index.ntotal)) if ids_file is not None else None
+    items_identity = _checked_items(items, served_ids(index, ids), index_file) if items is not None else None
     tmp = sibling_dir(out)  # published whole by one rename (atomic_dir.py), as every artifact folder is
     try:
         how = _link_or_copy(index_file, tmp / INDEX_NAME)
@@ -114,6 +120,7 @@ def adopt(
             "M": None,
             "nbits": None,
             "labels": "positions into ids.npy" if ids is not None else "gallery ids",
+            **({"items": items_identity} if items_identity is not None else {}),
             "old_model": {"backend": backend, "model_id": model_id, "fingerprint": None, "dim": int(index.d)},
             "sha256": sha256_of(tmp / INDEX_NAME),
             "index_bytes": (tmp / INDEX_NAME).stat().st_size,
@@ -166,6 +173,44 @@ def _refuse_non_unit_rows(index: Any, where: Path) -> None:
             f"{where}: an L2 index of rows of norm {float(norms.min()):.3g}..{float(norms.max()):.3g}; by L2 the "
             "head's unit queries rank only unit rows by cosine (re-add the rows normalised, or use inner product)"
         )
+
+
+def served_ids(index: Any, ids: I64 | None) -> I64:
+    """Every gallery id the index answers with: --ids, its id map, its inverted lists' ids, or its positions."""
+    if ids is not None:
+        return ids
+    outer: Any = faiss.downcast_index(index)
+    if isinstance(outer, faiss.IndexIDMap):
+        return faiss.vector_to_array(outer.id_map).astype(np.int64)
+    try:
+        lists: Any = faiss.extract_index_ivf(outer).invlists
+    except RuntimeError:
+        return np.arange(int(index.ntotal), dtype=np.int64)  # Flat, HNSW: labels are positions
+    parts = [
+        faiss.rev_swig_ptr(lists.get_ids(i), lists.list_size(i)).copy()
+        for i in range(lists.nlist)
+        if lists.list_size(i)
+    ]
+    return np.concatenate(parts).astype(np.int64) if parts else np.zeros(0, dtype=np.int64)
+
+
+def _checked_items(items: Path, ids: I64, where: Path) -> dict[str, Any]:
+    """--items: the item store must hold exactly the index's ids; its identity, as gallery.json records it."""
+    from service.items.store import ItemStore
+
+    store = ItemStore.open(items)
+    try:
+        known = store.ids()
+        missing = ids[~np.isin(ids, known)]
+        if len(missing) or store.count != len(ids):
+            first = f" (the smallest: id {int(missing.min())})" if len(missing) else ""
+            raise InputError(
+                f"{where} serves {len(ids):,} ids, item store {items} holds {store.count:,} items; "
+                f"{len(missing):,} of the index's ids are not in it{first}"
+            )
+        return store.identity.as_dict()
+    finally:
+        store.close()
 
 
 def _checked_ids(path: Path, ntotal: int) -> I64:

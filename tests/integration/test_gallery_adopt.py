@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 
 from service.errors import ArtifactError, InputError
-from service.index.adopted import AdoptedGallery, adopt
+from service.index.adopted import AdoptedGallery, adopt, served_ids
 from service.index.base import Exclusion
 from service.settings import CompatSettings, IndexSettings, Settings
 from tests.support.app import serving
@@ -85,6 +85,9 @@ def _their_answer(index: faiss.Index, labels: str, k: int, nprobe: int) -> np.nd
 @pytest.mark.parametrize(("spec", "labels"), KINDS, ids=[f"{s}-{lab}" for s, lab in KINDS])
 def test_an_adopted_index_answers_as_the_users_own_and_skips_moved_ids(tmp_path: Path, spec: str, labels: str) -> None:
     index, gallery = _adopted(tmp_path, spec, labels)
+    # Every id it can answer with, read from the file as --items checks them against the item store.
+    given = GALLERY_IDS if labels == "positions" else None
+    assert sorted(served_ids(faiss.read_index(str(tmp_path / "theirs.faiss")), given)) == sorted(GALLERY_IDS)
     scores, ids = gallery.search(QUERIES, 10, nprobe=8 if gallery.max_nprobe else 1)
     np.testing.assert_array_equal(ids, _their_answer(index, labels, 10, 8))
     assert set(ids.ravel().tolist()) <= set(GALLERY_IDS.tolist())
@@ -151,9 +154,15 @@ def test_what_cannot_be_served_is_refused_in_one_line(tmp_path: Path) -> None:
 
 async def test_the_worlds_own_index_adopted_is_served_as_its_built_gallery(world: World, tmp_path: Path) -> None:
     built = json.loads((world.gallery_dir / "gallery.json").read_text())
-    done = cli("gallery", "adopt", world.gallery_dir / "index.faiss", "--out", tmp_path / "adopted",
-               "--model-id", built["old_model"]["model_id"], "--backend", built["old_model"]["backend"])  # fmt: skip
+    assert cli("synth", "items", "--size", 20_000, "--out", tmp_path / "items").returncode == 0
+    assert cli("synth", "items", "--size", 100, "--out", tmp_path / "few").returncode == 0
+    adopt_args = ["gallery", "adopt", world.gallery_dir / "index.faiss", "--model-id", built["old_model"]["model_id"],
+                  "--backend", built["old_model"]["backend"]]  # fmt: skip
+    wrong = cli(*adopt_args, "--out", tmp_path / "refused", "--items", tmp_path / "few")
+    assert wrong.returncode == 2 and "19,900 of the index's ids are not in it (the smallest: id 100)" in wrong.stderr
+    done = cli(*adopt_args, "--out", tmp_path / "adopted", "--items", tmp_path / "items")
     assert done.returncode == 0, done.stderr
+    assert json.loads((tmp_path / "adopted" / "gallery.json").read_text())["items"]["count"] == 20_000
     assert "IndexIVFPQ" in done.stdout and "hard link" in done.stdout
     queries = [{"text": f"item-{i:010d} caption-1"} for i in (3, 77, 512, 4_242, 12_345)]
     answers = []
