@@ -36,7 +36,7 @@ import service
 from service.atomic_dir import readable_by_others, replace_dir, sibling_dir
 from service.errors import ArtifactError, InputError
 from service.index.artifact import INDEX_NAME, META_NAME, read_checked_meta, write_meta
-from service.index.base import Exclusion, checked_queries
+from service.index.base import Exclusion, checked_queries, cosine_of_l2
 from service.manifest import sha256_of
 
 KIND = "adopted"
@@ -250,6 +250,9 @@ class AdoptedGallery:
         self._index = index
         self._ids = ids  # labels are positions into this (None: labels are the gallery ids)
         self._order = None if ids is None else np.argsort(ids, kind="stable")  # to find a label by id
+        self._sorted_ids = (
+            None if ids is None or self._order is None else ids[self._order]
+        )  # sorted once, not per snapshot
         self.kind: dict[str, Any] = meta["index"]
         self.dim = int(index.d)
         self.ntotal = int(index.ntotal)
@@ -297,8 +300,8 @@ class AdoptedGallery:
         found = labels >= 0
         ids = labels if self._ids is None else np.where(found, self._ids[np.maximum(labels, 0)], -1)
         scores = np.asarray(scores, dtype=np.float32)
-        if self.kind["metric"] == "l2":  # squared distance between unit rows: 2 - 2 cos
-            scores = np.where(found, 1.0 - scores / 2.0, scores).astype(np.float32)
+        if self.kind["metric"] == "l2":  # faiss gives the squared distance
+            scores = np.where(found, cosine_of_l2(scores), scores).astype(np.float32)
         return scores, ids
 
     def _params(self, nprobe: int) -> Any:
@@ -315,11 +318,11 @@ class AdoptedGallery:
 
     def _selector(self, exclude: Exclusion) -> Any:
         """The faiss selector that skips the excluded gallery ids, in the index's own labels."""
-        if self._ids is None or self._order is None:
+        if self._order is None or self._sorted_ids is None:
             return exclude.faiss_selector.outer
         cached = self._excluded
         if cached is None or cached[0] is not exclude:  # a new snapshot: its moved ids as labels, once
-            by_id = self._ids[self._order]
+            by_id = self._sorted_ids
             pos = np.minimum(np.searchsorted(by_id, exclude.ids), len(by_id) - 1)
             hit = by_id[pos] == exclude.ids
             cached = (exclude, Exclusion(np.sort(self._order[pos[hit]]).astype(np.int64)))

@@ -169,6 +169,18 @@ def check_nprobe(nprobe: int, max_nprobe: int | None) -> None:
         raise InputError(f"nprobe must be {bound}, got {nprobe}")
 
 
+def cosine_of_l2(squared: npt.NDArray[np.floating[Any]]) -> npt.NDArray[np.float32]:
+    """The cosine of two unit rows from their squared L2 distance (|a - b|^2 = 2 - 2 cos): a store that ranks by
+    L2 reports its scores on the scale the others (and hybrid's merge) read."""
+    return (1.0 - np.asarray(squared, dtype=np.float64) / 2.0).astype(np.float32)
+
+
+def first_line(exc: BaseException) -> str:
+    """An exception's first line (its class name when it says nothing), for a one-line message about a store."""
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
+
+
 def setting_line(index: IndexSettings) -> str:
     """The environment variables that chose the gallery, as the user would set them."""
     if index.backend == "qdrant":

@@ -33,7 +33,14 @@ import numpy as np
 import numpy.typing as npt
 
 from service.errors import ArtifactError, GalleryUnavailable
-from service.index.base import Exclusion, checked_queries, excluding_by_overfetch, setting_line
+from service.index.base import (
+    Exclusion,
+    checked_queries,
+    cosine_of_l2,
+    excluding_by_overfetch,
+    first_line,
+    setting_line,
+)
 
 if TYPE_CHECKING:
     from service.settings import IndexSettings
@@ -56,7 +63,7 @@ def as_cosine(distance: npt.NDArray[np.float64], metric: str) -> npt.NDArray[np.
         return (-distance).astype(np.float32)  # <#> is the negative inner product
     if metric == "cosine":
         return (1.0 - distance).astype(np.float32)
-    return (1.0 - distance**2 / 2.0).astype(np.float32)  # <-> is the L2 distance
+    return cosine_of_l2(distance**2)  # <-> is the L2 distance
 
 
 class PgvectorGallery:
@@ -82,6 +89,17 @@ class PgvectorGallery:
         self._connections: list[Any] = []
         self._lock = threading.Lock()
         self._problem: str | None = None
+        from psycopg import sql
+
+        # Composed once: every search sends it with its query row and k.
+        self._statement = sql.SQL(
+            "SELECT {id}, {col} {op} %s::vector FROM {table} ORDER BY {col} {op} %s::vector LIMIT %s"
+        ).format(
+            id=sql.Identifier(self.id_column),
+            col=sql.Identifier(self.column),
+            op=sql.SQL(self.operator),
+            table=_table_identifier(self.table),
+        )
 
     @property
     def max_nprobe(self) -> int | None:
@@ -99,7 +117,7 @@ class PgvectorGallery:
             with _connect(dsn) as conn:
                 described = _describe(conn, settings, where)
         except psycopg.OperationalError as exc:
-            raise GalleryUnavailable(f"cannot reach PostgreSQL ({where}): {_first_line(exc)}") from exc
+            raise GalleryUnavailable(f"cannot reach PostgreSQL ({where}): {first_line(exc)}") from exc
         return cls(settings, described)
 
     def search(
@@ -116,25 +134,16 @@ class PgvectorGallery:
     ) -> tuple[npt.NDArray[np.float32], npt.NDArray[np.int64]]:
         """One SQL query per row, on this thread's connection, in one read-only transaction."""
         import psycopg
-        from psycopg import sql
 
         scores = np.full((len(q), k), -np.inf, dtype=np.float32)
         ids = np.full((len(q), k), -1, dtype=np.int64)
-        statement = sql.SQL(
-            "SELECT {id}, {col} {op} %s::vector FROM {table} ORDER BY {col} {op} %s::vector LIMIT %s"
-        ).format(
-            id=sql.Identifier(self.id_column),
-            col=sql.Identifier(self.column),
-            op=sql.SQL(self.operator),
-            table=_table_identifier(self.table),
-        )
         try:
             conn = self._connection()
             with conn.transaction(), conn.cursor() as cur:
                 self._set_search_parameters(cur, k, nprobe)
                 for row, query in enumerate(q):
                     text = _vector_text(query)
-                    found = cur.execute(statement, (text, text, k)).fetchall()
+                    found = cur.execute(self._statement, (text, text, k)).fetchall()
                     if found:
                         ids[row, : len(found)] = [r[0] for r in found]
                         scores[row, : len(found)] = as_cosine(
@@ -142,7 +151,7 @@ class PgvectorGallery:
                         )
         except psycopg.OperationalError as exc:
             self._drop_connection()
-            self._problem = f"PostgreSQL does not answer: {_first_line(exc)}"
+            self._problem = f"PostgreSQL does not answer: {first_line(exc)}"
             raise GalleryUnavailable(f"the pgvector gallery did not answer ({setting_line(self.settings)})") from exc
         self._problem = None
         return scores, ids
@@ -202,7 +211,7 @@ class PgvectorGallery:
             with _connect(self._dsn) as conn:
                 conn.execute("SELECT 1")
         except psycopg.OperationalError as exc:
-            self._problem = f"PostgreSQL does not answer: {_first_line(exc)}"
+            self._problem = f"PostgreSQL does not answer: {first_line(exc)}"
             return self._problem
         self._problem = None
         return None
@@ -325,9 +334,3 @@ def _table_identifier(table: str) -> Any:
 def _vector_text(row: npt.NDArray[np.float32]) -> str:
     """A query row in pgvector's text form ([x,y,...]): no client-side type registration needed."""
     return "[" + ",".join(repr(float(x)) for x in row) + "]"
-
-
-def _first_line(exc: BaseException) -> str:
-    """An exception's first line, for a one-line message."""
-    text = str(exc).strip()
-    return text.splitlines()[0] if text else type(exc).__name__

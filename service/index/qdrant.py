@@ -32,7 +32,14 @@ import numpy as np
 import numpy.typing as npt
 
 from service.errors import ArtifactError, GalleryUnavailable
-from service.index.base import Exclusion, checked_queries, excluding_by_overfetch, setting_line
+from service.index.base import (
+    Exclusion,
+    checked_queries,
+    cosine_of_l2,
+    excluding_by_overfetch,
+    first_line,
+    setting_line,
+)
 
 if TYPE_CHECKING:
     from service.settings import IndexSettings
@@ -72,7 +79,7 @@ class QdrantGallery:
             raise
         except Exception as exc:  # the client's transport errors: the server is not there
             client.close()
-            raise GalleryUnavailable(f"cannot reach Qdrant ({where}): {_first_line(exc)}") from exc
+            raise GalleryUnavailable(f"cannot reach Qdrant ({where}): {first_line(exc)}") from exc
         return cls(settings, client, described)
 
     def search(
@@ -103,7 +110,7 @@ class QdrantGallery:
                 warnings.simplefilter("ignore", UserWarning)
                 answers = self._client.query_batch_points(self.collection, requests=requests, timeout=TIMEOUT_S)
         except Exception as exc:  # the client's transport and server errors alike: an outage for this request
-            self._problem = f"Qdrant does not answer: {_first_line(exc)}"
+            self._problem = f"Qdrant does not answer: {first_line(exc)}"
             raise GalleryUnavailable(f"the Qdrant gallery did not answer ({setting_line(self.settings)})") from exc
         self._problem = None
         scores = np.full((len(q), k), -np.inf, dtype=np.float32)
@@ -112,7 +119,7 @@ class QdrantGallery:
             points = answer.points
             ids[row, : len(points)] = [int(p.id) for p in points]
             found = np.array([p.score for p in points], dtype=np.float64)
-            scores[row, : len(points)] = (1.0 - found**2 / 2.0) if self.metric == "l2" else found
+            scores[row, : len(points)] = cosine_of_l2(found**2) if self.metric == "l2" else found
         return scores, ids
 
     def describe(self) -> dict[str, Any]:
@@ -136,7 +143,7 @@ class QdrantGallery:
         try:
             self._client.collection_exists(self.collection)
         except Exception as exc:  # the client's transport errors
-            self._problem = f"Qdrant does not answer: {_first_line(exc)}"
+            self._problem = f"Qdrant does not answer: {first_line(exc)}"
             return self._problem
         self._problem = None
         return None
@@ -196,9 +203,3 @@ def _describe(client: Any, settings: IndexSettings, where: str) -> dict[str, Any
         "metric": DISTANCES[distance],
         "fingerprint": hashlib.sha256(f"qdrant:{origin}/{name}/{vector or ''}".encode()).hexdigest(),
     }
-
-
-def _first_line(exc: BaseException) -> str:
-    """An exception's first line, for a one-line message."""
-    text = str(exc).strip()
-    return text.splitlines()[0] if text else type(exc).__name__
