@@ -54,9 +54,9 @@ from service.query.hybrid import SegmentSearch
 from service.query.job import Query, QueryResult, SearchJob, SearchOutcome
 from service.query.search import search_pool_size, transform_and_search
 from service.query.validation import default_mode, served_modes, validate
+from service.segment.base import SegmentStore
 from service.segment.cutover import SegmentGallery, cutover_profile, open_finished
-from service.segment.layout import GalleryRef
-from service.segment.reader import Indexing, Segment
+from service.segment.factory import indexing_of, open_segment, segment_configured
 from service.segment.writer import SegmentWriter
 from service.settings import NO_MODEL, EncoderSettings, Settings, env_name
 from service.traffic.hits import HitCounter, create_hit_counter
@@ -241,17 +241,12 @@ def _refuse_nprobe_over_nlist(settings: Settings, gallery: GalleryBackend) -> No
         )
 
 
-def _indexing(settings: Settings) -> Indexing:
-    """How the segment is searched (index.segment_exact, index.segment_ef_search)."""
-    return Indexing(settings.index.segment_exact, settings.index.segment_ef_search)
-
-
 def _finished_segment(settings: Settings, new: Encoder) -> tuple[GalleryBackend, CompatProfile]:
     """After the cut-over: the finished segment as the gallery, and the new model's stand-in profile."""
     assert settings.index.segment_dir is not None  # Settings refuses a cut-over without a segment
     model = identity_of(new, settings.new.backend)
-    segment = open_finished(settings.index.segment_dir, model, _indexing(settings))
-    return SegmentGallery(segment), cutover_profile(model)
+    segment = open_finished(settings.index.segment_dir, model, indexing_of(settings.index))
+    return SegmentGallery(segment, segment.meta.gallery.fingerprint), cutover_profile(model)
 
 
 async def _acquire_artifacts(
@@ -294,19 +289,21 @@ async def _acquire_hits(stack: AsyncExitStack, settings: Settings) -> HitCounter
 async def _acquire_segment(
     stack: AsyncExitStack, settings: Settings, new: Encoder, gallery: GalleryBackend
 ) -> SegmentSearch | None:
-    """The new-model segment beside the gallery (None without index.segment_dir), its pool and its refresh loop.
+    """The new-model segment beside the gallery (None when the settings name none), its pool and refresh loop.
 
     After the cut-over it is the gallery itself, already open (SegmentGallery).
     """
-    folder = settings.index.segment_dir
-    if folder is None:
+    if not segment_configured(settings.index):
         return None
+    segment: SegmentStore | None
     if isinstance(gallery, SegmentGallery):
         segment = gallery.segment
     else:
         model = identity_of(new, settings.new.backend)
-        beside = GalleryRef(gallery.fingerprint, gallery.ntotal)
-        segment = await asyncio.to_thread(Segment.beside, folder, model, beside, _indexing(settings))
+        segment = await asyncio.to_thread(open_segment, settings.index, model, gallery)
+        if segment is None:
+            return None
+        _on_unwind(stack, "the segment", partial(asyncio.to_thread, segment.close))
     _record_segment(segment)
     # Its own threads: a hybrid search waits on the segment's search from a search pool thread.
     pool = ThreadPoolExecutor(search_pool_size(settings.index), thread_name_prefix="nobackfill-segment")
@@ -321,24 +318,24 @@ async def _acquire_segment(
     return SegmentSearch(segment, settings.index.hybrid_merge, pool)
 
 
-async def _keep_refreshed(segment: Segment, every_s: float) -> None:
+async def _keep_refreshed(segment: SegmentStore, every_s: float) -> None:
     """Pick up the shards published since, every `every_s`; a failure is logged and the current snapshot serves on."""
     while True:
         await asyncio.sleep(every_s)
         try:
             loaded = await asyncio.to_thread(segment.refresh)
         except Exception as exc:  # a segment.json of another model, an unreadable folder: serve what we have
-            log.error("segment %s: refresh failed, serving the last snapshot: %s", segment.folder, exc)
+            log.error("segment %s: refresh failed, serving the last snapshot: %s", segment.where, exc)
             continue
         if loaded:
-            log.info("segment %s: %d new shard(s), coverage %.4f", segment.folder, len(loaded), segment.coverage)
+            log.info("segment %s: %d new part(s), coverage %.4f", segment.where, len(loaded), segment.coverage)
         _record_segment(segment)
 
 
-def _record_segment(segment: Segment) -> None:
+def _record_segment(segment: SegmentStore) -> None:
     """Coverage and shard counts into the metrics."""
     metrics.BACKFILL_COVERAGE.set(segment.coverage)
-    metrics.SEGMENT_SHARDS.labels(state="loaded").set(len(segment.snapshot.shards))
+    metrics.SEGMENT_SHARDS.labels(state="loaded").set(segment.parts)
     metrics.SEGMENT_SHARDS.labels(state="refused").set(len(segment.refused))
 
 

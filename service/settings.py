@@ -194,6 +194,10 @@ class IndexSettings(Section):
     """backend pgvector: the vector column of the old model's rows."""
     pgvector_ef_search: int = Field(40, ge=1)
     """backend pgvector: hnsw.ef_search for an HNSW index (at least k)."""
+    # The migration in the table's own form (segment/pgvector_column.py): the new model's rows in a
+    # second vector column, added by `backfill run --add-column`; set, the default mode is hybrid.
+    pgvector_new_column: str | None = None
+    """backend pgvector: the new model's vector column of the same table (the segment), e.g. embedding_v2."""
     # "qdrant": the user's Qdrant collection, searched read-only (index/qdrant.py).
     qdrant_url: str | None = None
     """backend qdrant: the server, http://host:6333."""
@@ -519,6 +523,21 @@ def _contradictions(settings: Settings) -> list[str]:
     unset = [env_name("index", name) for name in ("pgvector_dsn", "pgvector_table") if not getattr(index, name)]
     if index.backend == "pgvector" and unset:
         problems.append(f"{env_name('index', 'backend')}=pgvector needs {' and '.join(unset)}")
+    if index.pgvector_new_column is not None and index.backend != "pgvector":
+        problems.append(
+            f"{env_name('index', 'pgvector_new_column')} is a column of the pgvector gallery's table: "
+            f"it needs {env_name('index', 'backend')}=pgvector"
+        )
+    if index.pgvector_new_column is not None and index.segment_dir is not None:
+        problems.append(
+            f"{env_name('index', 'pgvector_new_column')} and {env_name('index', 'segment_dir')} both name a "
+            "segment: set one"
+        )
+    if index.pgvector_new_column is not None and index.pgvector_new_column == index.pgvector_column:
+        problems.append(
+            f"{env_name('index', 'pgvector_new_column')} is the old model's column "
+            f"({env_name('index', 'pgvector_column')}): the new rows go into a column of their own"
+        )
     if index.backend == "qdrant" and (
         not index.qdrant_collection or (index.qdrant_url is None) == (index.qdrant_path is None)
     ):

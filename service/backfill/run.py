@@ -37,13 +37,13 @@ import numpy as np
 import numpy.typing as npt
 
 from service.backfill.sources import ItemSource
+from service.backfill.targets import BackfillTarget, FolderTarget
 from service.bulk.encode import encode_batch
 from service.encoders.base import Encoder
 from service.encoders.identity import ModelIdentity
 from service.errors import InputError
-from service.segment.catalog import MovedIds
-from service.segment.layout import GalleryRef, create_segment, remove_abandoned, write_shard
-from service.segment.sealed import SealReport, seal
+from service.segment.layout import GalleryRef
+from service.segment.sealed import SealReport
 from service.vocabulary import Word
 
 I64 = npt.NDArray[np.int64]
@@ -156,7 +156,7 @@ def goal(total: int, moved: int, fraction: float | None, limit: int | None) -> i
 
 
 def run_backfill(
-    segment_dir: Path,
+    target: Path | BackfillTarget,
     source: ItemSource,
     encoder: Encoder,
     model: ModelIdentity,
@@ -166,9 +166,10 @@ def run_backfill(
     writer: str = "backfill",
     on_shard: Callable[[str], None] | None = None,
 ) -> RunReport:
-    """Move items per `options` into the segment; returns what was done (see the module docstring).
+    """Move items per `options` into the segment (a folder, or any BackfillTarget); returns what was done.
 
-    One run at a time per segment (another is refused in one line), and SIGTERM stops it as Ctrl-C does.
+    See the module docstring.  One run at a time per segment (another is refused in one line), and
+    SIGTERM stops it as Ctrl-C does.
     """
     ids = source.ids()
     if len(ids) != gallery.ntotal:
@@ -176,13 +177,17 @@ def run_backfill(
             f"{source.where} holds {len(ids):,} items, but the gallery holds {gallery.ntotal:,}; "
             "backfill needs exactly the gallery's items"
         )
-    create_segment(segment_dir, model, gallery)
-    with one_run_at_a_time(segment_dir, options.part), stopped_by_sigterm():
-        return _run(segment_dir, source, encoder, model, gallery, options, hot, writer, on_shard, ids)
+    into = FolderTarget(target) if isinstance(target, Path) else target
+    try:
+        into.prepare(model, gallery)
+        with into.locked(options.part), stopped_by_sigterm():
+            return _run(into, source, encoder, model, gallery, options, hot, writer, on_shard, ids)
+    finally:
+        into.close()
 
 
 def _run(
-    segment_dir: Path,
+    target: BackfillTarget,
     source: ItemSource,
     encoder: Encoder,
     model: ModelIdentity,
@@ -196,10 +201,8 @@ def _run(
     """run_backfill's work, under the segment's run lock."""
     from service.progress import progress_bar
 
-    remove_abandoned(segment_dir)
     report = RunReport()
-    others = MovedIds(segment_dir)  # read again before each batch: the service (cascade) may be writing too
-    moved = others.update()
+    moved = target.moved()  # and again before each batch: the service (cascade) may be writing too
     order = plan(ids, options.order, options.seed, hot)
     total = gallery.ntotal
     if options.part is not None:  # this part's items, in the plan's order (hot first stays hot first)
@@ -236,7 +239,7 @@ def _run(
             return
         written()
         shard_ids, shard_rows = np.concatenate(buffer_ids), np.concatenate(buffer_rows)
-        in_flight = (writer_pool.submit(write_shard, segment_dir, shard_ids, shard_rows, model, writer), buffered)
+        in_flight = (writer_pool.submit(target.write, shard_ids, shard_rows, model, writer), buffered)
         buffer_ids.clear()
         buffer_rows.clear()
         buffered = 0
@@ -245,8 +248,7 @@ def _run(
     try:
         for start in range(0, len(todo), options.batch_size):
             planned = todo[start : start + options.batch_size]
-            others.update()
-            batch = planned[~others.contains(planned)]  # another writer (the service) moved some meanwhile
+            batch = planned[~target.moved_among(planned)]  # another writer (the service) moved some meanwhile
             report.moved_meanwhile += len(planned) - len(batch)
             if len(batch):
                 rows, usable = _encode(encoder, source, batch)
@@ -269,8 +271,8 @@ def _run(
         writer_pool.shutdown(wait=True)  # a shard under way still lands, even when encoding failed
         bar.close()
         report.seconds = time.perf_counter() - started
-    if options.seal_rows > 0 and not report.interrupted:  # a stopped run stops now; the next one seals
-        report.sealed = seal(segment_dir, options.seal_rows, writer)
+    if not report.interrupted:  # a stopped run stops now; the next one seals
+        report.sealed = target.finish(options.seal_rows, writer)
     return report
 
 

@@ -21,9 +21,22 @@ app = typer.Typer(no_args_is_help=True)
 HITS_FOLDER = Path("artifacts/hits")
 
 
+# `--segment pgvector:COLUMN`: the segment is that column of the pgvector table the settings name
+# (NOBACKFILL_INDEX__PGVECTOR_DSN, NOBACKFILL_INDEX__PGVECTOR_TABLE), not a folder.
+PGVECTOR_PREFIX = "pgvector:"
+
+
 @app.command("run")
 def run(
-    segment: Path = typer.Option(..., "--segment", help="Segment folder (created on the first run)."),
+    segment: Path = typer.Option(
+        ...,
+        "--segment",
+        help="Segment folder (created on the first run), or pgvector:COLUMN (a new column of the pgvector "
+        "table the NOBACKFILL_INDEX__PGVECTOR_* settings name).",
+    ),
+    add_column: bool = typer.Option(
+        False, "--add-column", help="pgvector:COLUMN: add the column when it is not there (ALTER TABLE, no rewrite)."
+    ),
     input_path: Path = typer.Option(
         ..., "--input", help="The gallery's items: an item store, or a file / image folder as `encode` reads it."
     ),
@@ -102,10 +115,17 @@ def run(
     if not Order.has(order):
         raise InputError(f"--order must be one of {', '.join(Order)}, got {order!r}")
     my_part = Part.parse(part) if part is not None else None  # before the model loads: a typo fails at once
-    _need_a_model_reference(segment, profile, new_model_id)
+    column = _pgvector_column(segment)
+    if column is None:
+        _need_a_model_reference(segment, profile, new_model_id)
+    elif profile is None and new_model_id is None and not column.exists():
+        raise InputError(
+            f"{column.where}: no column yet and no --profile: pass --profile PROFILE_DIR or --new-model-id ID "
+            "to confirm the model its rows come from"
+        )
     _refuse_an_artifact_as_items(input_path)
     source = open_items(input_path, modality, field, id_field, ids)
-    gallery_ref = _gallery_ref(segment, gallery, source)
+    gallery_ref = _gallery_ref(segment, gallery, source) if column is None else column.gallery_ref()
     hot = _hot_ids(hits) if order == Order.hot else None
     encoder, identity = load_encoder(backend, path, role=Role.new, device=device, model_id=model_id, threads=threads)
     if profile is not None:
@@ -129,16 +149,20 @@ def run(
     )
     if fraction is not None and limit is not None:
         raise InputError("give --fraction or --limit, not both")
-    report = run_backfill(segment, source, encoder, identity, gallery_ref, options, hot=hot)
+    target = segment if column is None else column.target(add_column)
+    report = run_backfill(target, source, encoder, identity, gallery_ref, options, hot=hot)
     summary = describe_report(report, gallery_ref.ntotal)
     if as_json:
         typer.echo(json.dumps(summary))
         return
     from service.segment.catalog import moved_ids
 
-    now = len(moved_ids(segment))  # read from the segment: other writers may have moved items meanwhile
+    # Read from the segment: other writers may have moved items meanwhile.
+    now = len(moved_ids(segment)) if column is None else column.moved()
+    unit = "shard" if column is None else "batch"
     typer.echo(
-        f"moved {report.moved:,} items into {segment} in {len(report.shards)} shard(s), {summary['seconds']} s "
+        f"moved {report.moved:,} items into {column.where if column else segment} in {len(report.shards)} "
+        f"{unit}(es), {summary['seconds']} s "
         f"({summary['items_per_s']} items/s); the segment holds {now:,} of {gallery_ref.ntotal:,} "
         f"({now / gallery_ref.ntotal:.1%})"
         + (f"; {report.zero_rows} all-zero rows stay old" if report.zero_rows else "")
@@ -154,6 +178,56 @@ def run(
             err=True,
         )
         raise typer.Exit(143 if report.interrupted == "SIGTERM" else 130)
+
+
+class _ColumnSegment:
+    """`--segment pgvector:COLUMN` for the CLI: the settings' table, its gallery and the column's target."""
+
+    def __init__(self, column: str) -> None:
+        from service.segment.pgvector_column import PgvectorColumn
+        from service.settings import Settings
+
+        self.settings = Settings().index  # NOBACKFILL_INDEX__PGVECTOR_DSN and _TABLE, as the service reads them
+        self.column = PgvectorColumn(self.settings, column)
+        self.where = self.column.where
+
+    def exists(self) -> bool:
+        """Whether the table has the column."""
+        with self.column.connect() as conn:
+            return self.column.state(conn) is not None
+
+    def gallery_ref(self) -> Any:
+        """The table's old column as the gallery the segment sits beside (opened as the service opens it)."""
+        from service.index.pgvector import PgvectorGallery
+        from service.segment.layout import GalleryRef
+
+        gallery = PgvectorGallery.open(self.settings)
+        gallery.close()
+        return GalleryRef(gallery.fingerprint, gallery.ntotal)
+
+    def target(self, add_column: bool) -> Any:
+        """backfill run's target."""
+        from service.backfill.pgvector_target import PgvectorColumnTarget
+
+        return PgvectorColumnTarget(self.settings, self.column.column, add_column=add_column)
+
+    def moved(self) -> int:
+        """Rows whose column is set now."""
+        with self.column.connect() as conn:
+            return self.column.count(conn) if self.column.state(conn) is not None else 0
+
+
+def _pgvector_column(segment: Path) -> _ColumnSegment | None:
+    """The column `--segment pgvector:COLUMN` names (None for a folder); InputError without a column name."""
+    from service.errors import InputError
+
+    text = str(segment)
+    if not text.startswith(PGVECTOR_PREFIX):
+        return None
+    name = text.removeprefix(PGVECTOR_PREFIX)
+    if not name:
+        raise InputError("--segment pgvector:COLUMN needs the column's name, e.g. pgvector:embedding_v2")
+    return _ColumnSegment(name)
 
 
 def _need_a_model_reference(segment: Path, profile: Path | None, new_model_id: str | None) -> None:

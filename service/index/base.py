@@ -42,9 +42,15 @@ if TYPE_CHECKING:
 
 @dataclass(frozen=True, eq=False)
 class Exclusion:
-    """Gallery ids a search must skip (the items moved into the new-model segment), sorted."""
+    """Gallery ids a search must skip (the items moved into the new-model segment), sorted.
+
+    column: the moved items are instead the rows of the gallery's own table whose `column` (the new
+    model's, segment/pgvector_column.py) is set; ids is then empty and only that table's gallery can
+    skip them, in its own WHERE (segment/factory.py pairs the two, never another gallery).
+    """
 
     ids: Ids = field(repr=False)
+    column: str | None = None
 
     @cached_property
     def faiss_selector(self) -> Any:

@@ -16,8 +16,10 @@ the scale hybrid's merge reads.  A request's nprobe becomes `ivfflat.probes` for
 (bounded by its lists); an HNSW index searches at `hnsw.ef_search` = max(its setting, k).  Nothing
 is ever written: the connection is read-only (`default_transaction_read_only`).
 
-Moved items (hybrid) are left out by over-fetching (index/base.py), exact as long as the list can
-grow; a WHERE filter over a million moved ids would cost more than it saves.  Each search thread has
+Moved items (hybrid) are left out in SQL when the segment is a column of this same table
+(`WHERE new IS NULL`, segment/pgvector_column.py), with pgvector's iterative index scan so a filtered
+search still finds k rows; beside a segment folder, by over-fetching (index/base.py), exact as long as
+the list can grow (a WHERE over a million listed ids would cost more than it saves).  Each search thread has
 its own connection.  A connection that fails (server down, a timeout) answers 503 gallery_unavailable
 and is opened again on the next search.
 """
@@ -84,22 +86,10 @@ class PgvectorGallery:
         self.lists: int | None = described["lists"]
         self.fingerprint: str = described["fingerprint"]
         self.meta: dict[str, Any] = {}  # no recorded model identity: artifact_check compares the dim
-        self._dsn = settings.pgvector_dsn.get_secret_value() if settings.pgvector_dsn else ""
-        self._local = threading.local()
-        self._connections: list[Any] = []
-        self._lock = threading.Lock()
+        self._connections = ThreadConnections(dsn_of(settings))
         self._problem: str | None = None
-        from psycopg import sql
-
-        # Composed once: every search sends it with its query row and k.
-        self._statement = sql.SQL(
-            "SELECT {id}, {col} {op} %s::vector FROM {table} ORDER BY {col} {op} %s::vector LIMIT %s"
-        ).format(
-            id=sql.Identifier(self.id_column),
-            col=sql.Identifier(self.column),
-            op=sql.SQL(self.operator),
-            table=_table_identifier(self.table),
-        )
+        # Composed once each: every search sends one with its query row and k.
+        self._statements: dict[str | None, Any] = {None: self._compose(None)}
 
     @property
     def max_nprobe(self) -> int | None:
@@ -112,9 +102,8 @@ class PgvectorGallery:
         import psycopg
 
         where = setting_line(settings)
-        dsn = settings.pgvector_dsn.get_secret_value() if settings.pgvector_dsn else ""
         try:
-            with _connect(dsn) as conn:
+            with connect(dsn_of(settings)) as conn:
                 described = _describe(conn, settings, where)
         except psycopg.OperationalError as exc:
             raise GalleryUnavailable(f"cannot reach PostgreSQL ({where}): {first_line(exc)}") from exc
@@ -125,65 +114,74 @@ class PgvectorGallery:
     ) -> tuple[npt.NDArray[np.float32], npt.NDArray[np.int64]]:
         """Top-k by the table's index (or exactly), as cosines, skipping `exclude`'s ids: (scores, ids; -1 pads)."""
         q = checked_queries(queries, self.dim, k, nprobe, self.max_nprobe)
+        if exclude is not None and exclude.column is not None:  # the segment is a column of this table
+            return self._search(q, k, nprobe, unmoved=exclude.column)
         if exclude is not None and len(exclude.ids):
             return excluding_by_overfetch(self._search, q, k, nprobe, exclude)
         return self._search(q, k, nprobe)
 
+    def _compose(self, unmoved: str | None) -> Any:
+        """The search statement; with `unmoved`, only the rows whose `unmoved` column (the new model's) is NULL."""
+        from psycopg import sql
+
+        where = sql.SQL("WHERE {} IS NULL ").format(sql.Identifier(unmoved)) if unmoved else sql.SQL("")
+        return sql.SQL(
+            "SELECT {id}, {col} {op} %s::vector FROM {table} {where}ORDER BY {col} {op} %s::vector LIMIT %s"
+        ).format(
+            id=sql.Identifier(self.id_column),
+            col=sql.Identifier(self.column),
+            op=sql.SQL(self.operator),
+            table=table_identifier(self.table),
+            where=where,
+        )
+
     def _search(
-        self, q: npt.NDArray[np.float32], k: int, nprobe: int
+        self, q: npt.NDArray[np.float32], k: int, nprobe: int, unmoved: str | None = None
     ) -> tuple[npt.NDArray[np.float32], npt.NDArray[np.int64]]:
         """One SQL query per row, on this thread's connection, in one read-only transaction."""
         import psycopg
 
+        statement = self._statements.get(unmoved)
+        if statement is None:
+            statement = self._statements.setdefault(unmoved, self._compose(unmoved))
+
         scores = np.full((len(q), k), -np.inf, dtype=np.float32)
         ids = np.full((len(q), k), -1, dtype=np.int64)
         try:
-            conn = self._connection()
+            conn = self._connections.get()
             with conn.transaction(), conn.cursor() as cur:
-                self._set_search_parameters(cur, k, nprobe)
+                self._set_search_parameters(cur, k, nprobe, filtered=unmoved is not None)
                 for row, query in enumerate(q):
-                    text = _vector_text(query)
-                    found = cur.execute(self._statement, (text, text, k)).fetchall()
+                    text = vector_text(query)
+                    found = cur.execute(statement, (text, text, k)).fetchall()
                     if found:
                         ids[row, : len(found)] = [r[0] for r in found]
                         scores[row, : len(found)] = as_cosine(
                             np.array([r[1] for r in found], dtype=np.float64), self.metric
                         )
         except psycopg.OperationalError as exc:
-            self._drop_connection()
+            self._connections.drop()
             self._problem = f"PostgreSQL does not answer: {first_line(exc)}"
             raise GalleryUnavailable(f"the pgvector gallery did not answer ({setting_line(self.settings)})") from exc
         self._problem = None
         return scores, ids
 
-    def _set_search_parameters(self, cur: Any, k: int, nprobe: int) -> None:
-        """The index's search parameters for this transaction only (SET LOCAL: other threads never see them)."""
+    def _set_search_parameters(self, cur: Any, k: int, nprobe: int, *, filtered: bool = False) -> None:
+        """The index's search parameters for this transaction only (SET LOCAL: other threads never see them).
+
+        filtered (moved rows left out): the index scan goes on past its first candidates until k rows
+        pass the filter (pgvector >= 0.8's iterative scans), instead of returning fewer than k.
+        """
         if self.index_method == "ivfflat":
             cur.execute("SELECT set_config('ivfflat.probes', %s, true)", (str(nprobe),))
+            if filtered:
+                cur.execute("SELECT set_config('ivfflat.iterative_scan', 'relaxed_order', true)")
         elif self.index_method == "hnsw":
             cur.execute(
                 "SELECT set_config('hnsw.ef_search', %s, true)", (str(max(self.settings.pgvector_ef_search, k)),)
             )
-
-    def _connection(self) -> Any:
-        """This thread's connection, opened on first use (and after a failure)."""
-        conn = getattr(self._local, "conn", None)
-        if conn is None or conn.closed:
-            conn = _connect(self._dsn)
-            self._local.conn = conn
-            with self._lock:
-                self._connections.append(conn)
-        return conn
-
-    def _drop_connection(self) -> None:
-        """Forget this thread's connection (the next search opens a fresh one)."""
-        conn = getattr(self._local, "conn", None)
-        self._local.conn = None
-        if conn is not None:
-            try:
-                conn.close()
-            except Exception:  # noqa: BLE001 (a broken connection may fail to close; it is gone either way)
-                log.debug("closing a failed PostgreSQL connection raised", exc_info=True)
+            if filtered:
+                cur.execute("SELECT set_config('hnsw.iterative_scan', 'strict_order', true)")
 
     def describe(self) -> dict[str, Any]:
         """What /v1/info reports: the table, its index and size."""
@@ -208,7 +206,7 @@ class PgvectorGallery:
         import psycopg
 
         try:
-            with _connect(self._dsn) as conn:
+            with connect(self._connections.dsn) as conn:
                 conn.execute("SELECT 1")
         except psycopg.OperationalError as exc:
             self._problem = f"PostgreSQL does not answer: {first_line(exc)}"
@@ -218,22 +216,58 @@ class PgvectorGallery:
 
     def close(self) -> None:
         """Close every thread's connection."""
-        with self._lock:
-            connections, self._connections = self._connections, []
-        for conn in connections:
-            conn.close()
+        self._connections.close()
 
 
-def _connect(dsn: str) -> Any:
-    """A read-only, autocommit connection (nothing this service sends can write)."""
+def dsn_of(settings: IndexSettings) -> str:
+    """The connection string (a secret: never logged, never in an error)."""
+    return settings.pgvector_dsn.get_secret_value() if settings.pgvector_dsn else ""
+
+
+def connect(dsn: str, *, read_only: bool = True) -> Any:
+    """An autocommit connection; read-only unless a writer asks (nothing the gallery sends can write)."""
     import psycopg
 
-    return psycopg.connect(
-        dsn,
-        autocommit=True,
-        connect_timeout=CONNECT_TIMEOUT_S,
-        options="-c default_transaction_read_only=on",
-    )
+    options = "-c default_transaction_read_only=on" if read_only else ""
+    return psycopg.connect(dsn, autocommit=True, connect_timeout=CONNECT_TIMEOUT_S, options=options)
+
+
+class ThreadConnections:
+    """One connection per thread (psycopg connections are not shared across concurrent searches), closed together."""
+
+    def __init__(self, dsn: str, *, read_only: bool = True) -> None:
+        self.dsn = dsn
+        self.read_only = read_only
+        self._local = threading.local()
+        self._open: list[Any] = []
+        self._lock = threading.Lock()
+
+    def get(self) -> Any:
+        """This thread's connection, opened on first use (and after a failure)."""
+        conn = getattr(self._local, "conn", None)
+        if conn is None or conn.closed:
+            conn = connect(self.dsn, read_only=self.read_only)
+            self._local.conn = conn
+            with self._lock:
+                self._open.append(conn)
+        return conn
+
+    def drop(self) -> None:
+        """Forget this thread's connection (the next call opens a fresh one)."""
+        conn = getattr(self._local, "conn", None)
+        self._local.conn = None
+        if conn is not None:
+            try:
+                conn.close()
+            except Exception:  # noqa: BLE001 (a broken connection may fail to close; it is gone either way)
+                log.debug("closing a failed PostgreSQL connection raised", exc_info=True)
+
+    def close(self) -> None:
+        """Close every thread's connection."""
+        with self._lock:
+            connections, self._open = self._open, []
+        for conn in connections:
+            conn.close()
 
 
 def _describe(conn: Any, settings: IndexSettings, where: str) -> dict[str, Any]:
@@ -262,7 +296,7 @@ def _describe(conn: Any, settings: IndexSettings, where: str) -> dict[str, Any]:
             f"{where}: column {column!r} is {vector_type}, not a pgvector vector (NOBACKFILL_INDEX__PGVECTOR_COLUMN)"
         )
     dim = _dim(conn, vector_type, table, column, where)
-    method, opclass, options = _index_on(conn, rel, column)
+    method, opclass, options = index_on(conn, rel, column)
     operator, metric = OPERATORS.get(opclass or "vector_ip_ops", ("<#>", "ip"))
     if opclass is not None and opclass not in OPERATORS:
         raise ArtifactError(
@@ -271,7 +305,7 @@ def _describe(conn: Any, settings: IndexSettings, where: str) -> dict[str, Any]:
     lists = int(options.get("lists", 100)) if method == "ivfflat" else None
     from psycopg import sql
 
-    ntotal = conn.execute(sql.SQL("SELECT count(*) FROM {}").format(_table_identifier(table))).fetchone()[0]
+    ntotal = conn.execute(sql.SQL("SELECT count(*) FROM {}").format(table_identifier(table))).fetchone()[0]
     if ntotal == 0:
         raise ArtifactError(f"{where}: table {table!r} is empty")
     database = conn.execute("SELECT current_database()").fetchone()[0]
@@ -298,7 +332,7 @@ def _dim(conn: Any, vector_type: str, table: str, column: str, where: str) -> in
 
     row = conn.execute(
         sql.SQL("SELECT vector_dims({col}) FROM {table} WHERE {col} IS NOT NULL LIMIT 1").format(
-            col=sql.Identifier(column), table=_table_identifier(table)
+            col=sql.Identifier(column), table=table_identifier(table)
         )
     ).fetchone()
     if row is None:
@@ -306,7 +340,7 @@ def _dim(conn: Any, vector_type: str, table: str, column: str, where: str) -> in
     return int(row[0])
 
 
-def _index_on(conn: Any, rel: int, column: str) -> tuple[str | None, str | None, dict[str, str]]:
+def index_on(conn: Any, rel: int, column: str) -> tuple[str | None, str | None, dict[str, str]]:
     """(access method, operator class, reloptions) of an index on the column (hnsw preferred), or Nones."""
     rows = conn.execute(
         "SELECT am.amname, opc.opcname, c.reloptions FROM pg_index i "
@@ -324,13 +358,13 @@ def _index_on(conn: Any, rel: int, column: str) -> tuple[str | None, str | None,
     return str(method), str(opclass), options
 
 
-def _table_identifier(table: str) -> Any:
+def table_identifier(table: str) -> Any:
     """schema.table or table, quoted as identifiers."""
     from psycopg import sql
 
     return sql.Identifier(*table.split(".", 1))
 
 
-def _vector_text(row: npt.NDArray[np.float32]) -> str:
+def vector_text(row: npt.NDArray[np.float32]) -> str:
     """A query row in pgvector's text form ([x,y,...]): no client-side type registration needed."""
     return "[" + ",".join(repr(float(x)) for x in row) + "]"

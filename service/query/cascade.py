@@ -41,8 +41,8 @@ from service.encoders.batcher import MicroBatcher
 from service.errors import NobackfillError
 from service.items.store import ItemStore
 from service.query.job import QueryResult, SearchJob
+from service.segment.base import SegmentStore
 from service.segment.layout import unit_rows
-from service.segment.reader import Segment
 from service.segment.writer import SegmentWriter
 
 log = logging.getLogger("nobackfill.cascade")
@@ -85,7 +85,7 @@ class Cascade:
     timeout_s: float
     new: MicroBatcher
     pool: ThreadPoolExecutor  # item lookups run here, never on the event loop
-    segment: Segment | None = None
+    segment: SegmentStore | None = None
     writer: SegmentWriter | None = None
     items: ItemStore | None = None
 

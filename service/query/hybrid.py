@@ -1,7 +1,7 @@
 """Hybrid search: the compatible queries over the frozen gallery (moved items skipped), the new embeddings over
 the segment, both at once, merged into one top-k (segment/merge.py); and `new`, the segment alone.
 
-Every request reads one segment snapshot (segment/reader.py), so a refresh that lands meanwhile changes
+Every request reads one segment snapshot (segment/base.py's SegmentView), so a refresh that lands meanwhile changes
 nothing under it.  A row whose new embedding is all-zero (its encoder found no known token) cannot
 reach the segment: it searches the whole old gallery instead, moved items included, as `slerp` would.
 The segment's scores go onto the old scale through the profile's calibration for the query's
@@ -24,8 +24,8 @@ from service.compat.calibration import ScoreMap
 from service.compat.rows import normalize_rows
 from service.index.base import PAD_SCORE, GalleryBackend
 from service.query.job import SearchJob
+from service.segment.base import SegmentStore, SegmentView
 from service.segment.merge import Merged, merge
-from service.segment.reader import Segment, Snapshot
 from service.vocabulary import Merge
 
 F32 = npt.NDArray[np.float32]
@@ -37,7 +37,7 @@ Groups = Sequence[tuple[str, npt.NDArray[np.int64]]]  # (modality, its rows)
 class SegmentSearch:
     """The live segment, how its hits merge with the old gallery's, and the threads that search it."""
 
-    segment: Segment
+    segment: SegmentStore
     method: Merge
     pool: ThreadPoolExecutor
 
@@ -85,7 +85,7 @@ class SegmentSearch:
 
 
 def _segment_side(
-    snapshot: Snapshot,
+    snapshot: SegmentView,
     job: SearchJob,
     batch: F32,
     usable: npt.NDArray[np.bool_],
@@ -116,7 +116,7 @@ def _padded(merged: Merged) -> Merged:
 
 
 def _old_side(
-    job: SearchJob, batch: F32, gallery: GalleryBackend, snapshot: Snapshot, usable: npt.NDArray[np.bool_]
+    job: SearchJob, batch: F32, gallery: GalleryBackend, snapshot: SegmentView, usable: npt.NDArray[np.bool_]
 ) -> tuple[F32, I64]:
     """The old gallery's top-k: moved items skipped where the segment answers for them, kept where it cannot."""
     if usable.all():

@@ -11,6 +11,7 @@ from service.encoders.base import Encoder, modalities_of
 from service.errors import ArtifactError, InputError, TooManyQueries, UnsupportedMode
 from service.index.base import check_nprobe
 from service.query.job import Query, SearchJob
+from service.segment.factory import segment_configured
 from service.settings import ApiSettings, Settings
 from service.vocabulary import CLASS_HEADS, SEGMENT_MODES, Mode
 
@@ -28,7 +29,7 @@ def served_modes(settings: Settings, profile: CompatProfile) -> list[str]:
     compare = [Mode.compare] if Mode.old in own else []
     if profile.head in CLASS_HEADS:
         return [*own, *compare]
-    segment = settings.index.segment_dir is not None
+    segment = segment_configured(settings.index)
     beside = list(SEGMENT_MODES) if segment else []
     cascade = [Mode.cascade] if segment or settings.index.item_store is not None else []
     return [*own, *compare, *beside, *cascade]

@@ -19,6 +19,7 @@ from service.compat.profile import CompatProfile
 from service.encoders.identity import ModelIdentity
 from service.errors import ArtifactError
 from service.index.base import Exclusion, Hits
+from service.segment.base import SegmentStore
 from service.segment.reader import Indexing, Segment, check_served
 
 
@@ -54,17 +55,17 @@ def cutover_profile(model: ModelIdentity) -> CompatProfile:
 
 
 class SegmentGallery:
-    """A finished segment as the service's gallery (index/base.py's GalleryBackend)."""
+    """A finished segment, of any store, as the service's gallery (index/base.py's GalleryBackend)."""
 
     backend = "segment"
 
-    def __init__(self, segment: Segment) -> None:
+    def __init__(self, segment: SegmentStore, replaced: str) -> None:
         self.segment = segment
-        self.dim = segment.meta.dim
-        self.ntotal = segment.meta.gallery.ntotal
+        self.dim = segment.dim
+        self.ntotal = segment.gallery_items
         # The frozen gallery it replaced, by the fingerprint it was created beside.
-        self.fingerprint = f"segment:{segment.meta.gallery.fingerprint}"
-        self.meta: dict[str, Any] = {"old_model": segment.meta.model.as_dict()}
+        self.fingerprint = f"segment:{replaced}"
+        self.meta: dict[str, Any] = {"old_model": segment.model.as_dict()}
 
     @property
     def max_nprobe(self) -> int | None:
@@ -94,4 +95,5 @@ class SegmentGallery:
         return None
 
     def close(self) -> None:
-        """Nothing to release."""
+        """Release the segment's connections, if it has any."""
+        self.segment.close()

@@ -1,7 +1,9 @@
 """Merging the old gallery's hits with the segment's into one top-k: what hybrid search returns.
 
 Both lists come in sorted, -1 / -inf padded.  The old list never holds a moved item (its search
-excluded them), so an id appears at most once.  Three ways to put them on one scale:
+excluded them), so an id appears at most once; except that a live store (a pgvector column) may move
+an item between the two searches of one request, and then the id is kept once, where it ranks higher.
+Three ways to put them on one scale:
     calibrated  the segment's scores through the profile's ScoreMap (compat/calibration.py), each row
                 shifted by its query's offset, the old
                 scores as they are: with nothing moved, the result is the compatible search's, scores
@@ -62,10 +64,25 @@ def merge(
     scores = np.concatenate([old_s, new_s], axis=1)
     ids = np.concatenate([old_i, new_i], axis=1)
     source = np.concatenate([np.zeros(old_s.shape, bool), np.ones(new_s.shape, bool)], axis=1)
-    order = np.argsort(-scores, axis=1, kind="stable")[:, :k]  # stable: the old list's hit wins a tie
+    order = np.argsort(-scores, axis=1, kind="stable")  # stable: the old list's hit wins a tie
+    order = _first_of_each_id(scores, ids, order)[:, :k]
     top_s = np.take_along_axis(scores, order, axis=1)
     top_i = np.take_along_axis(ids, order, axis=1)
     top_src = np.take_along_axis(source, order, axis=1)
     empty = ~np.isfinite(top_s)
     top_i = np.where(empty, -1, top_i)
     return Merged(top_s.astype(np.float32), top_i.astype(np.int64), top_src & ~empty)
+
+
+def _first_of_each_id(scores: F32, ids: I64, order: I64) -> I64:
+    """`order` with each id's lower-ranked copy scored -inf (padding); as it was when no id is there twice."""
+    ranked = np.take_along_axis(ids, order, axis=1)
+    sorted_ids = np.sort(ranked, axis=1)
+    if not ((sorted_ids[:, 1:] == sorted_ids[:, :-1]) & (sorted_ids[:, 1:] >= 0)).any():
+        return order
+    for row in range(len(ranked)):
+        _, first = np.unique(ranked[row], return_index=True)
+        copy = np.ones(ranked.shape[1], dtype=bool)
+        copy[first] = False
+        scores[row, order[row][copy & (ranked[row] >= 0)]] = -np.inf
+    return np.argsort(-scores, axis=1, kind="stable")

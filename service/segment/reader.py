@@ -34,7 +34,9 @@ from service.segment.layout import (
     GalleryRef,
     SegmentMeta,
     check_same,
+    create_segment,
     read_segment_meta,
+    write_shard,
 )
 from service.segment.sealed import Sealed, SealedMeta, choose_cover, load_sealed, read_meta, sealed_names
 
@@ -151,7 +153,9 @@ def _merge_smallest(blocks: list[Block]) -> list[Block]:
 
 
 class Segment:
-    """A segment folder opened read-only by the service: the current snapshot and how to refresh it."""
+    """A segment folder as the service serves it (segment/base.py's SegmentStore): the snapshot, its refresh."""
+
+    backend = "folder"
 
     def __init__(
         self, folder: Path, meta: SegmentMeta, *, created: bool = True, indexing: Indexing | None = None
@@ -187,6 +191,31 @@ class Segment:
         segment = cls(Path(folder), SegmentMeta(model, gallery, ""), created=False, indexing=indexing)
         segment.refresh()
         return segment
+
+    @property
+    def where(self) -> str:
+        """The folder."""
+        return str(self.folder)
+
+    @property
+    def model(self) -> ModelIdentity:
+        """The new model (segment.json's, or the one expected before it exists)."""
+        return self.meta.model
+
+    @property
+    def dim(self) -> int:
+        """The new model's width."""
+        return self.meta.dim
+
+    @property
+    def gallery_items(self) -> int:
+        """Items of the gallery beside it."""
+        return self.meta.gallery.ntotal
+
+    @property
+    def parts(self) -> int:
+        """Intact shards served."""
+        return len(self.snapshot.shards)
 
     @property
     def refused(self) -> dict[str, str]:
@@ -231,6 +260,14 @@ class Segment:
             shards = tuple(e.name for e in self._catalog.intact)
             self.snapshot = Snapshot(current.dim, (*sealed, *self._growing), shards, moved, exclusion, len(sealed))
             return loaded
+
+    def write(self, ids: I64, rows: F32, writer: str) -> None:
+        """One shard of these rows (layout.write_shard), creating the segment first when the folder holds none."""
+        create_segment(self.folder, self.meta.model, self.meta.gallery)  # no-op once it exists
+        write_shard(self.folder, ids, rows, self.meta.model, writer)
+
+    def close(self) -> None:
+        """Nothing to release: the shards are memory-mapped read-only."""
 
     def _update_cover(self) -> bool:
         """Read new sealed indexes, choose the cover, load what it adds; whether the served indexes changed."""

@@ -4,12 +4,13 @@
                                     │  one thread "nobackfill-segment-writer": once shard_rows wait, or
                                     │  flush_s after the first of them, or at close
                                     ▼
-        refresh the segment (other writers' shards) ─► drop what they moved ─► layout.write_shard ─► refresh
+        refresh the segment (other writers' rows) ─► drop what they moved ─► segment.write ─► refresh
 
-The shard goes through layout.write_shard like `backfill run`'s (hidden, fsynced, one rename, a name
-no other writer can pick), so two service workers and a `backfill run` add to one segment at the same
-time without a lock; a row moved by two of them at once is kept once by every reader.  The first
-publish creates the segment when its folder holds none yet.  A failed write (disk full, a folder
+It writes through the segment's store (segment/base.py).  In a folder that is one shard through
+layout.write_shard like `backfill run`'s (hidden, fsynced, one rename, a name no other writer can
+pick), so two service workers and a `backfill run` add to one segment at the same time without a
+lock; a row moved by two of them at once is kept once by every reader.  The first publish creates
+the segment when its folder holds none yet.  A failed write (disk full, a folder
 that is not a segment) is logged and counted, the rows stay pending and are retried at the next
 flush; past max_pending new rows are dropped (counted): the query path never waits on the disk.
 """
@@ -25,8 +26,7 @@ import numpy.typing as npt
 
 from service import metrics
 from service.errors import NobackfillError
-from service.segment.layout import create_segment, write_shard
-from service.segment.reader import Segment
+from service.segment.base import SegmentStore
 
 log = logging.getLogger("nobackfill.segment")
 
@@ -39,7 +39,7 @@ RETRY_S = 5.0  # after a failed write, the next try waits at least this long
 class SegmentWriter:
     """Rows encoded on the query path, published into the service's segment by one background thread."""
 
-    def __init__(self, segment: Segment, *, shard_rows: int, flush_s: float, max_pending: int) -> None:
+    def __init__(self, segment: SegmentStore, *, shard_rows: int, flush_s: float, max_pending: int) -> None:
         self.segment = segment
         self.shard_rows = shard_rows
         self.flush_s = flush_s
@@ -72,7 +72,7 @@ class SegmentWriter:
     def rows_of(self, ids: I64) -> tuple[npt.NDArray[np.bool_], F32]:
         """Which of `ids` wait to be published, and their rows (zero elsewhere)."""
         found = np.zeros(len(ids), dtype=bool)
-        rows = np.zeros((len(ids), self.segment.meta.dim), dtype=np.float32)
+        rows = np.zeros((len(ids), self.segment.dim), dtype=np.float32)
         with self._lock:
             if not self._pending:
                 return found, rows
@@ -99,7 +99,7 @@ class SegmentWriter:
         except (NobackfillError, OSError) as exc:
             metrics.SEGMENT_WRITE_FAILURES.inc()
             log.error(
-                "segment %s: writing %d cascade rows failed, kept for a retry: %s", self.segment.folder, len(batch), exc
+                "segment %s: writing %d cascade rows failed, kept for a retry: %s", self.segment.where, len(batch), exc
             )
             self._retry_at = time.monotonic() + RETRY_S
             return 0
@@ -128,8 +128,7 @@ class SegmentWriter:
             return 0
         ids = ids[fresh]
         rows = np.stack([batch[int(i)] for i in ids]).astype(np.float32)
-        create_segment(segment.folder, segment.meta.model, segment.meta.gallery)  # no-op once it exists
-        write_shard(segment.folder, ids, rows, segment.meta.model, WRITER)
+        segment.write(ids, rows, WRITER)
         metrics.CASCADE_SEGMENT_ROWS.labels(outcome="published").inc(len(ids))
         segment.refresh()
         return len(ids)

@@ -1,0 +1,106 @@
+"""`backfill run` into the new column of the pgvector table (segment/pgvector_column.py), as a BackfillTarget.
+
+    nobackfill backfill run --segment pgvector:embedding_v2 --add-column ...   (the table from the settings)
+
+Each publish is one transaction that sets the column of a batch of rows where it is still NULL, so a
+run killed at any moment loses at most the batch in flight, and a re-run skips every row already set
+(resumable and idempotent, like a folder's shards).  The column is added only with --add-column: a
+nullable column is a catalogue change under a brief lock (lock_timeout bounds the wait), never a
+table rewrite.  One run at a time: a session advisory lock keyed by the table and column (shared by
+the parts of `--part I/N`, each part exclusive on its own key); it goes with the connection, so a run
+killed with -9 never leaves it held.  No index is built here: `backfill index` creates one, on demand.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import TYPE_CHECKING
+
+import numpy as np
+import numpy.typing as npt
+
+from service.encoders.identity import ModelIdentity
+from service.errors import InputError
+from service.index.pgvector import ThreadConnections, dsn_of
+from service.segment.layout import GalleryRef
+from service.segment.pgvector_column import PgvectorColumn
+from service.segment.sealed import SealReport
+
+if TYPE_CHECKING:
+    from service.backfill.run import Part
+    from service.settings import IndexSettings
+
+I64 = npt.NDArray[np.int64]
+F32 = npt.NDArray[np.float32]
+
+
+class PgvectorColumnTarget:
+    """The new column of the table the settings name."""
+
+    unit = "batch"
+
+    def __init__(self, settings: IndexSettings, column: str, *, add_column: bool) -> None:
+        self.column = PgvectorColumn(settings, column)
+        self.where = self.column.where
+        self.add_column = add_column
+        self._connections = ThreadConnections(dsn_of(settings), read_only=False)  # the run thread and the writer's
+        self._written = 0
+
+    def prepare(self, model: ModelIdentity, gallery: GalleryRef) -> None:
+        """Check the column is this model's beside this gallery; add it with --add-column, else refuse in one line."""
+        conn = self.column.connect(read_only=False)
+        try:
+            if self.column.checked(conn, model, gallery.fingerprint) is not None:
+                return
+            if not self.add_column:
+                raise InputError(
+                    f"{self.where}: no such column; pass --add-column to add it "
+                    f"(ALTER TABLE ... ADD COLUMN {self.column.column} vector({model.dim}): nullable, no rewrite)"
+                )
+            self.column.add(conn, model, gallery.fingerprint)
+        finally:
+            conn.close()
+
+    @contextmanager
+    def locked(self, part: Part | None) -> Iterator[None]:
+        """A session advisory lock (shared by parts, plus each part's own); InputError when another run holds it."""
+        conn = self.column.connect()
+        key = f"nobackfill:{self.column.table}.{self.column.column}"
+        try:
+            take = "pg_try_advisory_lock" if part is None else "pg_try_advisory_lock_shared"
+            if not conn.execute(f"SELECT {take}(hashtext(%s))", (key,)).fetchone()[0]:
+                what = "a `backfill run`" if part is None else "a whole `backfill run` (not a part)"
+                raise InputError(f"{self.where}: {what} is moving items into it; wait for it or stop it")
+            if (
+                part is not None
+                and not conn.execute(
+                    "SELECT pg_try_advisory_lock(hashtext(%s))", (f"{key}:part-{part.index}-of-{part.count}",)
+                ).fetchone()[0]
+            ):
+                raise InputError(f"{self.where}: part {part} is being moved by another run; each part runs once")
+            yield
+        finally:
+            conn.close()  # session locks go with the connection
+
+    def moved(self) -> I64:
+        """Every id whose column is set, sorted."""
+        return self.column.moved(self._connections.get())
+
+    def moved_among(self, ids: I64) -> npt.NDArray[np.bool_]:
+        """Which of `ids` are set by now (one lookup by id)."""
+        return self.column.moved_among(self._connections.get(), ids)
+
+    def write(self, ids: I64, rows: F32, model: ModelIdentity, writer: str) -> str:  # noqa: ARG002 (the protocol's)
+        """One transaction setting the column of `ids` where it is NULL; a name for the report."""
+        self.column.write(self._connections.get(), ids, rows)
+        self._written += 1
+        return f"batch-{self._written}"
+
+    def finish(self, seal_rows: int, writer: str) -> SealReport | None:  # noqa: ARG002 (the protocol's)
+        """Nothing: an index on the column is created by `backfill index`, never implicitly."""
+        return None
+
+    def close(self) -> None:
+        """Close the connections."""
+        self._connections.close()

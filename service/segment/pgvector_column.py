@@ -1,0 +1,399 @@
+"""`PgvectorColumnSegment`: the new-model segment as a second vector column of the user's pgvector table.
+
+    NOBACKFILL_INDEX__BACKEND=pgvector                 (the gallery: the table's old column)
+    NOBACKFILL_INDEX__PGVECTOR_NEW_COLUMN=embedding_v2  (the segment: a vector(d) column beside it)
+
+A row has moved when its new column is set; that is the one definition of "moved" for the service,
+`backfill run`, `backfill status` and the cut-over, read from the table itself.  Why a column of the
+user's table and not a side table: after the cut-over the user's application reads the new vectors
+where it read the old ones (one rename, `backfill cutover`), with the same ids, rows and permissions,
+and pgvector's own index on the column serves it with or without nobackfill in front.
+
+The column is added by `backfill run --add-column` (a nullable column: a catalogue change under a
+short lock, no table rewrite) and labelled with a `COMMENT ON COLUMN` that records the new model's
+identity and the gallery it sits beside, so the service refuses a column of another model in one line,
+as it refuses another model's segment folder.  A column that exists without that label is not ours,
+and is refused too.  Until the column exists the segment serves as empty, and each refresh looks again.
+
+Reads are live, not a snapshot in memory: hybrid's two searches run at once, the gallery's over the
+rows whose new column is NULL and this one over the rest, so a row written between them may be
+answered by both lists (hybrid's merge keeps it once) or, for that one request, by neither.  The
+count (coverage) is read at each refresh.  A search failure answers 503 (the store is down), as the
+gallery's does.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, TypeVar
+
+import numpy as np
+import numpy.typing as npt
+
+from service.encoders.identity import ModelIdentity
+from service.errors import ArtifactError, GalleryUnavailable, InputError
+from service.index.base import Exclusion, Hits, first_line
+from service.index.pgvector import (
+    OPERATORS,
+    ThreadConnections,
+    as_cosine,
+    connect,
+    dsn_of,
+    index_on,
+    table_identifier,
+    vector_text,
+)
+
+if TYPE_CHECKING:
+    from service.settings import IndexSettings
+
+log = logging.getLogger("nobackfill.segment")
+
+F32 = npt.NDArray[np.float32]
+I64 = npt.NDArray[np.int64]
+T = TypeVar("T")
+LABEL = "nobackfill"  # the key of the column comment's JSON
+STATEMENT_TIMEOUT_MS = 30_000  # a writer's batch or a DDL never holds a lock longer than this
+LOCK_TIMEOUT_MS = 5_000  # ALTER TABLE gives up instead of queueing every reader behind it
+
+
+@dataclass(frozen=True)
+class ColumnLabel:
+    """What the column's comment records: the new model, and the gallery (table column) it sits beside."""
+
+    model: ModelIdentity
+    gallery: str  # the gallery's fingerprint
+
+    def text(self) -> str:
+        """The comment's JSON."""
+        return json.dumps({LABEL: {"model": self.model.as_dict(), "gallery": self.gallery}}, sort_keys=True)
+
+    @classmethod
+    def parse(cls, comment: str | None, where: str) -> ColumnLabel | None:
+        """The label in a column comment; None when the comment is not nobackfill's."""
+        try:
+            found = json.loads(comment or "")
+        except ValueError:
+            return None
+        if not isinstance(found, dict) or not isinstance(found.get(LABEL), dict):
+            return None
+        body = found[LABEL]
+        return cls(ModelIdentity.from_dict(body.get("model") or {}, where), str(body.get("gallery", "")))
+
+
+@dataclass(frozen=True)
+class ColumnState:
+    """The new column as the catalogue describes it: its dim and label, and the index on it (if any)."""
+
+    dim: int
+    label: ColumnLabel | None
+    operator: str  # the SQL operator its index ranks by (<#> without an index: an exact scan)
+    metric: str
+    index_method: str | None
+
+
+class PgvectorColumn:
+    """The new column of one table: reads and writes in SQL, shared by the service's segment and `backfill run`."""
+
+    def __init__(self, settings: IndexSettings, column: str) -> None:
+        if not settings.pgvector_table:
+            raise InputError("a pgvector segment needs NOBACKFILL_INDEX__PGVECTOR_TABLE")
+        self.settings = settings
+        self.table = settings.pgvector_table
+        self.id_column = settings.pgvector_id_column
+        self.column = column
+        self.where = f"pgvector table {self.table}, column {column}"
+
+    def connect(self, *, read_only: bool = True) -> Any:
+        """A fresh connection with the writers' timeouts."""
+        conn = connect(dsn_of(self.settings), read_only=read_only)
+        conn.execute(f"SET statement_timeout = {STATEMENT_TIMEOUT_MS}")
+        conn.execute(f"SET lock_timeout = {LOCK_TIMEOUT_MS}")
+        return conn
+
+    def state(self, conn: Any) -> ColumnState | None:
+        """The column's dim, label and index; None when the table has no such column yet."""
+        row = conn.execute(
+            "SELECT format_type(a.atttypid, a.atttypmod), col_description(a.attrelid, a.attnum), a.attrelid "
+            "FROM pg_attribute a WHERE a.attrelid = to_regclass(%s) AND a.attname = %s AND NOT a.attisdropped",
+            (self.table, self.column),
+        ).fetchone()
+        if row is None:
+            return None
+        vector_type, comment, rel = row
+        if not str(vector_type).startswith("vector("):
+            raise ArtifactError(f"{self.where}: the column is {vector_type}, not a pgvector vector(d)")
+        dim = int(str(vector_type).split("(", 1)[1].rstrip(")"))
+        method, opclass, _ = index_on(conn, rel, self.column)
+        operator, metric = OPERATORS.get(opclass or "vector_ip_ops", ("<#>", "ip"))
+        return ColumnState(dim, ColumnLabel.parse(comment, self.where), operator, metric, method)
+
+    def checked(self, conn: Any, model: ModelIdentity, gallery: str) -> ColumnState | None:
+        """state(), refused in one line unless the column is nobackfill's, of `model`, beside `gallery`."""
+        state = self.state(conn)
+        if state is None:
+            return None
+        if state.label is None:
+            raise ArtifactError(
+                f"{self.where}: the column exists but was not added by nobackfill (no label in its comment); "
+                "name a new column in NOBACKFILL_INDEX__PGVECTOR_NEW_COLUMN"
+            )
+        if not state.label.model.same_model(model):
+            raise ArtifactError(
+                f"{self.where} holds rows of {state.label.model.model_id} (dim {state.label.model.dim}), "
+                f"not of the new model {model.model_id} (dim {model.dim}); name another column for this model"
+            )
+        if state.label.gallery != gallery:
+            raise ArtifactError(f"{self.where} was filled beside another gallery ({state.label.gallery[:12]}...)")
+        if state.dim != model.dim:
+            raise ArtifactError(f"{self.where} is vector({state.dim}), but the new model's dim is {model.dim}")
+        return state
+
+    def add(self, conn: Any, model: ModelIdentity, gallery: str) -> None:
+        """ADD COLUMN vector(dim) (nullable: no rewrite) and its label, in one transaction; a no-op once there."""
+        from psycopg import sql
+
+        if self.checked(conn, model, gallery) is not None:
+            return
+        with conn.transaction():
+            conn.execute(
+                sql.SQL("ALTER TABLE {} ADD COLUMN {} vector({})").format(
+                    table_identifier(self.table), sql.Identifier(self.column), sql.Literal(model.dim)
+                )
+            )
+            conn.execute(
+                sql.SQL("COMMENT ON COLUMN {}.{} IS {}").format(
+                    table_identifier(self.table),
+                    sql.Identifier(self.column),
+                    sql.Literal(ColumnLabel(model, gallery).text()),
+                )
+            )
+        log.info("%s: added for %s", self.where, model.model_id)
+
+    def count(self, conn: Any) -> int:
+        """Rows whose new column is set."""
+        return int(conn.execute(self._sql("SELECT count(*) FROM {table} WHERE {new} IS NOT NULL")).fetchone()[0])
+
+    def moved(self, conn: Any) -> I64:
+        """Every moved id, ascending."""
+        rows = conn.execute(self._sql("SELECT {id} FROM {table} WHERE {new} IS NOT NULL ORDER BY {id}")).fetchall()
+        return np.array([r[0] for r in rows], dtype=np.int64)
+
+    def moved_among(self, conn: Any, ids: I64) -> npt.NDArray[np.bool_]:
+        """Which of `ids` have moved (one indexed lookup by id)."""
+        if not len(ids):
+            return np.zeros(0, dtype=bool)
+        rows = conn.execute(
+            self._sql("SELECT {id} FROM {table} WHERE {id} = ANY(%s) AND {new} IS NOT NULL"), (ids.tolist(),)
+        ).fetchall()
+        return np.isin(ids, np.array([r[0] for r in rows], dtype=np.int64))
+
+    def rows_of(self, conn: Any, ids: I64, dim: int) -> tuple[npt.NDArray[np.bool_], F32]:
+        """Which of `ids` have moved, and their new rows (zero elsewhere)."""
+        found = np.zeros(len(ids), dtype=bool)
+        rows = np.zeros((len(ids), dim), dtype=np.float32)
+        if not len(ids):
+            return found, rows
+        got = conn.execute(
+            self._sql("SELECT {id}, {new}::text FROM {table} WHERE {id} = ANY(%s) AND {new} IS NOT NULL"),
+            (ids.tolist(),),
+        ).fetchall()
+        where = {int(i): n for n, i in enumerate(ids.tolist())}
+        for gallery_id, text in got:
+            n = where[int(gallery_id)]
+            found[n], rows[n] = True, np.array(text[1:-1].split(","), dtype=np.float32)
+        return found, rows
+
+    def write(self, conn: Any, ids: I64, rows: F32) -> int:
+        """Set the new column of `ids` in one transaction, where it is still NULL (the first writer's row stays)."""
+        if not len(ids):
+            return 0
+        with conn.transaction():
+            done = conn.execute(
+                self._sql(
+                    "UPDATE {table} AS t SET {new} = u.v::vector FROM "
+                    "(SELECT unnest(%s::bigint[]) AS id, unnest(%s::text[]) AS v) AS u "
+                    "WHERE t.{id} = u.id AND t.{new} IS NULL"
+                ),
+                (ids.tolist(), [vector_text(r) for r in rows]),
+            )
+            return int(done.rowcount)
+
+    def search(self, conn: Any, state: ColumnState, queries: F32, k: int, ef_search: int) -> Hits:
+        """Top-k of the moved rows by the column's index (or exactly), as cosines: (scores, ids; -inf / -1 pad)."""
+        statement = self._sql(
+            "SELECT {id}, {new} " + state.operator + " %s::vector FROM {table} WHERE {new} IS NOT NULL "
+            "ORDER BY {new} " + state.operator + " %s::vector LIMIT %s"
+        )
+        scores = np.full((len(queries), k), -np.inf, dtype=np.float32)
+        ids = np.full((len(queries), k), -1, dtype=np.int64)
+        with conn.transaction():
+            if state.index_method == "hnsw":
+                conn.execute("SELECT set_config('hnsw.ef_search', %s, true)", (str(max(ef_search, k)),))
+            for row, query in enumerate(queries):
+                text = vector_text(query)
+                found = conn.execute(statement, (text, text, k)).fetchall()
+                if found:
+                    ids[row, : len(found)] = [r[0] for r in found]
+                    scores[row, : len(found)] = as_cosine(np.array([r[1] for r in found], np.float64), state.metric)
+        return scores, ids
+
+    def _sql(self, template: str) -> Any:
+        """A statement over this table with {table}, {id} and {new} filled in as quoted identifiers."""
+        from psycopg import sql
+
+        return sql.SQL(template).format(
+            table=table_identifier(self.table), id=sql.Identifier(self.id_column), new=sql.Identifier(self.column)
+        )
+
+
+@dataclass(frozen=True)
+class ColumnView:
+    """The column as one request reads it (segment/base.py's SegmentView): live SQL, the count of the last refresh."""
+
+    segment: PgvectorColumnSegment
+    moved_count: int
+    exclusion: Exclusion | None
+
+    @property
+    def count(self) -> int:
+        """Moved items at the last refresh."""
+        return self.moved_count
+
+    def search(self, queries: F32, k: int) -> Hits:
+        """Top-k over the moved rows (none before the column exists)."""
+        nothing = (np.full((len(queries), k), -np.inf, np.float32), np.full((len(queries), k), -1, np.int64))
+        return self.segment.run(
+            lambda column, conn, state: column.search(conn, state, queries, k, self.segment.ef), empty=nothing
+        )
+
+    def contains(self, ids: I64) -> npt.NDArray[np.bool_]:
+        """Which of `ids` have moved."""
+        return self.segment.run(lambda column, conn, _: column.moved_among(conn, ids), empty=np.zeros(len(ids), bool))
+
+    def rows_of(self, ids: I64) -> tuple[npt.NDArray[np.bool_], F32]:
+        """Which of `ids` have moved, and their new rows."""
+        dim = self.segment.dim
+        nothing = (np.zeros(len(ids), dtype=bool), np.zeros((len(ids), dim), dtype=np.float32))
+        return self.segment.run(lambda column, conn, _: column.rows_of(conn, ids, dim), empty=nothing)
+
+
+class PgvectorColumnSegment:
+    """The new column of the gallery's own table as the service's segment (segment/base.py's SegmentStore)."""
+
+    backend = "pgvector-column"
+
+    def __init__(self, settings: IndexSettings, column: str, model: ModelIdentity, gallery: str, ntotal: int) -> None:
+        self.column = PgvectorColumn(settings, column)
+        self.ef = settings.pgvector_ef_search
+        self._model = model
+        self._gallery = gallery
+        self._ntotal = ntotal
+        self._state: ColumnState | None = None
+        self._connections = ThreadConnections(dsn_of(settings), read_only=False)  # the cascade writer writes
+        self.snapshot: ColumnView = ColumnView(self, 0, None)
+
+    @classmethod
+    def open(
+        cls, settings: IndexSettings, column: str, model: ModelIdentity, gallery: str, ntotal: int
+    ) -> PgvectorColumnSegment:
+        """The column beside the table's gallery, refreshed once; ArtifactError in one line for another model's."""
+        segment = cls(settings, column, model, gallery, ntotal)
+        segment.refresh()
+        return segment
+
+    @property
+    def where(self) -> str:
+        """The table and column (never the DSN)."""
+        return self.column.where
+
+    @property
+    def model(self) -> ModelIdentity:
+        """The new model."""
+        return self._model
+
+    @property
+    def dim(self) -> int:
+        """The new model's width."""
+        return self._model.dim
+
+    @property
+    def gallery_items(self) -> int:
+        """Rows of the table."""
+        return self._ntotal
+
+    @property
+    def coverage(self) -> float:
+        """Share of the table's rows whose new column is set (at the last refresh)."""
+        return self.snapshot.count / self._ntotal
+
+    @property
+    def parts(self) -> int:
+        """One column, once it exists."""
+        return int(self._state is not None)
+
+    @property
+    def refused(self) -> dict[str, str]:
+        """A column has no parts to refuse one by one: a wrong one is refused whole, at open."""
+        return {}
+
+    def refresh(self) -> list[str]:
+        """Check the column (it may have been added since) and count its rows; [column] when rows arrived."""
+        conn = self._connections.get()
+        try:
+            self._state = self.column.checked(conn, self._model, self._gallery)
+            count = self.column.count(conn) if self._state is not None else 0
+        except Exception:
+            self._connections.drop()
+            raise
+        before = self.snapshot.count
+        exclusion = Exclusion(np.zeros(0, dtype=np.int64), column=self.column.column) if count else None
+        self.snapshot = ColumnView(self, count, exclusion)
+        return [self.column.column] if count != before else []
+
+    def run(self, work: Callable[[PgvectorColumn, Any, ColumnState], T], empty: T) -> T:
+        """work(column, connection, state) on this thread's connection; 503 (GalleryUnavailable) when it fails."""
+        import psycopg
+
+        state = self._state
+        if state is None:  # not added yet: nothing has moved
+            return empty
+        try:
+            return work(self.column, self._connections.get(), state)
+        except psycopg.OperationalError as exc:
+            self._connections.drop()
+            raise GalleryUnavailable(f"the pgvector segment did not answer ({self.where}): {first_line(exc)}") from exc
+
+    def write(self, ids: I64, rows: F32, writer: str) -> None:
+        """The cascade's rows into the column; the service never adds it (no ALTER without the operator's consent)."""
+        if self._state is None:
+            raise ArtifactError(f"{self.where}: no such column yet; `nobackfill backfill run --add-column` adds it")
+        conn = self._connections.get()
+        try:
+            self.column.write(conn, ids, rows)
+        except Exception:
+            self._connections.drop()
+            raise
+        log.debug("%s: %d rows written by %s", self.where, len(ids), writer)
+
+    def describe(self) -> dict[str, Any]:
+        """What /v1/info reports: the table, the column, the model and the coverage."""
+        state = self._state
+        return {
+            "backend": self.backend,
+            "table": self.column.table,
+            "column": self.column.column,
+            "created": state is not None,
+            "model": self._model.as_dict(),
+            "moved": self.snapshot.count,
+            "gallery_items": self._ntotal,
+            "coverage": round(self.coverage, 6),
+            "index": (state.index_method if state is not None else None) or "none (exact scan)",
+        }
+
+    def close(self) -> None:
+        """Close every thread's connection."""
+        self._connections.close()

