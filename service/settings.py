@@ -567,10 +567,10 @@ def _cut_over_contradictions(settings: Settings) -> list[str]:
         problems.append(f"{env_name('new', 'backend')}={NO_MODEL}: the new model is the one that is always served")
     if not settings.cut_over:
         return problems
-    if settings.index.segment_dir is None:
+    if settings.index.segment_dir is None and settings.index.pgvector_new_column is None:
         problems.append(
-            f"{env_name('old', 'backend')}={NO_MODEL} (the cut-over) needs {env_name('index', 'segment_dir')}: "
-            "the finished segment is the only gallery then"
+            f"{env_name('old', 'backend')}={NO_MODEL} (the cut-over) needs {env_name('index', 'segment_dir')} "
+            f"(or {env_name('index', 'pgvector_new_column')}): the finished segment is the only gallery then"
         )
     if settings.compat.default_mode not in (None, Mode.new):
         problems.append(

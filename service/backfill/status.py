@@ -8,8 +8,10 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
+from service.errors import InputError
 from service.segment.catalog import ShardCatalog
 from service.segment.layout import read_segment_meta
+from service.segment.pgvector_column import PgvectorColumn
 
 I64 = npt.NDArray[np.int64]
 F64 = npt.NDArray[np.float64]
@@ -53,6 +55,34 @@ def segment_status(folder: Path, hits: tuple[I64, F64] | None = None) -> dict[st
         "moved_by_writer": {writer: int(len(np.unique(np.concatenate(p)))) for writer, p in sorted(by_writer.items())},
         "shards": shards,
         "damaged_shards": sum("damaged" in s for s in shards),
+    }
+    if hits is not None:
+        out["hits"] = hit_share(moved, *hits)
+    return out
+
+
+def column_status(column: PgvectorColumn, hits: tuple[I64, F64] | None = None) -> dict[str, Any]:
+    """A pgvector column segment's model, coverage, index and hit share, JSON-ready (the folder's shape, no shards)."""
+    with column.connect() as conn:
+        state = column.state(conn)
+        if state is None:
+            raise InputError(f"{column.where}: no such column (`backfill run --segment pgvector:{column.column} "
+                             "--add-column ...` adds it)")  # fmt: skip
+        if state.label is None:
+            raise InputError(f"{column.where}: the column was not added by nobackfill (no label in its comment)")
+        total = column.rows(conn)
+        moved = column.moved(conn)
+    out: dict[str, Any] = {
+        "segment": f"pgvector:{column.column}",
+        "table": column.table,
+        "model": state.label.model.as_dict(),
+        "gallery": {"fingerprint": state.label.gallery, "ntotal": total},
+        "moved": int(len(moved)),
+        "coverage": len(moved) / total if total else 0.0,
+        "index": state.index_method,
+        "moved_by_writer": {},  # a column does not record who set a row
+        "shards": [],
+        "damaged_shards": 0,
     }
     if hits is not None:
         out["hits"] = hit_share(moved, *hits)

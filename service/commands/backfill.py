@@ -1,4 +1,4 @@
-"""`nobackfill backfill run|status|index|repair|curve|cascade`: move items into the segment, score it offline.
+"""`nobackfill backfill run|status|index|cutover|repair|curve|cascade`: move items into the segment, score it offline.
 
 Thin over service/backfill/: cheap checks first (segment, gallery, items, profile), then the model
 loads, then the run (run.py).  Every refusal is one `error:` line and exit 2.
@@ -159,10 +159,10 @@ def run(
 
     # Read from the segment: other writers may have moved items meanwhile.
     now = len(moved_ids(segment)) if column is None else column.moved()
-    unit = "shard" if column is None else "batch"
+    unit = "shard(s)" if column is None else "transaction(s)"
     typer.echo(
         f"moved {report.moved:,} items into {column.where if column else segment} in {len(report.shards)} "
-        f"{unit}(es), {summary['seconds']} s "
+        f"{unit}, {summary['seconds']} s "
         f"({summary['items_per_s']} items/s); the segment holds {now:,} of {gallery_ref.ntotal:,} "
         f"({now / gallery_ref.ntotal:.1%})"
         + (f"; {report.zero_rows} all-zero rows stay old" if report.zero_rows else "")
@@ -311,7 +311,7 @@ def _check_profile(profile_dir: Path, identity: Any) -> None:
 
 @app.command("status")
 def status(
-    segment: Path = typer.Argument(..., help="Segment folder.", metavar="SEGMENT"),
+    segment: Path = typer.Argument(..., help="Segment folder, or pgvector:COLUMN.", metavar="SEGMENT"),
     hits: str | None = typer.Option(
         None,
         "--hits",
@@ -323,22 +323,29 @@ def status(
     """Share of items moved, share of recent hits on moved items, and the shards with their models."""
     from service.errors import InputError
 
-    if not segment.is_dir():  # said before the heavy imports, and not as "no segment.json (not a segment)"
+    column = _pgvector_column(segment)
+    if column is None and not segment.is_dir():  # said before the heavy imports, not as "no segment.json"
         raise InputError(f"{segment}: no such folder (`backfill run --segment {segment} --gallery ...` creates it)")
-    from service.backfill.status import segment_status
+    from service.backfill.status import column_status, segment_status
     from service.segment.writer import WRITER as CASCADE_WRITER
     from service.traffic.hits import read_hits
 
     counts = read_hits(hits, missing_ok=True)
-    report = segment_status(segment, counts if len(counts[0]) else None)
+    known = counts if len(counts[0]) else None
+    report = segment_status(segment, known) if column is None else column_status(column.column, known)
     if as_json:
         typer.echo(json.dumps(report))
         return
     model = report["model"]
-    typer.echo(f"segment {segment}: {render.model_name(model['backend'], model['model_id'])} (dim {model['dim']})")
-    typer.echo(
-        f"  moved {report['moved']:,} of {report['gallery']['ntotal']:,} items ({report['coverage']:.1%}) "
+    where = segment if column is None else column.where
+    typer.echo(f"segment {where}: {render.model_name(model['backend'], model['model_id'])} (dim {model['dim']})")
+    held = (
         f"in {len(report['shards'])} shard(s)"
+        if column is None
+        else f"(index on the column: {report['index'] or 'none, searched exactly; `backfill index` builds one'})"
+    )
+    typer.echo(
+        f"  moved {report['moved']:,} of {report['gallery']['ntotal']:,} items ({report['coverage']:.1%}) {held}"
         + (f", {report['damaged_shards']} damaged" if report["damaged_shards"] else "")
     )
     by_writer = report["moved_by_writer"]
@@ -370,8 +377,33 @@ def status(
 
 
 @app.command("index")
-def index(segment: Path = typer.Argument(..., help="Segment folder.", metavar="SEGMENT")) -> None:
-    """Seal the rows no index covers into one HNSW index stored in the segment (every reader then serves it)."""
+def index(
+    segment: Path = typer.Argument(..., help="Segment folder, or pgvector:COLUMN.", metavar="SEGMENT"),
+    m: int = typer.Option(16, "--m", min=2, help="pgvector:COLUMN: the HNSW index's m (pgvector's default)."),
+    ef_construction: int = typer.Option(
+        64, "--ef-construction", min=4, help="pgvector:COLUMN: its ef_construction (pgvector's default)."
+    ),
+) -> None:
+    """Seal the rows no index covers into one HNSW index stored in the segment (every reader then serves it).
+
+    For pgvector:COLUMN: CREATE INDEX CONCURRENTLY on the column (HNSW, inner product), never implicitly.
+    """
+    column = _pgvector_column(segment)
+    if column is not None:
+        import time
+
+        started = time.perf_counter()
+        with column.column.connect(read_only=False) as conn:
+            if column.column.state(conn) is None:
+                from service.errors import InputError
+
+                raise InputError(f"{column.where}: no such column (`backfill run --add-column` adds it)")
+            name = column.column.create_index(conn, m, ef_construction)
+        typer.echo(
+            f"index {name} on {column.where}: HNSW (m {m}, ef_construction {ef_construction}, inner product), "
+            f"built concurrently in {time.perf_counter() - started:.1f} s; the service uses it from its next refresh"
+        )
+        return
     from service.segment.layout import read_segment_meta
     from service.segment.sealed import seal
 
@@ -384,6 +416,39 @@ def index(segment: Path = typer.Argument(..., help="Segment folder.", metavar="S
         f"sealed {done.rows:,} rows of {done.shards} shard(s) into index {done.name} in {done.seconds:.1f} s; "
         "the service serves it from its next refresh"
     )
+
+
+@app.command("cutover")
+def cutover(
+    segment: Path = typer.Argument(
+        ..., help="pgvector:COLUMN (the new column of the settings' table).", metavar="SEGMENT"
+    ),
+    how: str = typer.Option("view", "--how", help="view (a view reads the new column under the old name) or rename."),
+    view: str | None = typer.Option(None, "--view", help="--how view: the view's name.", show_default="TABLE_COLUMN"),
+    apply: bool = typer.Option(False, "--apply", help="Run the statements (one transaction); else print them."),
+) -> None:
+    """Print (or --apply) the SQL after which your application reads the new model's column natively."""
+    from service.backfill.pgvector_cutover import apply_cutover, plan_cutover
+    from service.errors import InputError
+
+    column = _pgvector_column(segment)
+    if column is None:
+        raise InputError(
+            f"{segment}: a segment folder is cut over by serving it alone (NOBACKFILL_OLD__BACKEND=none, "
+            "docs/backfill.md); `backfill cutover` writes a pgvector table's SQL (pgvector:COLUMN)"
+        )
+    with column.column.connect(read_only=not apply) as conn:
+        planned = plan_cutover(column.column, conn, how, view)
+        if apply:
+            apply_cutover(conn, planned)
+    verb = "applied, in one transaction" if apply else "to run in one transaction (--apply runs it)"
+    typer.echo(f"-- {column.where}: the cut-over, {verb}")
+    typer.echo("BEGIN;")
+    for statement in planned.statements:
+        typer.echo(f"{statement};")
+    typer.echo("COMMIT;")
+    typer.echo(f"-- then {planned.after}")
+    typer.echo(f"-- the old vectors stay until you drop them: {planned.drop_later};")
 
 
 @app.command("repair")

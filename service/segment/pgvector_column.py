@@ -173,6 +173,45 @@ class PgvectorColumn:
             )
         log.info("%s: added for %s", self.where, model.model_id)
 
+    def rows(self, conn: Any) -> int:
+        """Rows of the table (the gallery's items)."""
+        return int(conn.execute(self._sql("SELECT count(*) FROM {table}")).fetchone()[0])
+
+    def index_name(self) -> str:
+        """The name `create_index` gives the column's HNSW index."""
+        return f"{self.table.rsplit('.', 1)[-1]}_{self.column}_hnsw"[:63]  # PostgreSQL's identifier limit
+
+    def create_index(self, conn: Any, m: int, ef_construction: int) -> str:
+        """CREATE INDEX CONCURRENTLY ... USING hnsw (inner product, as the service ranks): no write lock held.
+
+        A build takes as long as it takes: no statement timeout for it.  An interrupted concurrent
+        build leaves an INVALID index behind; it is dropped and built again.
+        """
+        from psycopg import sql
+
+        name = self.index_name()
+        invalid = conn.execute(
+            "SELECT 1 FROM pg_index i JOIN pg_class c ON c.oid = i.indexrelid "
+            "WHERE c.relname = %s AND NOT i.indisvalid",
+            (name,),
+        ).fetchone()
+        if invalid is not None:
+            conn.execute(sql.SQL("DROP INDEX CONCURRENTLY IF EXISTS {}").format(sql.Identifier(name)))
+        conn.execute("SET statement_timeout = 0")
+        conn.execute(
+            sql.SQL(
+                "CREATE INDEX CONCURRENTLY IF NOT EXISTS {name} ON {table} USING hnsw ({new} vector_ip_ops) "
+                "WITH (m = {m}, ef_construction = {ef})"
+            ).format(
+                name=sql.Identifier(name),
+                table=table_identifier(self.table),
+                new=sql.Identifier(self.column),
+                m=sql.Literal(m),
+                ef=sql.Literal(ef_construction),
+            )
+        )
+        return name
+
     def count(self, conn: Any) -> int:
         """Rows whose new column is set."""
         return int(conn.execute(self._sql("SELECT count(*) FROM {table} WHERE {new} IS NOT NULL")).fetchone()[0])
@@ -304,6 +343,33 @@ class PgvectorColumnSegment:
         segment = cls(settings, column, model, gallery, ntotal)
         segment.refresh()
         return segment
+
+    @classmethod
+    def finished(cls, settings: IndexSettings, column: str, model: ModelIdentity) -> PgvectorColumnSegment:
+        """After the cut-over: the column of `model` with every row of the table set, else one ArtifactError line.
+
+        The gallery it sat beside is not checked (it is retired, and may have been renamed by the
+        cut-over's SQL): the model and the count are.
+        """
+        where = PgvectorColumn(settings, column)
+        with where.connect() as conn:
+            state = where.state(conn)
+            if state is None or state.label is None:
+                raise ArtifactError(f"{where.where}: no nobackfill column to cut over to")
+            ntotal = where.rows(conn)
+        segment = cls.open(settings, column, model, state.label.gallery, ntotal)
+        moved = segment.snapshot.count
+        if moved < ntotal:
+            raise ArtifactError(
+                f"{where.where} holds {moved:,} of the table's {ntotal:,} rows ({moved / ntotal:.1%}); "
+                "cut over (NOBACKFILL_OLD__BACKEND=none) once `nobackfill backfill status` says 100 %"
+            )
+        return segment
+
+    @property
+    def replaced(self) -> str:
+        """The fingerprint of the gallery (the old column) this segment was filled beside."""
+        return self._gallery
 
     @property
     def where(self) -> str:

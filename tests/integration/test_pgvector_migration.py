@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from service.settings import CompatSettings, IndexSettings, Settings
+from service.settings import CompatSettings, EncoderSettings, IndexSettings, Settings
 from tests.support.app import serving
 from tests.support.cli import cli
 from tests.support.world import World
@@ -122,6 +122,10 @@ async def test_the_migration_fills_a_second_column_and_hybrid_rises_from_compat_
     assert f"into pgvector table {TABLE}, column {NEW}" in half.stdout and "1,000 of 2,000 (50.0%)" in half.stdout
     again = backfill(world, items, "--fraction", 0.5, "--json")
     assert again.returncode == 0 and '"moved": 0' in again.stdout  # resumable: nothing is encoded twice
+    status = cli("backfill", "status", f"pgvector:{NEW}")
+    assert status.returncode == 0 and "moved 1,000 of 2,000 items (50.0%)" in status.stdout
+    early = cli("backfill", "cutover", f"pgvector:{NEW}")
+    assert early.returncode == 2 and "holds 1,000 of 2,000 rows (50.0%)" in early.stderr
 
     async with serving(settings(env, world, pgvector_new_column=NEW, segment_refresh_s=0.2)) as service:
         info = (await service.client.get("/v1/info")).json()["segment"]
@@ -151,4 +155,108 @@ async def test_the_migration_fills_a_second_column_and_hybrid_rises_from_compat_
     want = ids[np.argsort(-(queries @ rows.T), axis=1, kind="stable")[:, :10]].tolist()
     assert [r["ids"] for r in new] == want  # the new model over the new column, exactly (no index: a scan)
     assert [r["ids"] for r in hybrid] == want  # everything moved: hybrid is the re-indexed search
+
+    printed = cli("backfill", "cutover", f"pgvector:{NEW}")
+    view = f"{TABLE}_{NEW}"
+    assert printed.returncode == 0 and f'CREATE VIEW "{view}"' in printed.stdout, printed.stderr
+    with psycopg.connect(env) as conn:
+        assert conn.execute("SELECT to_regclass(%s)", (view,)).fetchone()[0] is None  # printed, not run
+    assert cli("backfill", "cutover", f"pgvector:{NEW}", "--apply").returncode == 0
+    with psycopg.connect(env) as conn:  # the user's application, reading the view under the old column's name
+        text = "[" + ",".join(repr(float(x)) for x in queries[0]) + "]"
+        native = conn.execute(f"SELECT id FROM {view} ORDER BY embedding <#> %s::vector LIMIT 10", (text,)).fetchall()
+    assert [r[0] for r in native] == want[0]
+
+    built = cli("backfill", "index", f"pgvector:{NEW}")
+    assert built.returncode == 0 and "HNSW" in built.stdout, built.stderr
+    cut_over = Settings(
+        old=EncoderSettings(backend="none"),
+        index=IndexSettings(
+            backend="pgvector", pgvector_dsn=env, pgvector_table=TABLE, pgvector_new_column=NEW, pgvector_ef_search=400
+        ),
+    )
+    async with serving(cut_over) as service:
+        info = (await service.client.get("/v1/info")).json()
+        alone = await search(service, "new")
+    assert info["segment"]["index"] == "hnsw" and info["modes"] == ["new"]
+    overlap = np.mean([len(set(a["ids"]) & set(w)) / 10 for a, w in zip(alone, want, strict=True)])
+    assert overlap >= 0.9  # through the column's own HNSW index now (exact above)
     assert old_column_digest(env) == before  # the user's old vectors were never written
+
+
+def column_count(dsn: str, column: str) -> int:
+    with psycopg.connect(dsn) as conn:
+        return int(conn.execute(f"SELECT count({column}) FROM {TABLE}").fetchone()[0])
+
+
+def wait_until(condition: Any, what: str, timeout_s: float = 120.0) -> None:
+    """Poll `condition` (a generous bound: a busy box only makes it wait longer, never fail early)."""
+    import time
+
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.05)
+
+
+def test_a_backfill_killed_mid_batch_and_rerun_ends_with_the_column_of_an_uninterrupted_run(
+    world: World, items: Path, env: str
+) -> None:
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    def run(column: str, *args: str) -> subprocess.Popen[str]:
+        command = [
+            sys.executable, "-m", "service.cli", "backfill", "run", "--segment", f"pgvector:{column}",
+            "--add-column", "--input", str(items), "--backend", "synthetic-new", "--profile",
+            str(world.profile_dir), "--batch-size", "50", "--shard-size", "100", "--json", *args,
+        ]  # fmt: skip
+        return subprocess.Popen(
+            command, env=os.environ.copy(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+        )
+
+    whole = run("embedding_whole")
+    assert whole.wait() == 0, whole.stderr.read() if whole.stderr else ""
+    before = old_column_digest(env)
+    for kill in range(3):  # killed once it has published something more, mid-run (the rate keeps it going)
+        seen = column_count(env, "embedding_killed") if kill else 0
+        victim = run("embedding_killed", "--rate", "400")
+        wait_until(lambda s=seen: _count_or_zero(env, "embedding_killed") > s, "a batch published")
+        victim.send_signal(signal.SIGKILL)
+        victim.wait()
+        assert 0 < column_count(env, "embedding_killed") < N
+    last = run("embedding_killed")
+    assert last.wait() == 0
+    with psycopg.connect(env) as conn:
+        differ = conn.execute(
+            f"SELECT count(*) FROM {TABLE} WHERE embedding_killed IS DISTINCT FROM embedding_whole"
+        ).fetchone()[0]
+    assert column_count(env, "embedding_killed") == N and differ == 0
+    assert old_column_digest(env) == before
+
+
+def _count_or_zero(dsn: str, column: str) -> int:
+    """The column's count, 0 while it does not exist yet."""
+    try:
+        return column_count(dsn, column)
+    except psycopg.errors.UndefinedColumn:
+        return 0
+
+
+async def test_the_cascade_writes_what_it_encodes_into_the_column(world: World, items: Path, env: str) -> None:
+    column = "embedding_cascade"
+    done = cli(
+        "backfill", "run", "--segment", f"pgvector:{column}", "--add-column", "--input", items,
+        "--backend", "synthetic-new", "--profile", world.profile_dir, "--limit", 1,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    serve = settings(env, world, pgvector_new_column=column, item_store=items, segment_refresh_s=0.2)
+    async with serving(serve) as service:
+        response = await service.search(queries=[{"text": CAPTION.format(i)} for i in QUERY_ITEMS], k=5)
+        assert response.status_code == 200, response.text
+        assert all(r["reranked"] for r in response.json()["results"])
+        wait_until(lambda: column_count(env, column) > 1, "the cascade's rows in the column")
+        info = (await service.client.get("/v1/info")).json()
+    assert info["cascade"]["writes_segment"] is True

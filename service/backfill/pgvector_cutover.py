@@ -1,0 +1,89 @@
+"""`backfill cutover pgvector:COLUMN`: the SQL that makes the user's own application read the new column natively.
+
+Two ways, both one transaction, both leaving the old column in place until the operator drops it:
+
+    view    CREATE VIEW <table>_<column> AS SELECT <every other column>, <column> AS <old column> ...:
+            the application reads the view instead of the table, under the old column's name; nothing
+            nobackfill serves changes, and pgvector's index on the new column serves the view's ORDER BY
+            (a simple view is inlined by the planner).  The default: nothing in flight breaks.
+    rename  the old column becomes <old>_old and the new one takes its name: the application changes
+            nothing, the new column's index follows it.  nobackfill's own settings must follow too
+            (NOBACKFILL_INDEX__PGVECTOR_NEW_COLUMN=<old>, NOBACKFILL_INDEX__PGVECTOR_COLUMN=<old>_old),
+            and the statements are refused below 100 % moved, as the cut-over is.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from service.errors import InputError
+from service.segment.pgvector_column import PgvectorColumn
+
+HOW = ("view", "rename")
+
+
+@dataclass(frozen=True)
+class Cutover:
+    """The statements, and what the operator does after them."""
+
+    statements: list[str]
+    after: str
+    drop_later: str
+
+
+def plan_cutover(column: PgvectorColumn, conn: Any, how: str, view: str | None) -> Cutover:
+    """The cut-over's SQL for `column`; InputError unless every row of the table has its new row."""
+    from psycopg import sql
+
+    if how not in HOW:
+        raise InputError(f"--how must be one of {', '.join(HOW)}, got {how!r}")
+    state = column.state(conn)
+    if state is None or state.label is None:
+        raise InputError(f"{column.where}: no nobackfill column to cut over to")
+    total, moved = column.rows(conn), column.count(conn)
+    if moved < total:
+        raise InputError(
+            f"{column.where} holds {moved:,} of {total:,} rows ({moved / total:.1%}); the cut-over needs every "
+            "row (`backfill run` moves the rest)"
+        )
+    table = sql.Identifier(*column.table.split(".", 1))
+    old, new = column.settings.pgvector_column, column.column
+    if how == "rename":
+        retired = f"{old}_old"
+        statements = [
+            sql.SQL("ALTER TABLE {} RENAME COLUMN {} TO {}").format(
+                table, sql.Identifier(old), sql.Identifier(retired)
+            ),
+            sql.SQL("ALTER TABLE {} RENAME COLUMN {} TO {}").format(table, sql.Identifier(new), sql.Identifier(old)),
+        ]
+        after = (
+            f"the application reads {old} as before, now the new model's rows; nobackfill follows with "
+            f"NOBACKFILL_INDEX__PGVECTOR_NEW_COLUMN={old} NOBACKFILL_INDEX__PGVECTOR_COLUMN={retired}"
+        )
+        drop = sql.SQL("ALTER TABLE {} DROP COLUMN {}").format(table, sql.Identifier(retired))
+    else:
+        name = view or f"{column.table.rsplit('.', 1)[-1]}_{new}"[:63]
+        others = [
+            r[0]
+            for r in conn.execute(
+                "SELECT attname FROM pg_attribute WHERE attrelid = to_regclass(%s) AND attnum > 0 "
+                "AND NOT attisdropped ORDER BY attnum",
+                (column.table,),
+            ).fetchall()
+            if r[0] not in (old, new)
+        ]
+        picked = sql.SQL(", ").join(
+            [*(sql.Identifier(c) for c in others), sql.SQL("{} AS {}").format(sql.Identifier(new), sql.Identifier(old))]
+        )
+        statements = [sql.SQL("CREATE VIEW {} AS SELECT {} FROM {}").format(sql.Identifier(name), picked, table)]
+        after = f"the application reads view {name} where it read {column.table}: column {old} is the new model's"
+        drop = sql.SQL("ALTER TABLE {} DROP COLUMN {}").format(table, sql.Identifier(old))
+    return Cutover([s.as_string(conn) for s in statements], after, drop.as_string(conn))
+
+
+def apply_cutover(conn: Any, cutover: Cutover) -> None:
+    """Every statement in one transaction (all or nothing)."""
+    with conn.transaction():
+        for statement in cutover.statements:
+            conn.execute(statement)
