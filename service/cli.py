@@ -11,6 +11,7 @@ from service.commands import (
     assess,
     backfill,
     encode,
+    encoder,
     fit,
     gallery,
     profile,
@@ -43,6 +44,9 @@ app.command("settings")(settings_reference.settings)
 app.command("encode")(encode.encode)
 app.add_typer(encode.support_app, name="support", help="Build support sets for `fit` from your own pairs and models.")
 app.add_typer(traffic.app, name="traffic", help="Export the (old, new) query pairs sampled from live traffic.")
+app.add_typer(
+    encoder.app, name="encoder", help="Export a sentence-transformers model to ONNX for the `onnx` runtime (CPU)."
+)
 app.add_typer(
     backfill.app, name="backfill", help="Move gallery items into the new-model segment, and score a migration offline."
 )

@@ -244,11 +244,11 @@ def _refuse_nprobe_over_nlist(settings: Settings, gallery: GalleryBackend) -> No
 def _finished_segment(settings: Settings, new: Encoder) -> tuple[GalleryBackend, CompatProfile]:
     """After the cut-over: the finished segment as the gallery, and the new model's stand-in profile."""
     model = identity_of(new, settings.new.backend)
-    column = settings.index.pgvector_new_column
-    if column is not None:  # the new column of the pgvector table, every row set
-        from service.segment.pgvector_column import PgvectorColumnSegment
+    from service.segment.pgvector_column import PgvectorColumnSegment, new_rows_of
 
-        finished = PgvectorColumnSegment.finished(settings.index, column, model)
+    new_rows = new_rows_of(settings.index)  # a column or side table of the pgvector database, every row moved
+    if new_rows is not None:
+        finished = PgvectorColumnSegment.finished(new_rows, model)
         return SegmentGallery(finished, finished.replaced), cutover_profile(model)
     assert settings.index.segment_dir is not None  # Settings refuses a cut-over without a segment
     segment = open_finished(settings.index.segment_dir, model, indexing_of(settings.index))

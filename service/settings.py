@@ -38,6 +38,8 @@ CONFIG_FILE_ENV = "NOBACKFILL_CONFIG_FILE"
 NO_MODEL = "none"  # old.backend after the cut-over
 # The built-in backends that load a local model folder (encoders/registry.py); plug-ins check their own.
 MODEL_FOLDER_BACKENDS = frozenset({"sentence-transformers", "clip"})
+# The one backend `runtime: onnx` runs (encoders/onnx_runtime.py): a transformer and its pooling, as exported.
+ONNX_BACKEND = "sentence-transformers"
 # A value quoted in a refusal is cut to this many characters (the line stays one readable line).
 _QUOTED_CHARS = 80
 
@@ -78,6 +80,14 @@ class EncoderSettings(Section):
     # else the cores: service/cpu_limit.py) split between the two encoders.
     threads: int | None = Field(None, ge=1)
     """Torch CPU threads of this encoder (unset: the usable CPUs, split between the two encoders)."""
+    # How a sentence-transformers model runs: "torch" (the library itself), or "onnx": ONNX Runtime's CPU
+    # provider over the graph `nobackfill encoder export` wrote into onnx_dir (fp32 or int8), with the
+    # same tokenizer, pooling and normalisation; path stays the source model folder, whose weights must
+    # be the ones the export was made from, so the model's identity (and the profile's match) is unchanged.
+    runtime: Literal["torch", "onnx"] = "torch"
+    """sentence-transformers: torch, or onnx (ONNX Runtime on CPU over onnx_dir, extra nobackfill[onnx])."""
+    onnx_dir: str | None = None
+    """runtime onnx: the folder `nobackfill encoder export` wrote from this encoder's path (fp32 or int8)."""
     # Copies of the model, each on its own worker thread, running batches side by side.  On a CPU
     # box N one-thread copies out-run one N-thread copy (no barrier waits between threads that
     # share the cores with the event loop and the other encoder); each copy costs the model's memory.
@@ -198,6 +208,10 @@ class IndexSettings(Section):
     # second vector column, added by `backfill run --add-column`; set, the default mode is hybrid.
     pgvector_new_column: str | None = None
     """backend pgvector: the new model's vector column of the same table (the segment), e.g. embedding_v2."""
+    # Or a side table of nobackfill's own in the same database, (id, embedding), created by `backfill run
+    # --add-table`: the user's table is never written (no UPDATE: its indexes and size stay as they are).
+    pgvector_new_table: str | None = None
+    """backend pgvector: the new model's rows in a side table of nobackfill's own (the segment), e.g. items_v2."""
     # "qdrant": the user's Qdrant collection, searched read-only (index/qdrant.py).
     qdrant_url: str | None = None
     """backend qdrant: the server, http://host:6333."""
@@ -512,6 +526,16 @@ def _contradictions(settings: Settings) -> list[str]:
             problems.append(
                 f"{env_name(role, 'backend')}={encoder.backend} needs {env_name(role, 'path')} (its local model folder)"
             )
+        if encoder.runtime == "onnx" and encoder.backend != ONNX_BACKEND:
+            problems.append(
+                f"{env_name(role, 'runtime')}=onnx runs {env_name(role, 'backend')}={ONNX_BACKEND} models only "
+                f"(not {encoder.backend})"
+            )
+        if encoder.runtime == "onnx" and not encoder.onnx_dir:
+            problems.append(
+                f"{env_name(role, 'runtime')}=onnx needs {env_name(role, 'onnx_dir')} "
+                "(the folder `nobackfill encoder export` wrote)"
+            )
     index = settings.index
     wanted = {
         "milvus_uri": "http://host:19530, or a milvus-lite ./x.db",
@@ -523,16 +547,15 @@ def _contradictions(settings: Settings) -> list[str]:
     unset = [env_name("index", name) for name in ("pgvector_dsn", "pgvector_table") if not getattr(index, name)]
     if index.backend == "pgvector" and unset:
         problems.append(f"{env_name('index', 'backend')}=pgvector needs {' and '.join(unset)}")
-    if index.pgvector_new_column is not None and index.backend != "pgvector":
+    in_database = [name for name in ("pgvector_new_column", "pgvector_new_table") if getattr(index, name) is not None]
+    if in_database and index.backend != "pgvector":
         problems.append(
-            f"{env_name('index', 'pgvector_new_column')} is a column of the pgvector gallery's table: "
+            f"{env_name('index', in_database[0])} is in the pgvector gallery's database: "
             f"it needs {env_name('index', 'backend')}=pgvector"
         )
-    if index.pgvector_new_column is not None and index.segment_dir is not None:
-        problems.append(
-            f"{env_name('index', 'pgvector_new_column')} and {env_name('index', 'segment_dir')} both name a "
-            "segment: set one"
-        )
+    named = [*in_database, *(["segment_dir"] if index.segment_dir is not None else [])]
+    if len(named) > 1:
+        problems.append(f"{' and '.join(env_name('index', n) for n in named)} each name a segment: set one")
     if index.pgvector_new_column is not None and index.pgvector_new_column == index.pgvector_column:
         problems.append(
             f"{env_name('index', 'pgvector_new_column')} is the old model's column "
@@ -567,10 +590,12 @@ def _cut_over_contradictions(settings: Settings) -> list[str]:
         problems.append(f"{env_name('new', 'backend')}={NO_MODEL}: the new model is the one that is always served")
     if not settings.cut_over:
         return problems
-    if settings.index.segment_dir is None and settings.index.pgvector_new_column is None:
+    index = settings.index
+    if index.segment_dir is None and index.pgvector_new_column is None and index.pgvector_new_table is None:
         problems.append(
             f"{env_name('old', 'backend')}={NO_MODEL} (the cut-over) needs {env_name('index', 'segment_dir')} "
-            f"(or {env_name('index', 'pgvector_new_column')}): the finished segment is the only gallery then"
+            f"(or {env_name('index', 'pgvector_new_column')} / {env_name('index', 'pgvector_new_table')}): "
+            "the finished segment is the only gallery then"
         )
     if settings.compat.default_mode not in (None, Mode.new):
         problems.append(

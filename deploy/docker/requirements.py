@@ -1,7 +1,8 @@
 """Write the image's pip requirement files from pyproject.toml alone (the Dockerfile's `requirements` stage).
 
-base.txt: the dependencies; models.txt, milvus.txt, gpu.txt: those extras; base-gpu.txt: base.txt without faiss-cpu,
-because faiss-cpu and faiss-gpu both install the `faiss` package and the CUDA image takes faiss-gpu alone.
+base.txt: the dependencies; models.txt, milvus.txt, pgvector.txt, gpu.txt: those extras; base-gpu.txt: base.txt
+without faiss-cpu, because faiss-cpu and faiss-gpu both install the `faiss` package and the CUDA image takes
+faiss-gpu alone.
 """
 
 from __future__ import annotations
@@ -12,13 +13,14 @@ from pathlib import Path
 
 
 def write_requirements(pyproject: Path, out: Path) -> list[Path]:
-    """Write the five files into `out`; return their paths."""
+    """Write the six files into `out`; return their paths."""
     project = tomllib.loads(pyproject.read_text())["project"]
     extras = project["optional-dependencies"]
     lists = {
         "base.txt": project["dependencies"],
         "models.txt": extras["models"],
         "milvus.txt": extras["milvus"],
+        "pgvector.txt": extras["pgvector"],  # psycopg: NOBACKFILL_INDEX__BACKEND=pgvector, `demo --pgvector`
         "gpu.txt": extras["gpu"],
         "base-gpu.txt": [req for req in project["dependencies"] if not req.startswith("faiss-cpu")],
     }

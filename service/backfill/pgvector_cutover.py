@@ -1,6 +1,7 @@
 """`backfill cutover pgvector:COLUMN`: the SQL that makes the user's own application read the new column natively.
 
-Two ways, both one transaction, both leaving the old column in place until the operator drops it:
+Two ways for a column, both one transaction, both leaving the old column in place until the operator
+drops it (a side table has the view only, joined by id):
 
     view    CREATE VIEW <table>_<column> AS SELECT <every other column>, <column> AS <old column> ...:
             the application reads the view instead of the table, under the old column's name; nothing
@@ -49,6 +50,11 @@ def plan_cutover(column: PgvectorColumn, conn: Any, how: str, view: str | None) 
         )
     table = sql.Identifier(*column.table.split(".", 1))
     old, new = column.settings.pgvector_column, column.column
+    if column.side and how == "rename":
+        raise InputError(
+            f"{column.where}: a side table is cut over with --how view (a column of another table cannot be renamed "
+            "into this one)"
+        )
     if how == "rename":
         retired = f"{old}_old"
         statements = [
@@ -63,7 +69,10 @@ def plan_cutover(column: PgvectorColumn, conn: Any, how: str, view: str | None) 
         )
         drop = sql.SQL("ALTER TABLE {} DROP COLUMN {}").format(table, sql.Identifier(retired))
     else:
-        name = view or f"{column.table.rsplit('.', 1)[-1]}_{new}"[:63]
+        name = (
+            view
+            or (f"{new.rsplit('.', 1)[-1]}_view" if column.side else f"{column.table.rsplit('.', 1)[-1]}_{new}")[:63]
+        )
         others = [
             r[0]
             for r in conn.execute(
@@ -73,11 +82,29 @@ def plan_cutover(column: PgvectorColumn, conn: Any, how: str, view: str | None) 
             ).fetchall()
             if r[0] not in (old, new)
         ]
-        picked = sql.SQL(", ").join(
-            [*(sql.Identifier(c) for c in others), sql.SQL("{} AS {}").format(sql.Identifier(new), sql.Identifier(old))]
-        )
-        statements = [sql.SQL("CREATE VIEW {} AS SELECT {} FROM {}").format(sql.Identifier(name), picked, table)]
+        if column.side:  # the table's other columns, and the side table's rows under the old column's name
+            picked = sql.SQL(", ").join(
+                [*(sql.SQL("t.{}").format(sql.Identifier(c)) for c in others),
+                 sql.SQL("s.embedding AS {}").format(sql.Identifier(old))]
+            )  # fmt: skip
+            source: sql.Composable = sql.SQL("{} AS t JOIN {} AS s ON s.id = t.{}").format(
+                table, sql.Identifier(*new.split(".", 1)), sql.Identifier(column.id_column)
+            )
+        else:
+            picked = sql.SQL(", ").join(
+                [
+                    *(sql.Identifier(c) for c in others),
+                    sql.SQL("{} AS {}").format(sql.Identifier(new), sql.Identifier(old)),
+                ]
+            )
+            source = table
+        statements = [sql.SQL("CREATE VIEW {} AS SELECT {} FROM {}").format(sql.Identifier(name), picked, source)]
         after = f"the application reads view {name} where it read {column.table}: column {old} is the new model's"
+        if column.side:
+            after += (
+                f" (its ORDER BY {old} <#> q LIMIT k uses {new}'s HNSW index when the join is a nested loop: "
+                "check with EXPLAIN; SET LOCAL enable_hashjoin = off forces it, as nobackfill's own search does)"
+            )
         drop = sql.SQL("ALTER TABLE {} DROP COLUMN {}").format(table, sql.Identifier(old))
     return Cutover([s.as_string(conn) for s in statements], after, drop.as_string(conn))
 

@@ -1,14 +1,16 @@
-"""`backfill run` into the new column of the pgvector table (segment/pgvector_column.py), as a BackfillTarget.
+"""`backfill run` into the pgvector database (segment/pgvector_column.py), as a BackfillTarget.
 
-    nobackfill backfill run --segment pgvector:embedding_v2 --add-column ...   (the table from the settings)
+    nobackfill backfill run --segment pgvector:embedding_v2 --add-column ...    a column of the table
+    nobackfill backfill run --segment pgvector-table:items_v2 --add-table ...  a side table of our own
 
-Each publish is one transaction that sets the column of a batch of rows where it is still NULL, so a
+Each publish is one transaction that sets the new rows of a batch where they are not set yet, so a
 run killed at any moment loses at most the batch in flight, and a re-run skips every row already set
-(resumable and idempotent, like a folder's shards).  The column is added only with --add-column: a
-nullable column is a catalogue change under a brief lock (lock_timeout bounds the wait), never a
-table rewrite.  One run at a time: a session advisory lock keyed by the table and column (shared by
-the parts of `--part I/N`, each part exclusive on its own key); it goes with the connection, so a run
-killed with -9 never leaves it held.  No index is built here: `backfill index` creates one, on demand.
+(resumable and idempotent, like a folder's shards).  The column (or side table) is created only with
+--add-column (--add-table): a nullable column is a catalogue change under a brief lock
+(lock_timeout bounds the wait), never a table rewrite.  One run at a time: a session advisory lock
+keyed by where the rows go (shared by the parts of `--part I/N`, each part exclusive on its own
+key); it goes with the connection, so a run killed with -9 never leaves it held.  No index is built
+here: `backfill index` creates one, on demand.
 """
 
 from __future__ import annotations
@@ -29,7 +31,6 @@ from service.segment.sealed import SealReport
 
 if TYPE_CHECKING:
     from service.backfill.run import Part
-    from service.settings import IndexSettings
 
 I64 = npt.NDArray[np.int64]
 F32 = npt.NDArray[np.float32]
@@ -40,11 +41,11 @@ class PgvectorColumnTarget:
 
     unit = "batch"
 
-    def __init__(self, settings: IndexSettings, column: str, *, add_column: bool) -> None:
-        self.column = PgvectorColumn(settings, column)
-        self.where = self.column.where
-        self.add_column = add_column
-        self._connections = ThreadConnections(dsn_of(settings), read_only=False)  # the run thread and the writer's
+    def __init__(self, new_rows: PgvectorColumn, *, add: bool) -> None:
+        self.column = new_rows
+        self.where = new_rows.where
+        self.add = add
+        self._connections = ThreadConnections(dsn_of(new_rows.settings), read_only=False)  # run thread, writer's
         self._written = 0
 
     def prepare(self, model: ModelIdentity, gallery: GalleryRef) -> None:
@@ -53,7 +54,12 @@ class PgvectorColumnTarget:
         try:
             if self.column.checked(conn, model, gallery.fingerprint) is not None:
                 return
-            if not self.add_column:
+            if not self.add and self.column.side:
+                raise InputError(
+                    f"{self.where}: no such table; pass --add-table to create it "
+                    f"(CREATE TABLE {self.column.column} (id bigint PRIMARY KEY, embedding vector({model.dim})))"
+                )
+            if not self.add:
                 raise InputError(
                     f"{self.where}: no such column; pass --add-column to add it "
                     f"(ALTER TABLE ... ADD COLUMN {self.column.column} vector({model.dim}): nullable, no rewrite)"
@@ -66,7 +72,7 @@ class PgvectorColumnTarget:
     def locked(self, part: Part | None) -> Iterator[None]:
         """A session advisory lock (shared by parts, plus each part's own); InputError when another run holds it."""
         conn = self.column.connect()
-        key = f"nobackfill:{self.column.table}.{self.column.column}"
+        key = f"nobackfill:{self.column.rows_table}.{self.column.new_vec}"
         try:
             take = "pg_try_advisory_lock" if part is None else "pg_try_advisory_lock_shared"
             if not conn.execute(f"SELECT {take}(hashtext(%s))", (key,)).fetchone()[0]:

@@ -66,14 +66,14 @@ def column_status(column: PgvectorColumn, hits: tuple[I64, F64] | None = None) -
     with column.connect() as conn:
         state = column.state(conn)
         if state is None:
-            raise InputError(f"{column.where}: no such column (`backfill run --segment pgvector:{column.column} "
+            raise InputError(f"{column.where}: not there yet (`backfill run --segment {column.spec} "
                              "--add-column ...` adds it)")  # fmt: skip
         if state.label is None:
             raise InputError(f"{column.where}: the column was not added by nobackfill (no label in its comment)")
         total = column.rows(conn)
         moved = column.moved(conn)
     out: dict[str, Any] = {
-        "segment": f"pgvector:{column.column}",
+        "segment": column.spec,
         "table": column.table,
         "model": state.label.model.as_dict(),
         "gallery": {"fingerprint": state.label.gallery, "ntotal": total},

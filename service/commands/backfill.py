@@ -22,8 +22,10 @@ HITS_FOLDER = Path("artifacts/hits")
 
 
 # `--segment pgvector:COLUMN`: the segment is that column of the pgvector table the settings name
-# (NOBACKFILL_INDEX__PGVECTOR_DSN, NOBACKFILL_INDEX__PGVECTOR_TABLE), not a folder.
+# (NOBACKFILL_INDEX__PGVECTOR_DSN, NOBACKFILL_INDEX__PGVECTOR_TABLE), not a folder; `pgvector-table:TABLE`
+# a side table of nobackfill's own in that database.
 PGVECTOR_PREFIX = "pgvector:"
+PGVECTOR_TABLE_PREFIX = "pgvector-table:"
 
 
 @app.command("run")
@@ -31,11 +33,15 @@ def run(
     segment: Path = typer.Option(
         ...,
         "--segment",
-        help="Segment folder (created on the first run), or pgvector:COLUMN (a new column of the pgvector "
-        "table the NOBACKFILL_INDEX__PGVECTOR_* settings name).",
+        help="Segment folder (created on the first run), pgvector:COLUMN (a new column of the pgvector "
+        "table the NOBACKFILL_INDEX__PGVECTOR_* settings name) or pgvector-table:TABLE (a side table beside it).",
     ),
     add_column: bool = typer.Option(
-        False, "--add-column", help="pgvector:COLUMN: add the column when it is not there (ALTER TABLE, no rewrite)."
+        False,
+        "--add-column",
+        "--add-table",
+        help="pgvector:COLUMN: add the column when it is not there (ALTER TABLE, no rewrite); pgvector-table:TABLE: "
+        "create the side table.",
     ),
     input_path: Path = typer.Option(
         ..., "--input", help="The gallery's items: an item store, or a file / image folder as `encode` reads it."
@@ -181,18 +187,18 @@ def run(
 
 
 class _ColumnSegment:
-    """`--segment pgvector:COLUMN` for the CLI: the settings' table, its gallery and the column's target."""
+    """`--segment pgvector:COLUMN` or `pgvector-table:TABLE` for the CLI: the table, its gallery, the target."""
 
-    def __init__(self, column: str) -> None:
+    def __init__(self, name: str, side: bool) -> None:
         from service.segment.pgvector_column import PgvectorColumn
         from service.settings import Settings
 
         self.settings = Settings().index  # NOBACKFILL_INDEX__PGVECTOR_DSN and _TABLE, as the service reads them
-        self.column = PgvectorColumn(self.settings, column)
+        self.column = PgvectorColumn(self.settings, name, side=side)
         self.where = self.column.where
 
     def exists(self) -> bool:
-        """Whether the table has the column."""
+        """Whether the column (side table) is there."""
         with self.column.connect() as conn:
             return self.column.state(conn) is not None
 
@@ -205,29 +211,30 @@ class _ColumnSegment:
         gallery.close()
         return GalleryRef(gallery.fingerprint, gallery.ntotal)
 
-    def target(self, add_column: bool) -> Any:
+    def target(self, add: bool) -> Any:
         """backfill run's target."""
         from service.backfill.pgvector_target import PgvectorColumnTarget
 
-        return PgvectorColumnTarget(self.settings, self.column.column, add_column=add_column)
+        return PgvectorColumnTarget(self.column, add=add)
 
     def moved(self) -> int:
-        """Rows whose column is set now."""
+        """Rows moved now."""
         with self.column.connect() as conn:
             return self.column.count(conn) if self.column.state(conn) is not None else 0
 
 
 def _pgvector_column(segment: Path) -> _ColumnSegment | None:
-    """The column `--segment pgvector:COLUMN` names (None for a folder); InputError without a column name."""
+    """What `pgvector:COLUMN` / `pgvector-table:TABLE` names (None for a folder); InputError without a name."""
     from service.errors import InputError
 
     text = str(segment)
-    if not text.startswith(PGVECTOR_PREFIX):
-        return None
-    name = text.removeprefix(PGVECTOR_PREFIX)
-    if not name:
-        raise InputError("--segment pgvector:COLUMN needs the column's name, e.g. pgvector:embedding_v2")
-    return _ColumnSegment(name)
+    for prefix, side in ((PGVECTOR_PREFIX, False), (PGVECTOR_TABLE_PREFIX, True)):
+        if text.startswith(prefix):
+            name = text.removeprefix(prefix)
+            if not name:
+                raise InputError(f"--segment {prefix}NAME needs a name, e.g. {prefix}embedding_v2")
+            return _ColumnSegment(name, side)
+    return None
 
 
 def _need_a_model_reference(segment: Path, profile: Path | None, new_model_id: str | None) -> None:

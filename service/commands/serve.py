@@ -8,13 +8,15 @@ import shutil
 import subprocess
 import sys
 import tempfile
+from contextlib import ExitStack
+from dataclasses import dataclass
 from pathlib import Path
 
 import typer
 
 from service.commands.invocation import cli_invocation
 from service.configured_paths import refuse_missing
-from service.settings import CompatSettings, IndexSettings, Settings
+from service.settings import CompatSettings, IndexSettings, Settings, env_name
 
 # Same string as service.metrics.MULTIPROC_ENV: importing that module here would load prometheus-client
 # in the supervisor, which then writes its own metric files into the folder (or fails before it exists).
@@ -111,6 +113,16 @@ def _cli(*args: str) -> None:
         raise typer.Exit(done.returncode)
 
 
+@dataclass(frozen=True)
+class DemoArtifacts:
+    """What the synthetic demo serves, each built if missing (`demo --prepare-only` builds them and stops)."""
+
+    gallery: Path
+    profile: Path
+    items: Path
+    saved_eval: Path
+
+
 def demo(
     # None, not 8000: a typer default would always win over NOBACKFILL_API__PORT (`make demo PORT=...` passes --port).
     port: int | None = typer.Option(None, help="Port for the demo service (default: settings api.port, 8000)."),
@@ -119,11 +131,30 @@ def demo(
     real: bool = typer.Option(
         False, "--real", help="Real models and data instead: static model2vec -> MiniLM on docstring pairs."
     ),
+    pgvector: bool = typer.Option(
+        False, "--pgvector", help="Serve the demo gallery from a PostgreSQL + pgvector table (embedded, or the DSN's)."
+    ),
 ) -> None:
     """Build a small synthetic gallery and profile if missing (or, with --real, a real upgrade), then serve."""
     if real:
         _real_demo(port, prepare_only)
         return
+    artifacts = _prepare_demo(gallery_size)
+    if pgvector:
+        _pgvector_demo(artifacts, port, prepare_only)
+        return
+    if prepare_only:
+        typer.echo(f"the demo's artifacts are ready in {DEMO_DIR}/: `make serve` serves them (or `nobackfill demo`)")
+        return
+    settings = Settings(
+        index=IndexSettings(gallery_dir=artifacts.gallery, item_store=artifacts.items),
+        compat=CompatSettings(profile_dir=artifacts.profile),
+    )
+    _serve_demo(settings, artifacts, port)
+
+
+def _prepare_demo(gallery_size: int) -> DemoArtifacts:
+    """The synthetic world's gallery, profile, saved eval and item store under DEMO_DIR, each built unless found."""
     gallery_dir, profile_dir, support_dir = DEMO_DIR / "gallery", DEMO_DIR / "profile", DEMO_DIR / "support"
     if not (gallery_dir / "gallery.json").exists():
         typer.echo(f"building a {gallery_size:,}-item synthetic gallery in {gallery_dir}")
@@ -144,22 +175,52 @@ def demo(
         _cli("synth", "items", "--size", str(ntotal), "--out", str(items_dir), "--force")
     else:
         _found("item store", items_dir)
-    if prepare_only:
-        typer.echo(f"the demo's artifacts are ready in {DEMO_DIR}/: `make serve` serves them (or `nobackfill demo`)")
-        return
-    settings = _with_ui(
-        Settings(
-            index=IndexSettings(gallery_dir=gallery_dir, item_store=items_dir),
-            compat=CompatSettings(profile_dir=profile_dir),
-        ),
-        ui_eval=saved_eval,
-    )
-    port = _demo_port(port, settings)
+    return DemoArtifacts(gallery_dir, profile_dir, items_dir, saved_eval)
+
+
+def _serve_demo(settings: Settings, artifacts: DemoArtifacts, given_port: int | None) -> None:
+    """Serve the demo's settings with the operator page on 127.0.0.1, after the lines that say how to try it."""
+    settings = _with_ui(settings, ui_eval=artifacts.saved_eval)
+    port = _demo_port(given_port, settings)
     cache = settings.cache.redis_url or "in-process LRU (set NOBACKFILL_CACHE__REDIS_URL for Redis)"
     typer.echo(f"serving on http://127.0.0.1:{port} (cache: {cache}); try:")
     typer.echo(CURL_EXAMPLE.format(host="127.0.0.1", port=port))
     typer.echo(UI_LINE.format(host="127.0.0.1", port=port))
     _run(settings, "127.0.0.1", port, 1)
+
+
+def _pgvector_demo(artifacts: DemoArtifacts, given_port: int | None, prepare_only: bool) -> None:
+    """`demo --pgvector`: the gallery's old rows in a PostgreSQL table (pgvector_demo.py), served from there.
+
+    NOBACKFILL_INDEX__PGVECTOR_DSN, when set, names the PostgreSQL to load (the compose override's);
+    otherwise an embedded one runs in DEMO_DIR/pgvector for as long as the demo does.
+    """
+    from service.commands.pgvector_demo import DEMO_TABLE, demo_database, load_demo_table, sigterm_unwinds
+
+    given_dsn = Settings().index.pgvector_dsn
+    try:
+        with sigterm_unwinds(), ExitStack() as stack:
+            if given_dsn is not None:
+                dsn = given_dsn.get_secret_value()
+                typer.echo(f"the demo table goes into the PostgreSQL of {env_name('index', 'pgvector_dsn')}")
+            else:
+                typer.echo(f"starting the demo's PostgreSQL (embedded, with pgvector) in {DEMO_DIR / 'pgvector'}")
+                dsn = stack.enter_context(demo_database(DEMO_DIR / "pgvector"))
+            typer.echo(load_demo_table(dsn, artifacts.gallery, log=typer.echo).line())
+            if prepare_only:
+                typer.echo(f"the demo's table {DEMO_TABLE} is ready: `make demo-pgvector` serves it")
+                return
+            index = IndexSettings(backend="pgvector", pgvector_dsn=dsn, pgvector_table=DEMO_TABLE,
+                                  item_store=artifacts.items)  # fmt: skip
+            settings = Settings(index=index, compat=CompatSettings(profile_dir=artifacts.profile))
+            if given_dsn is None:  # a socket path and no password: nothing secret to print
+                typer.echo(f"the gallery is that table; while the demo runs, `{cli_invocation()} serve` serves it with "
+                           f"NOBACKFILL_INDEX__BACKEND=pgvector NOBACKFILL_INDEX__PGVECTOR_TABLE={DEMO_TABLE} "
+                           f"NOBACKFILL_INDEX__PGVECTOR_DSN='{dsn}'")  # fmt: skip
+            _serve_demo(settings, artifacts, given_port)
+    except KeyboardInterrupt:  # Ctrl-C while loading (uvicorn takes it over once it serves)
+        typer.echo("interrupted" + ("" if given_dsn else "; the demo's PostgreSQL is stopped"), err=True)
+        raise typer.Exit(130) from None
 
 
 def _demo_port(given: int | None, settings: Settings) -> int:

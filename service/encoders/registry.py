@@ -4,7 +4,8 @@ Built in:
     synthetic-old, synthetic-new  the simulated models of the synthetic upgrade world (no path); synthetic-next
                                   the model after synthetic-new, for a second upgrade
     external                      no model: `dim` and `model_id` from the settings, queries carry embeddings
-    sentence-transformers         any SentenceTransformer folder, transformer or static (sentence_transformers.py)
+    sentence-transformers         any SentenceTransformer folder, transformer or static (sentence_transformers.py);
+                                  runtime onnx: its `nobackfill encoder export` on ONNX Runtime (onnx_runtime.py)
     clip                          a transformers CLIP-family folder, text and image (clip.py)
 Plug-ins: a distribution that declares, in its pyproject,
 
@@ -78,7 +79,11 @@ def _external(settings: EncoderSettings, device: str) -> Encoder:
 
 
 def _sentence_transformers(settings: EncoderSettings, device: str) -> Encoder:
-    """Backend `sentence-transformers` (see encoders/sentence_transformers.py)."""
+    """Backend `sentence-transformers`: on torch (sentence_transformers.py), or runtime onnx (onnx_runtime.py)."""
+    if settings.runtime == "onnx":
+        from service.encoders.onnx_runtime import onnx_encoder
+
+        return onnx_encoder(settings, device)
     from service.encoders.sentence_transformers import sentence_transformer_encoder
 
     return sentence_transformer_encoder(settings, device)

@@ -117,7 +117,7 @@ class SentenceTransformerEncoder:
         self.encode([WARMUP_TEXT])
 
     def details(self) -> dict[str, Any]:
-        """Backend, folder, truncation length, dtype, threads."""
+        """Backend, runtime, folder, truncation length, dtype, threads."""
         truncation = (
             f"inputs longer than {self.max_seq_length} tokens are truncated"
             if self.max_seq_length
@@ -125,6 +125,7 @@ class SentenceTransformerEncoder:
         )
         return {
             "backend": BACKEND,
+            "runtime": "torch",  # the other is onnx (encoders/onnx_runtime.py)
             "path": str(self.folder),
             "max_seq_length": self.max_seq_length,
             "truncation": truncation,

@@ -40,17 +40,29 @@ if TYPE_CHECKING:
     from service.settings import IndexSettings
 
 
+@dataclass(frozen=True)
+class InTable:
+    """Moved rows marked in the gallery's own database (segment/pgvector_column.py), not listed by id.
+
+    kind "column": the gallery table's column `name` is set on a moved row; kind "table": the side
+    table `name` holds a row (id, embedding) per moved item.
+    """
+
+    kind: str
+    name: str
+
+
 @dataclass(frozen=True, eq=False)
 class Exclusion:
     """Gallery ids a search must skip (the items moved into the new-model segment), sorted.
 
-    column: the moved items are instead the rows of the gallery's own table whose `column` (the new
-    model's, segment/pgvector_column.py) is set; ids is then empty and only that table's gallery can
-    skip them, in its own WHERE (segment/factory.py pairs the two, never another gallery).
+    in_table: the moved items are instead marked in the gallery's own database; ids is then empty
+    and only that database's gallery can skip them, in its own WHERE (segment/factory.py pairs the
+    two, never another gallery).
     """
 
     ids: Ids = field(repr=False)
-    column: str | None = None
+    in_table: InTable | None = None
 
     @cached_property
     def faiss_selector(self) -> Any:

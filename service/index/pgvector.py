@@ -16,12 +16,13 @@ the scale hybrid's merge reads.  A request's nprobe becomes `ivfflat.probes` for
 (bounded by its lists); an HNSW index searches at `hnsw.ef_search` = max(its setting, k).  Nothing
 is ever written: the connection is read-only (`default_transaction_read_only`).
 
-Moved items (hybrid) are left out in SQL when the segment is a column of this same table
-(`WHERE new IS NULL`, segment/pgvector_column.py), with pgvector's iterative index scan so a filtered
-search still finds k rows; beside a segment folder, by over-fetching (index/base.py), exact as long as
-the list can grow (a WHERE over a million listed ids would cost more than it saves).  Each search thread has
-its own connection.  A connection that fails (server down, a timeout) answers 503 gallery_unavailable
-and is opened again on the next search.
+Moved items (hybrid) are left out in SQL when the segment is in this database
+(segment/pgvector_column.py): `WHERE new IS NULL` for a column of this table, `WHERE NOT EXISTS` by
+primary key for a side table, with pgvector's iterative index scan so a filtered search still finds
+k rows.  Beside a segment folder they are left out by over-fetching (index/base.py), exact as long
+as the list can grow (a WHERE over a million listed ids would cost more than it saves).  Each search
+thread has its own connection.  A connection that fails (server down, a timeout) answers 503
+gallery_unavailable and is opened again on the next search.
 """
 
 from __future__ import annotations
@@ -37,6 +38,7 @@ import numpy.typing as npt
 from service.errors import ArtifactError, GalleryUnavailable
 from service.index.base import (
     Exclusion,
+    InTable,
     checked_queries,
     cosine_of_l2,
     excluding_by_overfetch,
@@ -89,7 +91,7 @@ class PgvectorGallery:
         self._connections = ThreadConnections(dsn_of(settings))
         self._problem: str | None = None
         # Composed once each: every search sends one with its query row and k.
-        self._statements: dict[str | None, Any] = {None: self._compose(None)}
+        self._statements: dict[InTable | None, Any] = {None: self._compose(None)}
 
     @property
     def max_nprobe(self) -> int | None:
@@ -114,17 +116,26 @@ class PgvectorGallery:
     ) -> tuple[npt.NDArray[np.float32], npt.NDArray[np.int64]]:
         """Top-k by the table's index (or exactly), as cosines, skipping `exclude`'s ids: (scores, ids; -1 pads)."""
         q = checked_queries(queries, self.dim, k, nprobe, self.max_nprobe)
-        if exclude is not None and exclude.column is not None:  # the segment is a column of this table
-            return self._search(q, k, nprobe, unmoved=exclude.column)
+        if exclude is not None and exclude.in_table is not None:  # the segment is in this database
+            return self._search(q, k, nprobe, unmoved=exclude.in_table)
         if exclude is not None and len(exclude.ids):
             return excluding_by_overfetch(self._search, q, k, nprobe, exclude)
         return self._search(q, k, nprobe)
 
-    def _compose(self, unmoved: str | None) -> Any:
-        """The search statement; with `unmoved`, only the rows whose `unmoved` column (the new model's) is NULL."""
+    def _compose(self, unmoved: InTable | None) -> Any:
+        """The search statement; with `unmoved`, only the rows that have not moved (a NULL new column, or no
+        row in the side table: an anti-join by primary key)."""
         from psycopg import sql
 
-        where = sql.SQL("WHERE {} IS NULL ").format(sql.Identifier(unmoved)) if unmoved else sql.SQL("")
+        where: sql.Composable = sql.SQL("")
+        if unmoved is not None and unmoved.kind == "column":
+            where = sql.SQL("WHERE {} IS NULL ").format(sql.Identifier(unmoved.name))
+        elif unmoved is not None:
+            where = sql.SQL("WHERE NOT EXISTS (SELECT 1 FROM {side} AS s WHERE s.id = {table}.{id}) ").format(
+                side=table_identifier(unmoved.name),
+                table=table_identifier(self.table),
+                id=sql.Identifier(self.id_column),
+            )
         return sql.SQL(
             "SELECT {id}, {col} {op} %s::vector FROM {table} {where}ORDER BY {col} {op} %s::vector LIMIT %s"
         ).format(
@@ -136,7 +147,7 @@ class PgvectorGallery:
         )
 
     def _search(
-        self, q: npt.NDArray[np.float32], k: int, nprobe: int, unmoved: str | None = None
+        self, q: npt.NDArray[np.float32], k: int, nprobe: int, unmoved: InTable | None = None
     ) -> tuple[npt.NDArray[np.float32], npt.NDArray[np.int64]]:
         """One SQL query per row, on this thread's connection, in one read-only transaction."""
         import psycopg
@@ -151,6 +162,12 @@ class PgvectorGallery:
             conn = self._connections.get()
             with conn.transaction(), conn.cursor() as cur:
                 self._set_search_parameters(cur, k, nprobe, filtered=unmoved is not None)
+                if unmoved is not None and unmoved.kind == "table":
+                    # The anti-join must stay a nested loop under the index scan (its order is the ranking):
+                    # a hash or merge join would read the whole table and sort it.
+                    cur.execute(
+                        "SELECT set_config('enable_hashjoin', 'off', true), set_config('enable_mergejoin', 'off', true)"
+                    )
                 for row, query in enumerate(q):
                     text = vector_text(query)
                     found = cur.execute(statement, (text, text, k)).fetchall()

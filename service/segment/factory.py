@@ -22,7 +22,9 @@ def indexing_of(index: IndexSettings) -> Indexing:
 
 def segment_configured(index: IndexSettings) -> bool:
     """Whether the settings name a segment (a folder, or a column of the pgvector table)."""
-    return index.segment_dir is not None or index.pgvector_new_column is not None
+    return (
+        index.segment_dir is not None or index.pgvector_new_column is not None or index.pgvector_new_table is not None
+    )
 
 
 def open_segment(index: IndexSettings, model: ModelIdentity, gallery: GalleryBackend) -> SegmentStore | None:
@@ -30,15 +32,17 @@ def open_segment(index: IndexSettings, model: ModelIdentity, gallery: GalleryBac
 
     One of another model or gallery is refused in one line (ArtifactError).
     """
-    if index.pgvector_new_column is not None:
-        if gallery.backend != "pgvector":  # its moved rows are left out by the table's own WHERE: same table only
+    if index.pgvector_new_column is not None or index.pgvector_new_table is not None:
+        if gallery.backend != "pgvector":  # its moved rows are left out by the table's own WHERE: same database only
             raise SettingsError(
-                "NOBACKFILL_INDEX__PGVECTOR_NEW_COLUMN is a column of the pgvector gallery's table: "
-                f"it needs NOBACKFILL_INDEX__BACKEND=pgvector (the gallery is {gallery.backend})"
+                "NOBACKFILL_INDEX__PGVECTOR_NEW_COLUMN / _NEW_TABLE are in the pgvector gallery's database: "
+                f"they need NOBACKFILL_INDEX__BACKEND=pgvector (the gallery is {gallery.backend})"
             )
-        from service.segment.pgvector_column import PgvectorColumnSegment
+        from service.segment.pgvector_column import PgvectorColumnSegment, new_rows_of
 
-        return PgvectorColumnSegment.open(index, index.pgvector_new_column, model, gallery.fingerprint, gallery.ntotal)
+        new_rows = new_rows_of(index)
+        assert new_rows is not None
+        return PgvectorColumnSegment.open(new_rows, model, gallery.fingerprint, gallery.ntotal)
     if index.segment_dir is None:
         return None
     beside = GalleryRef(gallery.fingerprint, gallery.ntotal)

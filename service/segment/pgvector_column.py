@@ -35,7 +35,7 @@ import numpy.typing as npt
 
 from service.encoders.identity import ModelIdentity
 from service.errors import ArtifactError, GalleryUnavailable, InputError
-from service.index.base import Exclusion, Hits, first_line
+from service.index.base import Exclusion, Hits, InTable, first_line
 from service.index.pgvector import (
     OPERATORS,
     ThreadConnections,
@@ -96,16 +96,35 @@ class ColumnState:
 
 
 class PgvectorColumn:
-    """The new column of one table: reads and writes in SQL, shared by the service's segment and `backfill run`."""
+    """Where the new rows live in the database, in SQL: shared by the service's segment and `backfill run`.
 
-    def __init__(self, settings: IndexSettings, column: str) -> None:
+    side False: a second column `name` of the gallery's table, set on each moved row (UPDATE).
+    side True: a table `name` of nobackfill's own, (id bigint primary key, embedding vector(d)), one row
+    per moved item (INSERT): the user's table is never written, so its indexes and size never change.
+    """
+
+    def __init__(self, settings: IndexSettings, name: str, *, side: bool = False) -> None:
         if not settings.pgvector_table:
             raise InputError("a pgvector segment needs NOBACKFILL_INDEX__PGVECTOR_TABLE")
         self.settings = settings
         self.table = settings.pgvector_table
         self.id_column = settings.pgvector_id_column
-        self.column = column
-        self.where = f"pgvector table {self.table}, column {column}"
+        self.column = name
+        self.side = side
+        # Where the new rows are: the table and its id and vector columns.
+        self.rows_table = name if side else self.table
+        self.new_id = "id" if side else self.id_column
+        self.new_vec = "embedding" if side else name
+        self.spec = f"pgvector-table:{name}" if side else f"pgvector:{name}"  # as --segment names it
+        self.where = (
+            f"pgvector side table {name} (beside {self.table})"
+            if side
+            else f"pgvector table {self.table}, column {name}"
+        )
+
+    def unmoved(self) -> InTable:
+        """What the gallery's search over the table filters on to leave the moved rows out."""
+        return InTable("table" if self.side else "column", self.column)
 
     def connect(self, *, read_only: bool = True) -> Any:
         """A fresh connection with the writers' timeouts."""
@@ -119,7 +138,7 @@ class PgvectorColumn:
         row = conn.execute(
             "SELECT format_type(a.atttypid, a.atttypmod), col_description(a.attrelid, a.attnum), a.attrelid "
             "FROM pg_attribute a WHERE a.attrelid = to_regclass(%s) AND a.attname = %s AND NOT a.attisdropped",
-            (self.table, self.column),
+            (self.rows_table, self.new_vec),
         ).fetchone()
         if row is None:
             return None
@@ -127,7 +146,7 @@ class PgvectorColumn:
         if not str(vector_type).startswith("vector("):
             raise ArtifactError(f"{self.where}: the column is {vector_type}, not a pgvector vector(d)")
         dim = int(str(vector_type).split("(", 1)[1].rstrip(")"))
-        method, opclass, _ = index_on(conn, rel, self.column)
+        method, opclass, _ = index_on(conn, rel, self.new_vec)
         operator, metric = OPERATORS.get(opclass or "vector_ip_ops", ("<#>", "ip"))
         return ColumnState(dim, ColumnLabel.parse(comment, self.where), operator, metric, method)
 
@@ -153,33 +172,43 @@ class PgvectorColumn:
         return state
 
     def add(self, conn: Any, model: ModelIdentity, gallery: str) -> None:
-        """ADD COLUMN vector(dim) (nullable: no rewrite) and its label, in one transaction; a no-op once there."""
+        """Create it (a nullable column: no rewrite; or the side table) and its label, in one transaction.
+
+        A no-op once it is there.
+        """
         from psycopg import sql
 
         if self.checked(conn, model, gallery) is not None:
             return
         with conn.transaction():
-            conn.execute(
-                sql.SQL("ALTER TABLE {} ADD COLUMN {} vector({})").format(
-                    table_identifier(self.table), sql.Identifier(self.column), sql.Literal(model.dim)
+            if self.side:
+                conn.execute(
+                    sql.SQL("CREATE TABLE {} (id bigint PRIMARY KEY, embedding vector({}) NOT NULL)").format(
+                        table_identifier(self.rows_table), sql.Literal(model.dim)
+                    )
                 )
-            )
+            else:
+                conn.execute(
+                    sql.SQL("ALTER TABLE {} ADD COLUMN {} vector({})").format(
+                        table_identifier(self.table), sql.Identifier(self.column), sql.Literal(model.dim)
+                    )
+                )
             conn.execute(
                 sql.SQL("COMMENT ON COLUMN {}.{} IS {}").format(
-                    table_identifier(self.table),
-                    sql.Identifier(self.column),
+                    table_identifier(self.rows_table),
+                    sql.Identifier(self.new_vec),
                     sql.Literal(ColumnLabel(model, gallery).text()),
                 )
             )
         log.info("%s: added for %s", self.where, model.model_id)
 
     def rows(self, conn: Any) -> int:
-        """Rows of the table (the gallery's items)."""
-        return int(conn.execute(self._sql("SELECT count(*) FROM {table}")).fetchone()[0])
+        """Rows of the gallery's table (its items)."""
+        return int(conn.execute(self._sql("SELECT count(*) FROM {gallery}")).fetchone()[0])
 
     def index_name(self) -> str:
         """The name `create_index` gives the column's HNSW index."""
-        return f"{self.table.rsplit('.', 1)[-1]}_{self.column}_hnsw"[:63]  # PostgreSQL's identifier limit
+        return f"{self.rows_table.rsplit('.', 1)[-1]}_{self.new_vec}_hnsw"[:63]  # PostgreSQL's identifier limit
 
     def create_index(self, conn: Any, m: int, ef_construction: int) -> str:
         """CREATE INDEX CONCURRENTLY ... USING hnsw (inner product, as the service ranks): no write lock held.
@@ -204,8 +233,8 @@ class PgvectorColumn:
                 "WITH (m = {m}, ef_construction = {ef})"
             ).format(
                 name=sql.Identifier(name),
-                table=table_identifier(self.table),
-                new=sql.Identifier(self.column),
+                table=table_identifier(self.rows_table),
+                new=sql.Identifier(self.new_vec),
                 m=sql.Literal(m),
                 ef=sql.Literal(ef_construction),
             )
@@ -266,12 +295,9 @@ class PgvectorColumn:
             )
             with conn.cursor().copy(sql.SQL("COPY {} (id, v) FROM STDIN WITH (FORMAT binary)").format(stage)) as copy:
                 copy.write(binary_copy(ids, rows))
-            done = conn.execute(
-                self._sql(
-                    "UPDATE {table} AS t SET {new} = s.v FROM {stage} AS s WHERE t.{id} = s.id AND t.{new} IS NULL",
-                    stage,
-                )
-            )
+            insert = "INSERT INTO {table} (id, embedding) SELECT id, v FROM {stage} ON CONFLICT (id) DO NOTHING"
+            update = "UPDATE {table} AS t SET {new} = s.v FROM {stage} AS s WHERE t.{id} = s.id AND t.{new} IS NULL"
+            done = conn.execute(self._sql(insert if self.side else update, stage))
             return int(done.rowcount)
 
     def search(self, conn: Any, state: ColumnState, queries: F32, k: int, ef_search: int) -> Hits:
@@ -294,11 +320,11 @@ class PgvectorColumn:
         return scores, ids
 
     def _sql(self, template: str, stage: Any = None) -> Any:
-        """A statement over this table with {table}, {id}, {new} (and {stage}) filled in as quoted identifiers."""
+        """A statement with {table} {id} {new} (the new rows), {gallery} (and {stage}) as quoted identifiers."""
         from psycopg import sql
 
-        names = {"table": table_identifier(self.table), "id": sql.Identifier(self.id_column)}
-        names["new"] = sql.Identifier(self.column)
+        names = {"table": table_identifier(self.rows_table), "id": sql.Identifier(self.new_id)}
+        names["new"], names["gallery"] = sql.Identifier(self.new_vec), table_identifier(self.table)
         return sql.SQL(template).format(**names, **({"stage": stage} if stage is not None else {}))
 
 
@@ -317,6 +343,15 @@ def binary_copy(ids: I64, rows: F32) -> bytes:
     out["v_len"], out["dim"], out["v"] = 4 + 4 * dim, dim, rows
     header = b"PGCOPY\n\xff\r\n\x00" + (0).to_bytes(4, "big") + (0).to_bytes(4, "big")
     return header + out.tobytes() + (-1).to_bytes(2, "big", signed=True)
+
+
+def new_rows_of(settings: IndexSettings) -> PgvectorColumn | None:
+    """The new rows the settings name: a column of the table (pgvector_new_column), a side table (_new_table)."""
+    if settings.pgvector_new_table is not None:
+        return PgvectorColumn(settings, settings.pgvector_new_table, side=True)
+    if settings.pgvector_new_column is not None:
+        return PgvectorColumn(settings, settings.pgvector_new_column)
+    return None
 
 
 @dataclass(frozen=True)
@@ -355,8 +390,9 @@ class PgvectorColumnSegment:
 
     backend = "pgvector-column"
 
-    def __init__(self, settings: IndexSettings, column: str, model: ModelIdentity, gallery: str, ntotal: int) -> None:
-        self.column = PgvectorColumn(settings, column)
+    def __init__(self, new_rows: PgvectorColumn, model: ModelIdentity, gallery: str, ntotal: int) -> None:
+        settings = new_rows.settings
+        self.column = new_rows
         self.ef = settings.pgvector_ef_search
         self._model = model
         self._gallery = gallery
@@ -366,32 +402,30 @@ class PgvectorColumnSegment:
         self.snapshot: ColumnView = ColumnView(self, 0, None)
 
     @classmethod
-    def open(
-        cls, settings: IndexSettings, column: str, model: ModelIdentity, gallery: str, ntotal: int
-    ) -> PgvectorColumnSegment:
-        """The column beside the table's gallery, refreshed once; ArtifactError in one line for another model's."""
-        segment = cls(settings, column, model, gallery, ntotal)
+    @classmethod
+    def open(cls, new_rows: PgvectorColumn, model: ModelIdentity, gallery: str, ntotal: int) -> PgvectorColumnSegment:
+        """The new rows beside the table's gallery, refreshed once; ArtifactError in one line for another model's."""
+        segment = cls(new_rows, model, gallery, ntotal)
         segment.refresh()
         return segment
 
     @classmethod
-    def finished(cls, settings: IndexSettings, column: str, model: ModelIdentity) -> PgvectorColumnSegment:
-        """After the cut-over: the column of `model` with every row of the table set, else one ArtifactError line.
+    def finished(cls, new_rows: PgvectorColumn, model: ModelIdentity) -> PgvectorColumnSegment:
+        """After the cut-over: the new rows of `model` for every row of the table, else one ArtifactError line.
 
         The gallery it sat beside is not checked (it is retired, and may have been renamed by the
         cut-over's SQL): the model and the count are.
         """
-        where = PgvectorColumn(settings, column)
-        with where.connect() as conn:
-            state = where.state(conn)
+        with new_rows.connect() as conn:
+            state = new_rows.state(conn)
             if state is None or state.label is None:
-                raise ArtifactError(f"{where.where}: no nobackfill column to cut over to")
-            ntotal = where.rows(conn)
-        segment = cls.open(settings, column, model, state.label.gallery, ntotal)
+                raise ArtifactError(f"{new_rows.where}: no nobackfill segment to cut over to")
+            ntotal = new_rows.rows(conn)
+        segment = cls.open(new_rows, model, state.label.gallery, ntotal)
         moved = segment.snapshot.count
         if moved < ntotal:
             raise ArtifactError(
-                f"{where.where} holds {moved:,} of the table's {ntotal:,} rows ({moved / ntotal:.1%}); "
+                f"{new_rows.where} holds {moved:,} of the table's {ntotal:,} rows ({moved / ntotal:.1%}); "
                 "cut over (NOBACKFILL_OLD__BACKEND=none) once `nobackfill backfill status` says 100 %"
             )
         return segment
@@ -446,7 +480,7 @@ class PgvectorColumnSegment:
             self._connections.drop()
             raise
         before = self.snapshot.count
-        exclusion = Exclusion(np.zeros(0, dtype=np.int64), column=self.column.column) if count else None
+        exclusion = Exclusion(np.zeros(0, dtype=np.int64), in_table=self.column.unmoved()) if count else None
         self.snapshot = ColumnView(self, count, exclusion)
         return [self.column.column] if count != before else []
 

@@ -13,10 +13,10 @@ ROOT = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.skipif(shutil.which("make") is None, reason="no make on this machine")
 
 
-def demo_command(*make_args: str) -> str:
-    """The `nobackfill demo` line `make demo` would run (make -n: printed, nothing run)."""
+def demo_command(*make_args: str, target: str = "demo") -> str:
+    """The `nobackfill demo` line `make demo` (or `target`) would run (make -n: printed, nothing run)."""
     done = subprocess.run(
-        ["make", "-n", "-C", str(ROOT), "demo", *make_args], capture_output=True, text=True, timeout=60, check=True
+        ["make", "-n", "-C", str(ROOT), target, *make_args], capture_output=True, text=True, timeout=60, check=True
     )
     return next(line for line in done.stdout.splitlines() if "nobackfill demo" in line)
 
@@ -27,6 +27,11 @@ def test_make_demo_passes_its_port_to_the_demo() -> None:
 
 def test_make_demo_without_a_port_leaves_it_to_the_settings() -> None:
     assert "--port" not in demo_command("PORT=")
+
+
+def test_make_demo_pgvector_runs_the_table_demo_and_passes_its_port() -> None:
+    assert demo_command("PORT=8300", target="demo-pgvector").split()[-3:] == ["--pgvector", "--port", "8300"]
+    assert demo_command("PORT=", target="demo-pgvector").split()[-1] == "--pgvector"
 
 
 def serve_environment(tmp_path: Path, **env: str) -> dict[str, str]:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import hashlib
 import io
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -84,9 +85,44 @@ def old_column_digest(dsn: str) -> str:
     return hashlib.sha256(repr(rows).encode()).hexdigest()
 
 
-def backfill(world: World, items: Path, *args: str | int) -> Any:
+@dataclass(frozen=True)
+class Layout:
+    """Where the new rows go: a column of the user's table, or a side table of nobackfill's own."""
+
+    spec: str  # --segment
+    setting: str  # the IndexSettings field that names it
+    name: str
+    where: str  # how the CLI names it
+    moved_sql: str  # the moved ids
+    view: str  # the cut-over view's default name
+    rows_sql: str  # (id, new row as text) of every moved item
+
+    def settings(self, dsn: str, world: World, **index: Any) -> Settings:
+        return settings(dsn, world, **{self.setting: self.name}, **index)
+
+
+COLUMN = Layout(
+    f"pgvector:{NEW}", "pgvector_new_column", NEW, f"pgvector table {TABLE}, column {NEW}",
+    f"SELECT id FROM {TABLE} WHERE {NEW} IS NOT NULL", f"{TABLE}_{NEW}",
+    f"SELECT id, {NEW}::text FROM {TABLE} ORDER BY id",
+)  # fmt: skip
+SIDE = Layout(
+    "pgvector-table:catalogue_v2", "pgvector_new_table", "catalogue_v2",
+    f"pgvector side table catalogue_v2 (beside {TABLE})", "SELECT id FROM catalogue_v2", "catalogue_v2_view",
+    "SELECT id, embedding::text FROM catalogue_v2 ORDER BY id",
+)  # fmt: skip
+
+
+def table_columns(dsn: str) -> list[str]:
+    with psycopg.connect(dsn) as conn:
+        return [r[0] for r in conn.execute(
+            "SELECT attname FROM pg_attribute WHERE attrelid = %s::regclass AND attnum > 0 AND NOT attisdropped "
+            "ORDER BY attnum", (TABLE,)).fetchall()]  # fmt: skip
+
+
+def backfill(world: World, items: Path, *args: str | int, layout: Layout = COLUMN) -> Any:
     return cli(
-        "backfill", "run", "--segment", f"pgvector:{NEW}", "--input", items,
+        "backfill", "run", "--segment", layout.spec, "--input", items,
         "--backend", "synthetic-new", "--profile", world.profile_dir, *args,
     )  # fmt: skip
 
@@ -97,58 +133,67 @@ async def search(service: Any, mode: str, k: int = 10) -> list[dict[str, Any]]:
     return list(response.json()["results"])
 
 
-async def test_the_migration_fills_a_second_column_and_hybrid_rises_from_compat_to_reindexed(
-    world: World, items: Path, env: str
+@pytest.mark.parametrize("layout", [COLUMN, SIDE], ids=["column", "side-table"])
+async def test_the_migration_fills_the_new_rows_and_hybrid_rises_from_compat_to_reindexed(
+    world: World, items: Path, env: str, layout: Layout
 ) -> None:
     from service.encoders.synthetic import SyntheticNewEncoder, SyntheticOldEncoder
-    from service.index.base import Exclusion
+    from service.index.base import Exclusion, InTable
     from service.index.pgvector import PgvectorGallery
     from service.vocabulary import Modality
 
-    before = old_column_digest(env)
-    refused = backfill(world, items, "--fraction", 0.5)
-    assert refused.returncode == 2 and "--add-column" in refused.stderr and refused.stderr.count("\n") == 1
+    before, columns = old_column_digest(env), table_columns(env)
+    refused = backfill(world, items, "--fraction", 0.5, layout=layout)
+    flag = "--add-table" if layout is SIDE else "--add-column"
+    assert refused.returncode == 2 and flag in refused.stderr and refused.stderr.count("\n") == 1
 
     # Day 0: the column named, not there yet: hybrid serves as the compatible search.
-    async with serving(settings(env, world, pgvector_new_column=NEW)) as service:
+    async with serving(layout.settings(env, world)) as service:
         info = (await service.client.get("/v1/info")).json()
         assert info["default_mode"] == "hybrid" and info["segment"]["created"] is False
         await search(service, "slerp")
         hybrid, slerp = await search(service, "hybrid"), await search(service, "slerp")
         assert [h["ids"] for h in hybrid] == [s["ids"] for s in slerp]
 
-    half = backfill(world, items, "--fraction", 0.5, "--add-column", "--batch-size", 128, "--shard-size", 300)
+    half = backfill(world, items, "--fraction", 0.5, flag, "--batch-size", 128, "--shard-size", 300, layout=layout)
     assert half.returncode == 0, half.stderr
-    assert f"into pgvector table {TABLE}, column {NEW}" in half.stdout and "1,000 of 2,000 (50.0%)" in half.stdout
-    again = backfill(world, items, "--fraction", 0.5, "--json")
+    assert f"into {layout.where}" in half.stdout and "1,000 of 2,000 (50.0%)" in half.stdout
+    again = backfill(world, items, "--fraction", 0.5, "--json", layout=layout)
     assert again.returncode == 0 and '"moved": 0' in again.stdout  # resumable: nothing is encoded twice
-    status = cli("backfill", "status", f"pgvector:{NEW}")
+    status = cli("backfill", "status", layout.spec)
     assert status.returncode == 0 and "moved 1,000 of 2,000 items (50.0%)" in status.stdout
-    early = cli("backfill", "cutover", f"pgvector:{NEW}")
+    early = cli("backfill", "cutover", layout.spec)
     assert early.returncode == 2 and "holds 1,000 of 2,000 rows (50.0%)" in early.stderr
 
-    async with serving(settings(env, world, pgvector_new_column=NEW, segment_refresh_s=0.2)) as service:
+    async with serving(layout.settings(env, world, segment_refresh_s=0.2)) as service:
         info = (await service.client.get("/v1/info")).json()["segment"]
         assert (info["backend"], info["moved"], info["coverage"]) == ("pgvector-column", 1000, 0.5)
         results = await search(service, "hybrid")
         assert all(len(set(r["ids"])) == len(r["ids"]) == 10 for r in results)
         assert 0 < sum(r["segment_hits"] for r in results) < 10 * len(results)  # both columns answer
     with psycopg.connect(env) as conn:
-        moved = {r[0] for r in conn.execute(f"SELECT id FROM {TABLE} WHERE {NEW} IS NOT NULL").fetchall()}
+        moved = {r[0] for r in conn.execute(layout.moved_sql).fetchall()}
     gallery = PgvectorGallery.open(settings(env, world).index)
     queries = SyntheticOldEncoder().encode_items(np.array(QUERY_ITEMS))
-    _, old_ids = gallery.search(queries, 50, nprobe=1, exclude=Exclusion(np.zeros(0, np.int64), column=NEW))
+    _, old_ids = gallery.search(
+        queries,
+        50,
+        nprobe=1,
+        exclude=Exclusion(
+            np.zeros(0, np.int64), in_table=InTable("table" if layout is SIDE else "column", layout.name)
+        ),
+    )
     _, all_ids = gallery.search(queries, 50, nprobe=1)
     gallery.close()
     assert not set(old_ids.ravel().tolist()) & moved  # the old column's search left the moved rows out, in SQL
     assert set(all_ids.ravel().tolist()) & moved  # (which it would have found)
 
-    rest = backfill(world, items, "--add-column")
+    rest = backfill(world, items, layout=layout)
     assert rest.returncode == 0 and "2,000 of 2,000 (100.0%)" in rest.stdout
-    async with serving(settings(env, world, pgvector_new_column=NEW)) as service:
+    async with serving(layout.settings(env, world)) as service:
         hybrid, new = await search(service, "hybrid"), await search(service, "new")
     with psycopg.connect(env) as conn:
-        got = conn.execute(f"SELECT id, {NEW}::text FROM {TABLE} ORDER BY id").fetchall()
+        got = conn.execute(layout.rows_sql).fetchall()
     ids = np.array([r[0] for r in got])
     rows = np.array([np.array(r[1][1:-1].split(","), dtype=np.float32) for r in got])
     queries = SyntheticNewEncoder().encode([CAPTION.format(i) for i in QUERY_ITEMS], Modality.text)
@@ -156,24 +201,28 @@ async def test_the_migration_fills_a_second_column_and_hybrid_rises_from_compat_
     assert [r["ids"] for r in new] == want  # the new model over the new column, exactly (no index: a scan)
     assert [r["ids"] for r in hybrid] == want  # everything moved: hybrid is the re-indexed search
 
-    printed = cli("backfill", "cutover", f"pgvector:{NEW}")
-    view = f"{TABLE}_{NEW}"
+    printed = cli("backfill", "cutover", layout.spec)
+    view = layout.view
     assert printed.returncode == 0 and f'CREATE VIEW "{view}"' in printed.stdout, printed.stderr
     with psycopg.connect(env) as conn:
         assert conn.execute("SELECT to_regclass(%s)", (view,)).fetchone()[0] is None  # printed, not run
-    assert cli("backfill", "cutover", f"pgvector:{NEW}", "--apply").returncode == 0
+    assert cli("backfill", "cutover", layout.spec, "--apply").returncode == 0
     with psycopg.connect(env) as conn:  # the user's application, reading the view under the old column's name
         text = "[" + ",".join(repr(float(x)) for x in queries[0]) + "]"
         native = conn.execute(f"SELECT id FROM {view} ORDER BY embedding <#> %s::vector LIMIT 10", (text,)).fetchall()
     assert [r[0] for r in native] == want[0]
 
-    built = cli("backfill", "index", f"pgvector:{NEW}")
+    built = cli("backfill", "index", layout.spec)
     assert built.returncode == 0 and "HNSW" in built.stdout, built.stderr
     cut_over = Settings(
         old=EncoderSettings(backend="none"),
         index=IndexSettings(
-            backend="pgvector", pgvector_dsn=env, pgvector_table=TABLE, pgvector_new_column=NEW, pgvector_ef_search=400
-        ),
+            backend="pgvector",
+            pgvector_dsn=env,
+            pgvector_table=TABLE,
+            pgvector_ef_search=400,
+            **{layout.setting: layout.name},
+        ),  # fmt: skip
     )
     async with serving(cut_over) as service:
         info = (await service.client.get("/v1/info")).json()
@@ -182,6 +231,8 @@ async def test_the_migration_fills_a_second_column_and_hybrid_rises_from_compat_
     overlap = np.mean([len(set(a["ids"]) & set(w)) / 10 for a, w in zip(alone, want, strict=True)])
     assert overlap >= 0.9  # through the column's own HNSW index now (exact above)
     assert old_column_digest(env) == before  # the user's old vectors were never written
+    if layout is SIDE:
+        assert table_columns(env) == columns  # nor the user's table changed at all
 
 
 def column_count(dsn: str, column: str) -> int:

