@@ -127,8 +127,13 @@ class PgvectorColumn:
         return InTable("table" if self.side else "column", self.column)
 
     def connect(self, *, read_only: bool = True) -> Any:
-        """A fresh connection with the writers' timeouts."""
-        conn = connect(dsn_of(self.settings), read_only=read_only)
+        """A fresh connection with the writers' timeouts; GalleryUnavailable in one line (no DSN) when none opens."""
+        import psycopg
+
+        try:
+            conn = connect(dsn_of(self.settings), read_only=read_only)
+        except psycopg.OperationalError as exc:
+            raise GalleryUnavailable(f"cannot reach PostgreSQL for {self.where}: {first_line(exc)}") from exc
         conn.execute(f"SET statement_timeout = {STATEMENT_TIMEOUT_MS}")
         conn.execute(f"SET lock_timeout = {LOCK_TIMEOUT_MS}")
         return conn

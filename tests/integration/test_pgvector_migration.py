@@ -311,3 +311,31 @@ async def test_the_cascade_writes_what_it_encodes_into_the_column(world: World, 
         wait_until(lambda: column_count(env, column) > 1, "the cascade's rows in the column")
         info = (await service.client.get("/v1/info")).json()
     assert info["cascade"]["writes_segment"] is True
+
+
+async def test_the_dsn_password_never_appears_in_answers_logs_or_metrics(
+    world: World, dsn: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The DSN is a secret: not in /v1/info, /metrics, an error answer, a log line or a CLI error."""
+    secret = "pw-4f9c2e-never-shown"
+    # The embedded server trusts local connections, so the password is carried everywhere but checked nowhere.
+    with_password = dsn.replace("postgres:@", f"postgres:{secret}@", 1)
+    assert secret in with_password
+    caplog.set_level("DEBUG")
+    async with serving(settings(with_password, world, pgvector_new_table="secret_side")) as service:
+        seen = [
+            (await service.search(queries=[{"text": CAPTION.format(3)}], k=5)).text,
+            (await service.search(queries=[{"text": CAPTION.format(3)}], k=5, mode="nope")).text,
+            (await service.client.get("/v1/info")).text,
+            (await service.client.get("/metrics")).text,
+        ]
+    refused = cli("backfill", "status", "pgvector-table:secret_side")  # env has no DSN here: its own error
+    broken = with_password.replace("host=", "host=/nowhere", 1)
+    with pytest.MonkeyPatch.context() as env:
+        for name, value in (("BACKEND", "pgvector"), ("PGVECTOR_DSN", broken), ("PGVECTOR_TABLE", TABLE)):
+            env.setenv(f"NOBACKFILL_INDEX__{name}", value)
+        unreachable = cli("backfill", "status", "pgvector-table:secret_side")
+    assert unreachable.returncode == 2 and "cannot reach PostgreSQL" in unreachable.stderr  # one line, no traceback
+    assert unreachable.stderr.count("\n") == 1
+    text = "\n".join([*seen, refused.stdout, refused.stderr, unreachable.stdout, unreachable.stderr, caplog.text])
+    assert secret not in text
