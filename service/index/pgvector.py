@@ -156,8 +156,6 @@ class PgvectorGallery:
         if statement is None:
             statement = self._statements.setdefault(unmoved, self._compose(unmoved))
 
-        scores = np.full((len(q), k), -np.inf, dtype=np.float32)
-        ids = np.full((len(q), k), -1, dtype=np.int64)
         try:
             conn = self._connections.get()
             with conn.transaction(), conn.cursor() as cur:
@@ -168,14 +166,7 @@ class PgvectorGallery:
                     cur.execute(
                         "SELECT set_config('enable_hashjoin', 'off', true), set_config('enable_mergejoin', 'off', true)"
                     )
-                for row, query in enumerate(q):
-                    text = vector_text(query)
-                    found = cur.execute(statement, (text, text, k)).fetchall()
-                    if found:
-                        ids[row, : len(found)] = [r[0] for r in found]
-                        scores[row, : len(found)] = as_cosine(
-                            np.array([r[1] for r in found], dtype=np.float64), self.metric
-                        )
+                scores, ids = ranked(cur, statement, q, k, self.metric)
         except psycopg.OperationalError as exc:
             self._connections.drop()
             self._problem = f"PostgreSQL does not answer: {first_line(exc)}"
@@ -380,6 +371,25 @@ def table_identifier(table: str) -> Any:
     from psycopg import sql
 
     return sql.Identifier(*table.split(".", 1))
+
+
+def ranked(
+    cur: Any, statement: Any, queries: npt.NDArray[np.float32], k: int, metric: str
+) -> tuple[npt.NDArray[np.float32], npt.NDArray[np.int64]]:
+    """Each query row's top k by `statement` (selects id, distance; takes the row twice, then k), as cosines.
+
+    One statement per row on `cur`; a short list is padded with -inf / -1.  The gallery's search and
+    the pgvector segment's (segment/pgvector_column.py) both rank through it.
+    """
+    scores = np.full((len(queries), k), -np.inf, dtype=np.float32)
+    ids = np.full((len(queries), k), -1, dtype=np.int64)
+    for row, query in enumerate(queries):
+        text = vector_text(query)
+        found = cur.execute(statement, (text, text, k)).fetchall()
+        if found:
+            ids[row, : len(found)] = [r[0] for r in found]
+            scores[row, : len(found)] = as_cosine(np.array([r[1] for r in found], dtype=np.float64), metric)
+    return scores, ids
 
 
 def vector_text(row: npt.NDArray[np.float32]) -> str:

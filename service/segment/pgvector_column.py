@@ -39,12 +39,11 @@ from service.index.base import Exclusion, Hits, InTable, first_line
 from service.index.pgvector import (
     OPERATORS,
     ThreadConnections,
-    as_cosine,
     connect,
     dsn_of,
     index_on,
+    ranked,
     table_identifier,
-    vector_text,
 )
 
 if TYPE_CHECKING:
@@ -311,18 +310,10 @@ class PgvectorColumn:
             "SELECT {id}, {new} " + state.operator + " %s::vector FROM {table} WHERE {new} IS NOT NULL "
             "ORDER BY {new} " + state.operator + " %s::vector LIMIT %s"
         )
-        scores = np.full((len(queries), k), -np.inf, dtype=np.float32)
-        ids = np.full((len(queries), k), -1, dtype=np.int64)
-        with conn.transaction():
+        with conn.transaction(), conn.cursor() as cur:
             if state.index_method == "hnsw":
-                conn.execute("SELECT set_config('hnsw.ef_search', %s, true)", (str(max(ef_search, k)),))
-            for row, query in enumerate(queries):
-                text = vector_text(query)
-                found = conn.execute(statement, (text, text, k)).fetchall()
-                if found:
-                    ids[row, : len(found)] = [r[0] for r in found]
-                    scores[row, : len(found)] = as_cosine(np.array([r[1] for r in found], np.float64), state.metric)
-        return scores, ids
+                cur.execute("SELECT set_config('hnsw.ef_search', %s, true)", (str(max(ef_search, k)),))
+            return ranked(cur, statement, queries, k, state.metric)
 
     def _sql(self, template: str, stage: Any = None) -> Any:
         """A statement with {table} {id} {new} (the new rows), {gallery} (and {stage}) as quoted identifiers."""
