@@ -351,7 +351,7 @@ class ApiSettings(Section):
     # over each encoder's measured service rate, after the cache's hits) is under this; past it, 503
     # overloaded with a Retry-After from the estimate.  An admitted search still queued twice this
     # long is answered 503 before it is encoded, and a batch gathers no more items than its measured cost
-    # says end within half of it (pipeline.BATCH_SHARE).  max_in_flight stays the hard memory bound.  0: off.
+    # says end within half of it (pipeline/parts.py's BATCH_SHARE).  max_in_flight stays the hard memory bound.  0: off.
     max_queue_ms: float = Field(250.0, ge=0)
     """A search is admitted while its expected wait for the encoders is under this (503 past it); 0: off."""
     # While the event loop wakes later than this, searches are refused with 503 before their body is

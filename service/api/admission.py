@@ -10,7 +10,7 @@ the backlog drains and the requests it lets in keep a bounded latency.  Only POS
 shed: health, readiness, metrics and admin calls always get through.
 
 The queue the service does see, in front of the encoders, is admitted by time, not by count
-(Pipeline.queue_refusal): a search is refused while the wait it can expect there is over
+(pipeline/admission.py): a search is refused while the wait it can expect there is over
 `api.max_queue_ms`.  The shedder asks that question too, for one query, before the body is read, so
 that in a burst the refusals stay cheap; the pipeline asks again with the request's own size.
 
@@ -84,6 +84,6 @@ class LoadShedder:
             # The queue-time admission for one query, before the body is read and parsed: a refusal in a
             # burst then costs the loop next to nothing.  The pipeline checks the request's own size again.
             pipeline = getattr(scope["app"].state, "pipeline", None) if "app" in scope else None
-            if pipeline is not None and (refusal := pipeline.queue_refusal(1)) is not None:
+            if pipeline is not None and (refusal := pipeline.admission.queue_refusal(1)) is not None:
                 raise refusal
         await self.app(scope, receive, send)

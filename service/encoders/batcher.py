@@ -69,10 +69,10 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from service import metrics
-from service.encoders import ticket as tickets
 from service.encoders.base import Embeddings, Encoder
 from service.encoders.poison import PoisonMemory
 from service.encoders.service_rate import ServiceRate
+from service.encoders.ticket import Ticket
 from service.errors import (
     EncoderFailed,
     EncoderProcessExited,
@@ -232,12 +232,19 @@ class MicroBatcher:
             # shutdown(wait=True) blocks until a running batch ends: do that wait off the loop.
             await asyncio.to_thread(executor.shutdown, True)
 
-    async def encode(self, items: list[str], modality: Modality = Modality.text) -> Embeddings:
+    async def encode(
+        self, items: list[str], modality: Modality = Modality.text, ticket: Ticket | None = None
+    ) -> Embeddings:
         """Float32 [len(items), dim] rows, encoded in whatever batches the traffic allows."""
-        return await self.submit(items, modality)
+        return await self.submit(items, modality, ticket)
 
-    def submit(self, items: list[str], modality: Modality = Modality.text) -> Awaitable[Embeddings]:
+    def submit(
+        self, items: list[str], modality: Modality = Modality.text, ticket: Ticket | None = None
+    ) -> Awaitable[Embeddings]:
         """Enqueue the items now and return an awaitable of their rows (`encode` without the first await).
+
+        `ticket`: the admitted search's (pipeline/admission.py): its reserved items become queued ones,
+        and an entry still queued past its deadline is answered 503 instead of encoded.  None: no bound.
 
         A caller with other work to do meanwhile (a cache lookup) starts the encoder before it,
         with no task to create and schedule.  The returned awaitable must be awaited.
@@ -257,7 +264,6 @@ class MicroBatcher:
                 f"an input of this request made encoder {self.name!r} hang alone within the last "
                 f"{self.poison.ttl_s:g} s; it is refused until then"
             )
-        ticket = tickets.current()
         if ticket is not None:  # its reservation becomes queued items
             taken = min(ticket.reserved.get(self.name, 0), len(items))
             ticket.reserved[self.name] = ticket.reserved.get(self.name, 0) - taken

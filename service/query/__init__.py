@@ -1,4 +1,4 @@
-"""The query path's units, one a module; service/pipeline.py's Pipeline runs them in order for each request.
+"""The query path's units, one a module; service/pipeline/'s Pipeline runs them in order for each request.
 
 job.py         Query, SearchJob (one request: what was asked, its profile, its rows and timings), the results
 validation.py  the request limits and each query's checks, before any encoder runs; default_mode

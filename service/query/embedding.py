@@ -16,6 +16,7 @@ from service.cache.base import usable_rows
 from service.compat.rows import normalize_rows
 from service.encoders.base import Embeddings
 from service.encoders.batcher import MicroBatcher
+from service.encoders.ticket import Ticket
 from service.errors import NobackfillError
 from service.query.job import SearchJob
 from service.vocabulary import Modality, Mode
@@ -58,8 +59,11 @@ class Embedder:
         # Off only for benchmarks (compat.concurrent_encoders): the old encoder then finishes before the new one starts.
         self.concurrent = concurrent
 
-    async def embed(self, job: SearchJob) -> None:
-        """Fill job.old, job.new and job.cache_status: given by the caller, cached, or encoded."""
+    async def embed(self, job: SearchJob, ticket: Ticket | None = None) -> None:
+        """Fill job.old, job.new and job.cache_status: given by the caller, cached, or encoded.
+
+        `ticket`: the search's admission (pipeline/admission.py), carried by every encoder call it makes.
+        """
         job.start_rows()
         by_modality: dict[Modality, list[int]] = {}
         for i, query in enumerate(job.queries):
@@ -71,28 +75,29 @@ class Embedder:
                     job.new[i] = query.new_embedding
             else:
                 by_modality.setdefault(query.modality, []).append(i)
-        await asyncio.gather(*(self._encode_group(job, modality, rows) for modality, rows in by_modality.items()))
+        groups = by_modality.items()
+        await asyncio.gather(*(self._encode_group(job, modality, rows, ticket) for modality, rows in groups))
 
-    async def _encode_group(self, job: SearchJob, modality: Modality, rows: list[int]) -> None:
+    async def _encode_group(self, job: SearchJob, modality: Modality, rows: list[int], ticket: Ticket | None) -> None:
         """One modality: start the new encoder, look up the cache, encode the old misses meanwhile."""
         inputs = [job.queries[i].content or "" for i in rows]
         need_old, need_new = job.reads.reads_old, job.reads.reads_new
         if need_old and not self.concurrent:
-            await self._old_rows(job, modality, rows, inputs)
+            await self._old_rows(job, modality, rows, inputs, ticket)
             need_old = False
         started = time.perf_counter()
         # Enqueued now, before the cache lookup, so the new encoder starts at once.
-        new_rows = self._submit_new(job, modality, rows, inputs) if need_new else None
+        new_rows = self._submit_new(job, modality, rows, inputs, ticket) if need_new else None
         try:
             if need_old:
-                await self._old_rows(job, modality, rows, inputs)
+                await self._old_rows(job, modality, rows, inputs, ticket)
         finally:
             if new_rows is not None:
                 await self._new_rows(job, rows, new_rows)
                 job.record("new_encode", time.perf_counter() - started)
 
     def _submit_new(
-        self, job: SearchJob, modality: Modality, rows: list[int], inputs: list[str]
+        self, job: SearchJob, modality: Modality, rows: list[int], inputs: list[str], ticket: Ticket | None
     ) -> Awaitable[Embeddings] | None:
         """Start the new encoder; a cascade with the new encoder down goes on without it (None)."""
         tolerant = job.mode == Mode.cascade
@@ -100,7 +105,7 @@ class Embedder:
             _failed(job, rows)
             return None
         try:
-            return self.new.submit(inputs, modality)
+            return self.new.submit(inputs, modality, ticket)
         except NobackfillError:
             if not tolerant:
                 raise
@@ -117,7 +122,9 @@ class Embedder:
                 raise
             _failed(job, rows)
 
-    async def _old_rows(self, job: SearchJob, modality: Modality, rows: list[int], inputs: list[str]) -> None:
+    async def _old_rows(
+        self, job: SearchJob, modality: Modality, rows: list[int], inputs: list[str], ticket: Ticket | None
+    ) -> None:
         """Old rows from the cache, the misses from the old encoder (and back into the cache)."""
         cached = await job.timed("cache_lookup", self.cache.get_many(modality, inputs))
         misses = [j for j, row in enumerate(cached) if row is None]
@@ -129,7 +136,7 @@ class Embedder:
         if not misses:
             return
         miss_inputs = [inputs[j] for j in misses]
-        encoded = await job.timed("old_encode", self.old.encode(miss_inputs, modality))
+        encoded = await job.timed("old_encode", self.old.encode(miss_inputs, modality, ticket))
         for j, row in zip(misses, encoded, strict=True):
             job.old[rows[j]] = row
             job.cache_status[rows[j]] = "miss" if caching else "off"

@@ -18,7 +18,7 @@ from service import metrics
 from service.encoders.base import Embeddings, Modality
 from service.encoders.batcher import MicroBatcher
 from service.encoders.service_rate import ServiceRate
-from service.encoders.ticket import Ticket, admitted
+from service.encoders.ticket import Ticket
 from service.errors import EncoderFailed, EncoderTimeout, NotReady, Overloaded, PoisonInput
 
 DIM = 8
@@ -524,10 +524,8 @@ async def test_a_call_queued_past_its_deadline_is_refused_before_it_is_encoded()
     try:
         first = asyncio.create_task(batcher.encode(["first"]))
         await wait_entered(encoder)  # the only replica is busy: what comes now queues
-        with admitted(Ticket(time.perf_counter() + 0.01)):
-            late = batcher.submit(["late"])
-        with admitted(Ticket(time.perf_counter() + 60)):
-            kept = batcher.submit(["kept"])
+        late = batcher.submit(["late"], ticket=Ticket(time.perf_counter() + 0.01))
+        kept = batcher.submit(["kept"], ticket=Ticket(time.perf_counter() + 60))
         await asyncio.sleep(0.05)  # past the first deadline, well before the second
         encoder.gate.set()
         outcomes = await asyncio.gather(first, late, kept, return_exceptions=True)

@@ -149,7 +149,7 @@ def test_every_markdown_link_resolves() -> None:
 def test_checker_names_each_broken_citation(tmp_path: Path) -> None:
     module = tmp_path / "cites.py"
     module.write_text(
-        '"""See DESIGN.md section 2, docs/no-such-page.md and service/pipeline.py."""\n'
+        '"""See DESIGN.md section 2, docs/no-such-page.md and service/pipeline/parts.py."""\n'
         "\n\n"
         "def f() -> None:\n"
         '    """Relative to service/: query/search.py exists, query/nowhere.py does not."""\n'
