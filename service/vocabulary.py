@@ -2,8 +2,9 @@
 
 Every enum here is a `StrEnum`, so typer takes it as a choice, pydantic as a field type, and each member
 is equal to (and hashes like) its string: `"slerp" in profile.modes()` and a dict keyed by `"text"` work
-with either.  Adding a mode means a member of `Mode`, a row of `MODE_READS`, the heads that serve it in
-`HEAD_MODES`, and the code that computes it (service/compat/heads.py); nothing else.
+with either.  Adding a map means a member of `Mode`, a row of `MODE_READS`, the heads that serve it in
+`HEAD_MODES`, and the code that computes it (service/compat/heads.py); adding a staging around the
+head's map (like hybrid or cascade) means a row of service/query/plan.py's `plan_of`; nothing else.
 """
 
 from __future__ import annotations
@@ -203,10 +204,6 @@ def heads_of(family: HeadFamily) -> tuple[Head, ...]:
 PROCRUSTES_HEADS = heads_of(HeadFamily.procrustes)
 ADAPTER_HEADS = heads_of(HeadFamily.adapter)
 CLASS_HEADS = heads_of(HeadFamily.classes)
-# Modes served only beside a new-model segment, by heads whose new query is an embedding (not logits).
-SEGMENT_MODES = (Mode.hybrid, Mode.new)
-# Modes whose stage 1 is the head's compatible search, possibly beside the segment.
-STAGED_MODES = (Mode.compare, Mode.hybrid, Mode.cascade)
 # Modes whose weight a request may set (an explicit alpha).
 ALPHA_MODES = tuple(mode for mode in Mode if mode.takes_alpha)
 # Procrustes modes with a fitted weight per modality (slerp / nlerp: alpha; adaptive: a, b, c_ref).

@@ -41,8 +41,9 @@ from service.query.cascade import Cascade, Rerank
 from service.query.embedding import CacheWriteBack, Embedder
 from service.query.hybrid import SegmentSearch
 from service.query.job import Query, QueryResult, SearchJob, SearchOutcome
+from service.query.plan import plan_of
 from service.query.search import transform_and_search
-from service.query.validation import default_mode, served_modes, validate
+from service.query.validation import default_mode, served_modes, validate_queries, validate_request
 from service.settings import NO_MODEL, EncoderSettings, Settings
 from service.traffic.hits import HitCounter
 from service.traffic.sampler import TrafficSampler
@@ -130,12 +131,15 @@ class Pipeline:
         """Answer a batch of queries; raises InputError subclasses for bad input, Overloaded when full."""
         profile = self.profile  # one profile for the whole request, even if a reload lands meanwhile
         mode = mode or default_mode(self.settings, profile)
-        cascade = self._cascade_for(mode)
-        depth = cascade.depth(k) if cascade is not None else k
         nprobe = self.default_nprobe() if nprobe is None else nprobe
-        job = SearchJob(queries, k, mode, alpha, nprobe, profile, depth=depth)
         served = served_modes(self.settings, profile)
-        validate(job, self.settings.api, self.gallery.max_nprobe, self.old.encoder, self.new.encoder, served)
+        api = self.settings.api
+        validate_request(queries, k, mode, alpha, nprobe, api, self.gallery.max_nprobe, served)
+        plan = plan_of(Mode(mode), profile.head, segment=self.segment is not None, hybrid_reranks=self._hybrid_reranks)
+        cascade = self.cascade if plan.reranks else None
+        depth = cascade.depth(k) if cascade is not None else k
+        job = SearchJob(queries, k, plan, alpha, nprobe, profile, depth=depth)
+        validate_queries(job, self.old.encoder, self.new.encoder, api.max_text_chars)
         with self.admission.admit(job) as ticket:
             try:
                 await self.embedder.embed(job, ticket)
@@ -153,12 +157,10 @@ class Pipeline:
             self.hits.offer(_returned_ids(results, job.k))
         return SearchOutcome(results, job.timings)
 
-    def _cascade_for(self, mode: str) -> Cascade | None:
-        """The cascade when this mode re-ranks: cascade always, hybrid with an item store (cascade.in_hybrid)."""
-        if self.cascade is None:
-            return None
-        in_hybrid = mode == Mode.hybrid and self.settings.cascade.in_hybrid and self.items is not None
-        return self.cascade if mode == Mode.cascade or in_hybrid else None
+    @property
+    def _hybrid_reranks(self) -> bool:
+        """Whether hybrid re-ranks too: with the cascade and an item store, unless cascade.in_hybrid is off."""
+        return self.cascade is not None and self.items is not None and self.settings.cascade.in_hybrid
 
     async def _transform_and_search(
         self, job: SearchJob, cascade: Cascade | None
@@ -233,7 +235,7 @@ class Pipeline:
         return {
             "candidates": knobs.candidates,
             "encode_budget": knobs.encode_budget if self.items is not None else 0,
-            "in_hybrid": knobs.in_hybrid and self.items is not None,
+            "in_hybrid": self._hybrid_reranks,
             "writes_segment": writer is not None,
             "pending_rows": writer.pending if writer is not None else 0,
         }

@@ -19,7 +19,7 @@ from service.encoders.batcher import MicroBatcher
 from service.encoders.ticket import Ticket
 from service.errors import NobackfillError
 from service.query.job import SearchJob
-from service.vocabulary import Modality, Mode
+from service.vocabulary import Modality
 
 
 class CacheWriteBack:
@@ -100,7 +100,7 @@ class Embedder:
         self, job: SearchJob, modality: Modality, rows: list[int], inputs: list[str], ticket: Ticket | None
     ) -> Awaitable[Embeddings] | None:
         """Start the new encoder; a cascade with the new encoder down goes on without it (None)."""
-        tolerant = job.mode == Mode.cascade
+        tolerant = job.plan.survives_new_failure
         if tolerant and self.new.problem() is not None:  # down: do not queue behind it
             _failed(job, rows)
             return None
@@ -118,7 +118,7 @@ class Embedder:
         try:
             job.new[rows] = await new_rows
         except NobackfillError:
-            if job.mode != Mode.cascade:
+            if not job.plan.survives_new_failure:
                 raise
             _failed(job, rows)
 

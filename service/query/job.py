@@ -13,6 +13,7 @@ import numpy as np
 from service import metrics
 from service.compat.profile import CompatProfile
 from service.encoders.base import Embeddings
+from service.query.plan import Plan
 from service.vocabulary import Modality, Mode
 
 T = TypeVar("T")
@@ -68,7 +69,7 @@ class SearchJob:
 
     queries: list[Query]
     k: int
-    mode: str  # as asked: validation refuses a mode the vocabulary or the profile does not know
+    plan: Plan  # the mode as asked, parsed once (query/plan.py) after validation let it through
     alpha: float | None
     nprobe: int
     profile: CompatProfile
@@ -84,9 +85,14 @@ class SearchJob:
         self.depth = self.depth or self.k
 
     @property
+    def mode(self) -> Mode:
+        """The mode as asked."""
+        return self.plan.mode
+
+    @property
     def reads(self) -> Mode:
-        """The mode as a vocabulary word (what it reads, whether it blends); valid once the job is validated."""
-        return Mode(self.mode)
+        """The mode as a vocabulary word: what it reads, whether it blends."""
+        return self.plan.mode
 
     def start_rows(self) -> None:
         """Zero rows for both embeddings and "off" for every cache status (after validation bounded the count)."""

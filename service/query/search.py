@@ -23,8 +23,9 @@ from service.index.base import GalleryBackend
 from service.query.fallback import Route, groups, routes
 from service.query.hybrid import SegmentSearch
 from service.query.job import QueryResult, SearchJob
+from service.query.plan import Where
 from service.settings import IndexSettings
-from service.vocabulary import STAGED_MODES, Mode
+from service.vocabulary import Mode
 
 
 def search_pool_size(settings: IndexSettings) -> int:
@@ -51,21 +52,20 @@ def transform_and_search(
 
     `segment` is set whenever the pipeline has one; validation let hybrid and new through only then.
     """
-    if job.mode == Mode.new:
+    stages = job.plan
+    if stages.where == Where.segment or stages.mapping is None:
         return _segment_only(job, _needed(segment))
-    compare = job.mode == Mode.compare
-    head_mode = job.profile.head if job.mode in STAGED_MODES else job.mode
-    beside = job.mode == Mode.hybrid or (job.mode == Mode.cascade and segment is not None)
+    compare, head_mode = stages.compares, stages.mapping
     plan = routes(job, head_mode)
     with job.stage("transform"):
         rows = _transform(job, plan, head_mode)
     batch = np.concatenate([rows.batch, normalize_rows(job.old)]) if compare else rows.batch  # zero old: no results
     from_segment = None
     with job.stage("search"):
-        if beside:
+        if stages.where == Where.beside_segment:
             merged = _needed(segment).hybrid(job, batch, gallery)
             scores, ids, from_segment = merged.scores, merged.ids, merged.from_segment.sum(axis=1).tolist()
-        elif hubness is not None and job.mode == job.profile.head:  # what `eval` scored as <head>+csls
+        elif hubness is not None and stages.mode == job.profile.head:  # what `eval` scored as <head>+csls
             own = np.array([fallback is None for _, fallback in plan])
             scores, ids = hubness.search(gallery, batch, job.depth, job.nprobe, own)
         else:
@@ -78,7 +78,7 @@ def transform_and_search(
             QueryResult(
                 ids=id_lists[i] if found else [],
                 scores=score_lists[i] if found else [],
-                mode=job.mode if job.mode in (Mode.hybrid, Mode.cascade) and fallback is None else row_mode,
+                mode=stages.mode if stages.staged and not compare and fallback is None else row_mode,
                 alpha=_as_fitted(alpha),
                 cache=job.cache_status[i],
                 theta=None if math.isnan(theta) else theta,

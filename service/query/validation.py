@@ -11,9 +11,10 @@ from service.encoders.base import Encoder, modalities_of
 from service.errors import ArtifactError, InputError, TooManyQueries, UnsupportedMode
 from service.index.base import check_nprobe
 from service.query.job import Query, SearchJob
+from service.query.plan import needs_segment
 from service.segment.factory import segment_configured
 from service.settings import ApiSettings, Settings
-from service.vocabulary import CLASS_HEADS, SEGMENT_MODES, Mode
+from service.vocabulary import CLASS_HEADS, Mode
 
 
 def served_modes(settings: Settings, profile: CompatProfile) -> list[str]:
@@ -30,7 +31,7 @@ def served_modes(settings: Settings, profile: CompatProfile) -> list[str]:
     if profile.head in CLASS_HEADS:
         return [*own, *compare]
     segment = segment_configured(settings.index)
-    beside = list(SEGMENT_MODES) if segment else []
+    beside = [Mode.hybrid, Mode.new] if segment else []
     cascade = [Mode.cascade] if segment or settings.index.item_store is not None else []
     return [*own, *compare, *beside, *cascade]
 
@@ -45,7 +46,7 @@ def default_mode(settings: Settings, profile: CompatProfile) -> str:
         return Mode.new
     mode = settings.compat.default_mode or (Mode.hybrid if Mode.hybrid in served else profile.head)
     if mode not in served:
-        hint = "; hybrid and new need NOBACKFILL_INDEX__SEGMENT_DIR" if mode in SEGMENT_MODES else ""
+        hint = "; hybrid and new need NOBACKFILL_INDEX__SEGMENT_DIR" if needs_segment(mode) else ""
         if mode == Mode.cascade:
             hint = "; cascade needs NOBACKFILL_INDEX__ITEM_STORE or NOBACKFILL_INDEX__SEGMENT_DIR"
         raise ArtifactError(
@@ -54,29 +55,45 @@ def default_mode(settings: Settings, profile: CompatProfile) -> str:
     return mode
 
 
-def validate(
-    job: SearchJob, api: ApiSettings, max_nprobe: int | None, old: Encoder, new: Encoder, served: list[str]
+def validate_request(
+    queries: list[Query],
+    k: int,
+    mode: str,
+    alpha: float | None,
+    nprobe: int,
+    api: ApiSettings,
+    max_nprobe: int | None,
+    served: list[str],
 ) -> None:
-    """Check a request against the limits, the modes `served` (served_modes) and the gallery's nprobe; 4xx if bad."""
-    if not job.queries:
+    """Check a request against the limits, the modes `served` (served_modes) and the gallery's nprobe; 4xx if bad.
+
+    Before the mode is parsed into a plan (query/plan.py) and any encoder runs; validate_queries then checks
+    each query against what the plan reads.
+    """
+    if not queries:
         raise InputError("queries must not be empty")
-    if len(job.queries) > api.max_queries:
-        raise TooManyQueries(f"{len(job.queries)} queries in one request; the limit is {api.max_queries}")
-    if not 1 <= job.k <= api.max_k:
-        raise InputError(f"k must be in 1..{api.max_k}, got {job.k}")
-    check_nprobe(job.nprobe, max_nprobe)  # before any encoder runs; the gallery checks it again
-    if job.alpha is not None and not (math.isfinite(job.alpha) and 0.0 <= job.alpha <= 1.0):
-        raise InputError(f"alpha must be in [0, 1], got {job.alpha}")
-    if job.mode not in served:
-        needs_segment = job.mode in SEGMENT_MODES and Mode.new not in served
-        hint = " (hybrid and new need a new-model segment: NOBACKFILL_INDEX__SEGMENT_DIR)" if needs_segment else ""
-        if job.mode == Mode.cascade:
+    if len(queries) > api.max_queries:
+        raise TooManyQueries(f"{len(queries)} queries in one request; the limit is {api.max_queries}")
+    if not 1 <= k <= api.max_k:
+        raise InputError(f"k must be in 1..{api.max_k}, got {k}")
+    check_nprobe(nprobe, max_nprobe)  # before any encoder runs; the gallery checks it again
+    if alpha is not None and not (math.isfinite(alpha) and 0.0 <= alpha <= 1.0):
+        raise InputError(f"alpha must be in [0, 1], got {alpha}")
+    if mode not in served:
+        hint = ""
+        if needs_segment(mode) and Mode.new not in served:
+            hint = " (hybrid and new need a new-model segment: NOBACKFILL_INDEX__SEGMENT_DIR)"
+        if mode == Mode.cascade:
             hint = " (cascade needs NOBACKFILL_INDEX__ITEM_STORE or NOBACKFILL_INDEX__SEGMENT_DIR)"
-        if job.mode == Mode.compare:
+        if mode == Mode.compare:
             hint = " (compare puts the head beside old: it needs a profile that serves old)"
-        raise UnsupportedMode(f"mode {job.mode!r} is not served by this profile; it serves {', '.join(served)}{hint}")
+        raise UnsupportedMode(f"mode {mode!r} is not served by this profile; it serves {', '.join(served)}{hint}")
+
+
+def validate_queries(job: SearchJob, old: Encoder, new: Encoder, max_text_chars: int) -> None:
+    """Check each query's text or embeddings against what the job's mode reads; 4xx if bad."""
     for i, query in enumerate(job.queries):
-        _check_query(i, query, job, api.max_text_chars, (old, new))
+        _check_query(i, query, job, max_text_chars, (old, new))
 
 
 def _check_query(i: int, query: Query, job: SearchJob, max_text_chars: int, encoders: tuple[Encoder, Encoder]) -> None:
