@@ -204,6 +204,10 @@ class IndexSettings(Section):
     """backend pgvector: the vector column of the old model's rows."""
     pgvector_ef_search: int = Field(40, ge=1)
     """backend pgvector: hnsw.ef_search for an HNSW index (at least k)."""
+    # Each search statement (the gallery's, and the new rows' beside it) and each lock it waits for gives up
+    # after this long: 503 gallery_unavailable, never a search thread held by a lock or a slow plan.
+    pgvector_timeout_s: float = Field(2.0, gt=0)
+    """backend pgvector: a search (or a lock it waits for) past this fails (503 gallery_unavailable)."""
     # The migration in the table's own form (segment/pgvector_column.py): the new model's rows in a
     # second vector column, added by `backfill run --add-column`; set, the default mode is hybrid.
     pgvector_new_column: str | None = None

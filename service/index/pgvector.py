@@ -88,7 +88,7 @@ class PgvectorGallery:
         self.lists: int | None = described["lists"]
         self.fingerprint: str = described["fingerprint"]
         self.meta: dict[str, Any] = {}  # no recorded model identity: artifact_check compares the dim
-        self._connections = ThreadConnections(dsn_of(settings))
+        self._connections = ThreadConnections(dsn_of(settings), timeout_s=settings.pgvector_timeout_s)
         self._problem: str | None = None
         # Composed once each: every search sends one with its query row and k.
         self._statements: dict[InTable | None, Any] = {None: self._compose(None)}
@@ -232,20 +232,29 @@ def dsn_of(settings: IndexSettings) -> str:
     return settings.pgvector_dsn.get_secret_value() if settings.pgvector_dsn else ""
 
 
-def connect(dsn: str, *, read_only: bool = True) -> Any:
-    """An autocommit connection; read-only unless a writer asks (nothing the gallery sends can write)."""
+def connect(dsn: str, *, read_only: bool = True, timeout_s: float | None = None) -> Any:
+    """An autocommit connection; read-only unless a writer asks (nothing the gallery sends can write).
+
+    `timeout_s`: every statement, and every lock one waits for, gives up after this long (statement_timeout,
+    lock_timeout), so a table locked by someone's ALTER or a plan gone wrong fails a search instead of
+    holding its thread.
+    """
     import psycopg
 
-    options = "-c default_transaction_read_only=on" if read_only else ""
-    return psycopg.connect(dsn, autocommit=True, connect_timeout=CONNECT_TIMEOUT_S, options=options)
+    options = ["-c default_transaction_read_only=on"] if read_only else []
+    if timeout_s is not None:
+        ms = max(1, round(timeout_s * 1000))
+        options += [f"-c statement_timeout={ms}", f"-c lock_timeout={ms}"]
+    return psycopg.connect(dsn, autocommit=True, connect_timeout=CONNECT_TIMEOUT_S, options=" ".join(options))
 
 
 class ThreadConnections:
     """One connection per thread (psycopg connections are not shared across concurrent searches), closed together."""
 
-    def __init__(self, dsn: str, *, read_only: bool = True) -> None:
+    def __init__(self, dsn: str, *, read_only: bool = True, timeout_s: float | None = None) -> None:
         self.dsn = dsn
         self.read_only = read_only
+        self.timeout_s = timeout_s  # statement_timeout and lock_timeout of every connection (connect())
         self._local = threading.local()
         self._open: list[Any] = []
         self._lock = threading.Lock()
@@ -254,7 +263,7 @@ class ThreadConnections:
         """This thread's connection, opened on first use (and after a failure)."""
         conn = getattr(self._local, "conn", None)
         if conn is None or conn.closed:
-            conn = connect(self.dsn, read_only=self.read_only)
+            conn = connect(self.dsn, read_only=self.read_only, timeout_s=self.timeout_s)
             self._local.conn = conn
             with self._lock:
                 self._open.append(conn)

@@ -292,6 +292,11 @@ class PgvectorColumn:
         dim = rows.shape[1]
         stage = sql.Identifier(f"nobackfill_stage_{dim}")  # one per connection (TEMP), emptied at each commit
         with conn.transaction():
+            # A writer's bounds for this transaction, whatever the connection's (the service's are a search's).
+            conn.execute(
+                "SELECT set_config('statement_timeout', %s, true), set_config('lock_timeout', %s, true)",
+                (str(STATEMENT_TIMEOUT_MS), str(LOCK_TIMEOUT_MS)),
+            )
             conn.execute(
                 sql.SQL("CREATE TEMP TABLE IF NOT EXISTS {} (id bigint, v vector({})) ON COMMIT DELETE ROWS").format(
                     stage, sql.Literal(dim)
@@ -394,7 +399,8 @@ class PgvectorColumnSegment:
         self._gallery = gallery
         self._ntotal = ntotal
         self._state: ColumnState | None = None
-        self._connections = ThreadConnections(dsn_of(settings), read_only=False)  # the cascade writer writes
+        # The cascade writer writes; its shards and the searches beside the gallery's are bounded alike.
+        self._connections = ThreadConnections(dsn_of(settings), read_only=False, timeout_s=settings.pgvector_timeout_s)
         self.snapshot: ColumnView = ColumnView(self, 0, None)
 
     @classmethod

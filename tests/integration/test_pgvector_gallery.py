@@ -147,6 +147,19 @@ def test_a_gone_server_answers_503_and_a_fresh_start_serves_again(tmp_path: Path
     gallery.close()
 
 
+def test_a_search_behind_a_held_lock_answers_503_within_its_timeout_and_then_serves(dsn: str) -> None:
+    gallery = _open(dsn, "items_plain", pgvector_timeout_s=0.2)
+    assert gallery.search(QUERIES[:1], 5, nprobe=1)[1].shape == (1, 5)
+    with psycopg.connect(dsn) as holder:  # an operator's ALTER TABLE would hold this lock
+        holder.execute("LOCK TABLE items_plain IN ACCESS EXCLUSIVE MODE")
+        with pytest.raises(GalleryUnavailable):  # lock_timeout: the search gives up instead of queueing
+            gallery.search(QUERIES[:1], 5, nprobe=1)
+        assert gallery.problem() is not None
+        holder.rollback()
+    assert gallery.search(QUERIES[:1], 5, nprobe=1)[1].shape == (1, 5) and gallery.problem() is None
+    gallery.close()
+
+
 async def test_the_service_serves_a_pgvector_table_of_the_old_models_rows(world: World, dsn: str) -> None:
     from service.encoders.synthetic import SyntheticOldEncoder
     from service.vocabulary import Modality
