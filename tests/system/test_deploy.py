@@ -1480,8 +1480,8 @@ def test_image_requirement_sets_resolve(tmp_path: Path) -> None:
     torch_pin = re.search(r"ARG TORCH_VERSION=(\S+)", (ROOT / "Dockerfile").read_text())
     assert torch_pin
     sets = {
-        "cpu": ["base.txt", "models.txt", "milvus.txt", "pgvector.txt"],
-        "cuda": ["base-gpu.txt", "models.txt", "milvus.txt", "pgvector.txt", "gpu.txt"],
+        "cpu": ["base.txt", "models.txt", "milvus.txt", "pgvector.txt", "qdrant.txt"],
+        "cuda": ["base-gpu.txt", "models.txt", "milvus.txt", "pgvector.txt", "qdrant.txt", "gpu.txt"],
     }
     for target, names in sets.items():
         report = tmp_path / f"{target}.json"
