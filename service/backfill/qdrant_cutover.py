@@ -78,7 +78,10 @@ def plan_cutover(rows: QdrantNewRows, client: Any, alias: str | None) -> QdrantC
             f"-H \"api-key: $QDRANT_API_KEY\" -d '{body}'"
         ],
         after=after + "; nobackfill follows with NOBACKFILL_OLD__BACKEND=none",
-        drop_later=f'curl -X DELETE "$QDRANT_URL/collections/{retired}"',
+        drop_later=(
+            f'curl -X DELETE "$QDRANT_URL/collections/{retired}" (once the application writes to {rows.name}: '
+            "payloads edited in the old collection after a point was copied are not in the new one)"
+        ),
         actions=actions,
     )
 

@@ -14,7 +14,9 @@ qdrant-client's local mode) and labelled in the collection's metadata, under the
 column comment does: a vector of another model, or one nobackfill did not add, is refused in one line.
 The second collection (`--add-collection`, for a server older than 1.18, or to leave the user's
 collection unwritten) is created with the old vector's name and Cosine, so an alias switched to it
-serves the user's application with the same `using`; its label is in its own metadata.
+serves the user's application with the same `using`; its label is in its own metadata.  Each point
+carries the payload it had in the user's collection when it was copied: a payload edited there later
+is not followed (the named vector has no such gap; docs/stores.md).
 
 Writes set a point's row only where it is not set yet (`update_filter` must_not has_vector): the first
 writer's row stays, so `backfill run` and the cascade writer never race a row into two values, and a
@@ -247,8 +249,16 @@ class QdrantNewRows:
             return 0
         name = self.vector or ""
         if self.side:
+            # Each point's payload comes along from the user's collection, so the alias of the cut-over serves
+            # whole points (as they were when copied: a later payload edit there is not followed here).
+            payloads = {
+                int(p.id): p.payload
+                for p in client.retrieve(self.collection, ids=ids.tolist(), with_payload=True, with_vectors=False)
+            }
             points = [
-                models.PointStruct(id=int(i), vector={name: row.tolist()} if name else row.tolist())
+                models.PointStruct(
+                    id=int(i), vector={name: row.tolist()} if name else row.tolist(), payload=payloads.get(int(i))
+                )
                 for i, row in zip(ids.tolist(), rows, strict=True)
             ]
             client.upsert(self.rows_collection, points=points, update_filter=self.unset_filter(), wait=True)

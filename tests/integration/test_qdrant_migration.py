@@ -249,8 +249,11 @@ async def test_the_migration_fills_the_new_vector_and_hybrid_rises_from_compat_t
         assert applied.returncode == 0 and "applied" in applied.stdout, applied.stderr
     with Opened(env) as client:  # the user's application, reading natively
         read = "catalogue_current" if layout is SECOND else COLLECTION
-        native = client.query_points(read, query=queries[0].tolist(), using=layout.vector, limit=10).points
+        native = client.query_points(
+            read, query=queries[0].tolist(), using=layout.vector, limit=10, with_payload=True
+        ).points
     assert [int(p.id) for p in native] == want[0]
+    assert all(p.payload == {"title": f"item {p.id}"} for p in native)  # whole points, payloads too
 
     cut_over = Settings(old=EncoderSettings(backend="none"), index=index_settings(env, **{layout.setting: layout.name}))
     async with serving(cut_over) as service:
