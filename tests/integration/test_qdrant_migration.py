@@ -377,3 +377,28 @@ async def test_the_cascade_writes_what_it_encodes_into_the_vector(world: World, 
             await asyncio.sleep(0.05)
     assert info["segment"]["moved"] > 1 and info["cascade"]["writes_segment"] is True
     assert len(scrolled(env, "v2_cascade")) >= info["segment"]["moved"]  # (it may have written more since)
+
+
+async def test_the_api_key_never_appears_in_answers_logs_or_metrics(
+    world: World, store: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The API key is a secret: not in /v1/info, /metrics, an error answer, a log line or a CLI error."""
+    secret = "qk-7d1e9a-never-shown"
+    caplog.set_level("DEBUG")
+    # Local mode takes no key: the service carries it everywhere here, and sends it nowhere.
+    async with serving(settings(store, world, qdrant_new_vector="v2_secret", qdrant_api_key=secret)) as service:
+        seen = [
+            (await service.search(queries=[{"text": CAPTION.format(3)}], k=5)).text,
+            (await service.search(queries=[{"text": CAPTION.format(3)}], k=5, mode="nope")).text,
+            (await service.client.get("/v1/info")).text,
+            (await service.client.get("/metrics")).text,
+        ]
+    with pytest.MonkeyPatch.context() as env:  # a server that is not there, with the key
+        for name, value in (("BACKEND", "qdrant"), ("QDRANT_URL", "http://127.0.0.1:1"),
+                            ("QDRANT_COLLECTION", COLLECTION), ("QDRANT_API_KEY", secret)):  # fmt: skip
+            env.setenv(f"NOBACKFILL_INDEX__{name}", value)
+        unreachable = cli("backfill", "status", "qdrant:v2_secret")
+    assert unreachable.returncode == 2 and "Qdrant did not answer" in unreachable.stderr
+    assert unreachable.stderr.splitlines()[-1].startswith("error: ")
+    text = "\n".join([*seen, unreachable.stdout, unreachable.stderr, caplog.text])
+    assert secret not in text
