@@ -44,7 +44,7 @@ SHELL ["/bin/bash", "-o", "pipefail", "-c"]
 ARG TORCH_VERSION=2.13.0
 COPY --from=requirements /req /req
 RUN pip install torch==${TORCH_VERSION} --index-url https://download.pytorch.org/whl/cpu \
-    && pip install -r /req/base.txt -r /req/models.txt -r /req/milvus.txt -r /req/pgvector.txt \
+    && pip install -r /req/base.txt -r /req/models.txt -r /req/milvus.txt -r /req/pgvector.txt -r /req/qdrant.txt \
     && ! pip list 2>/dev/null | grep -i -E '^(nvidia-|torchvision )'
 
 # ---- CUDA dependencies: torch built for CUDA 12 (its CUDA libraries come as wheels) and faiss-gpu-cu12
@@ -54,7 +54,7 @@ ARG TORCH_VERSION=2.13.0
 ARG TORCH_CUDA=cu128
 COPY --from=requirements /req /req
 RUN pip install torch==${TORCH_VERSION} --index-url https://download.pytorch.org/whl/${TORCH_CUDA} \
-    && pip install -r /req/base-gpu.txt -r /req/models.txt -r /req/milvus.txt -r /req/pgvector.txt -r /req/gpu.txt \
+    && pip install -r /req/base-gpu.txt -r /req/models.txt -r /req/milvus.txt -r /req/pgvector.txt -r /req/qdrant.txt -r /req/gpu.txt \
     && ! pip list 2>/dev/null | grep -i -E '^(faiss-cpu|torchvision) '
 
 # ---- target `cuda`: the same tail as `cpu` below (tests/system/test_deploy.py keeps the two identical)

@@ -229,6 +229,14 @@ class IndexSettings(Section):
     """backend qdrant: the server's API key."""
     qdrant_hnsw_ef: int | None = Field(None, ge=1)
     """backend qdrant: hnsw_ef of each search (unset: the collection's own)."""
+    # The migration in the collection's own form (segment/qdrant_vector.py): the new model's rows in a
+    # named vector of the same collection, added by `backfill run --add-vector`; set, the default mode is hybrid.
+    qdrant_new_vector: str | None = None
+    """backend qdrant: the new model's named vector of the same collection (the segment), e.g. embedding_v2."""
+    # Or a second collection of nobackfill's own, same point ids, created by `backfill run --add-collection`
+    # (a server older than 1.18, which cannot add a vector): the user's collection is never written.
+    qdrant_new_collection: str | None = None
+    """backend qdrant: the new model's rows in a collection of nobackfill's own (the segment), e.g. items_v2."""
     # Threads of the pipeline's own search pool (the heads and the gallery search), apart from the pool
     # that decodes images and runs probes.  Unset: one per usable CPU; for Milvus, which waits, CPUs + 4.
     search_threads: int | None = Field(None, ge=1)
@@ -557,7 +565,23 @@ def _contradictions(settings: Settings) -> list[str]:
             f"{env_name('index', in_database[0])} is in the pgvector gallery's database: "
             f"it needs {env_name('index', 'backend')}=pgvector"
         )
-    named = [*in_database, *(["segment_dir"] if index.segment_dir is not None else [])]
+    in_qdrant = [name for name in ("qdrant_new_vector", "qdrant_new_collection") if getattr(index, name) is not None]
+    if in_qdrant and index.backend != "qdrant":
+        problems.append(
+            f"{env_name('index', in_qdrant[0])} is beside the Qdrant gallery's collection: "
+            f"it needs {env_name('index', 'backend')}=qdrant"
+        )
+    if index.qdrant_new_vector is not None and index.qdrant_new_vector == (index.qdrant_vector or ""):
+        problems.append(
+            f"{env_name('index', 'qdrant_new_vector')} is the old model's vector "
+            f"({env_name('index', 'qdrant_vector')}): the new rows go into a vector of their own"
+        )
+    if index.qdrant_new_collection is not None and index.qdrant_new_collection == index.qdrant_collection:
+        problems.append(
+            f"{env_name('index', 'qdrant_new_collection')} is the old model's collection "
+            f"({env_name('index', 'qdrant_collection')}): the new rows go into a collection of their own"
+        )
+    named = [*in_database, *in_qdrant, *(["segment_dir"] if index.segment_dir is not None else [])]
     if len(named) > 1:
         problems.append(f"{' and '.join(env_name('index', n) for n in named)} each name a segment: set one")
     if index.pgvector_new_column is not None and index.pgvector_new_column == index.pgvector_column:
@@ -595,10 +619,12 @@ def _cut_over_contradictions(settings: Settings) -> list[str]:
     if not settings.cut_over:
         return problems
     index = settings.index
-    if index.segment_dir is None and index.pgvector_new_column is None and index.pgvector_new_table is None:
+    stores = ("segment_dir", "pgvector_new_column", "pgvector_new_table", "qdrant_new_vector", "qdrant_new_collection")
+    if all(getattr(index, name) is None for name in stores):
         problems.append(
             f"{env_name('old', 'backend')}={NO_MODEL} (the cut-over) needs {env_name('index', 'segment_dir')} "
-            f"(or {env_name('index', 'pgvector_new_column')} / {env_name('index', 'pgvector_new_table')}): "
+            f"(or {env_name('index', 'pgvector_new_column')} / {env_name('index', 'pgvector_new_table')}, "
+            f"{env_name('index', 'qdrant_new_vector')} / {env_name('index', 'qdrant_new_collection')}): "
             "the finished segment is the only gallery then"
         )
     if settings.compat.default_mode not in (None, Mode.new):

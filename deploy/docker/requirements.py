@@ -1,6 +1,6 @@
 """Write the image's pip requirement files from pyproject.toml alone (the Dockerfile's `requirements` stage).
 
-base.txt: the dependencies; models.txt, milvus.txt, pgvector.txt, gpu.txt: those extras; base-gpu.txt: base.txt
+base.txt: the dependencies; models.txt, milvus.txt, pgvector.txt, qdrant.txt, gpu.txt: those extras; base-gpu.txt: base.txt
 without faiss-cpu, because faiss-cpu and faiss-gpu both install the `faiss` package and the CUDA image takes
 faiss-gpu alone.
 """
@@ -13,7 +13,7 @@ from pathlib import Path
 
 
 def write_requirements(pyproject: Path, out: Path) -> list[Path]:
-    """Write the six files into `out`; return their paths."""
+    """Write the seven files into `out`; return their paths."""
     project = tomllib.loads(pyproject.read_text())["project"]
     extras = project["optional-dependencies"]
     lists = {
@@ -21,6 +21,7 @@ def write_requirements(pyproject: Path, out: Path) -> list[Path]:
         "models.txt": extras["models"],
         "milvus.txt": extras["milvus"],
         "pgvector.txt": extras["pgvector"],  # psycopg: NOBACKFILL_INDEX__BACKEND=pgvector, `demo --pgvector`
+        "qdrant.txt": extras["qdrant"],  # qdrant-client: NOBACKFILL_INDEX__BACKEND=qdrant (docker-compose.qdrant.yml)
         "gpu.txt": extras["gpu"],
         "base-gpu.txt": [req for req in project["dependencies"] if not req.startswith("faiss-cpu")],
     }

@@ -34,14 +34,17 @@ def run(
         ...,
         "--segment",
         help="Segment folder (created on the first run), pgvector:COLUMN (a new column of the pgvector "
-        "table the NOBACKFILL_INDEX__PGVECTOR_* settings name) or pgvector-table:TABLE (a side table beside it).",
+        "table the NOBACKFILL_INDEX__PGVECTOR_* settings name) or pgvector-table:TABLE (a side table beside it); "
+        "qdrant:VECTOR (a named vector of the NOBACKFILL_INDEX__QDRANT_* collection) or qdrant-collection:NAME.",
     ),
     add_column: bool = typer.Option(
         False,
         "--add-column",
         "--add-table",
+        "--add-vector",
+        "--add-collection",
         help="pgvector:COLUMN: add the column when it is not there (ALTER TABLE, no rewrite); pgvector-table:TABLE: "
-        "create the side table.",
+        "create the side table; qdrant:VECTOR (--add-vector): add the named vector; qdrant-collection:NAME: create it.",
     ),
     input_path: Path = typer.Option(
         ..., "--input", help="The gallery's items: an item store, or a file / image folder as `encode` reads it."
@@ -222,12 +225,25 @@ class _ColumnSegment:
         with self.column.connect() as conn:
             return self.column.count(conn) if self.column.state(conn) is not None else 0
 
+    noun = "column"
 
-def _pgvector_column(segment: Path) -> _ColumnSegment | None:
-    """What `pgvector:COLUMN` / `pgvector-table:TABLE` names (None for a folder); InputError without a name."""
+    def status(self, hits: Any) -> dict[str, Any]:
+        """`backfill status`'s report."""
+        from service.backfill.status import column_status
+
+        return column_status(self.column, hits)
+
+
+def _pgvector_column(segment: Path) -> Any:
+    """What `pgvector:COLUMN` / `pgvector-table:TABLE` / `qdrant:VECTOR` / `qdrant-collection:NAME` names (None
+    for a folder); InputError without a name."""
+    from service.commands.qdrant_segment import qdrant_segment
     from service.errors import InputError
 
     text = str(segment)
+    in_qdrant = qdrant_segment(text)
+    if in_qdrant is not None:
+        return in_qdrant
     for prefix, side in ((PGVECTOR_PREFIX, False), (PGVECTOR_TABLE_PREFIX, True)):
         if text.startswith(prefix):
             name = text.removeprefix(prefix)
@@ -333,13 +349,13 @@ def status(
     column = _pgvector_column(segment)
     if column is None and not segment.is_dir():  # said before the heavy imports, not as "no segment.json"
         raise InputError(f"{segment}: no such folder (`backfill run --segment {segment} --gallery ...` creates it)")
-    from service.backfill.status import column_status, segment_status
+    from service.backfill.status import segment_status
     from service.segment.writer import WRITER as CASCADE_WRITER
     from service.traffic.hits import read_hits
 
     counts = read_hits(hits, missing_ok=True)
     known = counts if len(counts[0]) else None
-    report = segment_status(segment, known) if column is None else column_status(column.column, known)
+    report = segment_status(segment, known) if column is None else column.status(known)
     if as_json:
         typer.echo(json.dumps(report))
         return
@@ -349,7 +365,7 @@ def status(
     held = (
         f"in {len(report['shards'])} shard(s)"
         if column is None
-        else f"(index on the column: {report['index'] or 'none, searched exactly; `backfill index` builds one'})"
+        else f"(index on the {column.noun}: {report['index'] or 'none, searched exactly; `backfill index` builds one'})"
     )
     typer.echo(
         f"  moved {report['moved']:,} of {report['gallery']['ntotal']:,} items ({report['coverage']:.1%}) {held}"
@@ -396,6 +412,9 @@ def index(
     For pgvector:COLUMN: CREATE INDEX CONCURRENTLY on the column (HNSW, inner product), never implicitly.
     """
     column = _pgvector_column(segment)
+    if column is not None and column.noun == "vector":  # Qdrant indexes its vectors itself
+        typer.echo(column.index_line())
+        return
     if column is not None:
         import time
 
@@ -428,11 +447,16 @@ def index(
 @app.command("cutover")
 def cutover(
     segment: Path = typer.Argument(
-        ..., help="pgvector:COLUMN (the new column of the settings' table).", metavar="SEGMENT"
+        ...,
+        help="pgvector:COLUMN (the new column of the settings' table), qdrant:VECTOR or qdrant-collection:NAME.",
+        metavar="SEGMENT",
     ),
     how: str = typer.Option("view", "--how", help="view (a view reads the new column under the old name) or rename."),
     view: str | None = typer.Option(None, "--view", help="--how view: the view's name.", show_default="TABLE_COLUMN"),
     apply: bool = typer.Option(False, "--apply", help="Run the statements (one transaction); else print them."),
+    alias: str | None = typer.Option(
+        None, "--alias", help="qdrant-collection:NAME: the alias to create on it.", show_default="COLLECTION_current"
+    ),
 ) -> None:
     """Print (or --apply) the SQL after which your application reads the new model's column natively."""
     from service.backfill.pgvector_cutover import apply_cutover, plan_cutover
@@ -444,6 +468,10 @@ def cutover(
             f"{segment}: a segment folder is cut over by serving it alone (NOBACKFILL_OLD__BACKEND=none, "
             "docs/backfill.md); `backfill cutover` writes a pgvector table's SQL (pgvector:COLUMN)"
         )
+    if column.noun == "vector":  # Qdrant: the vector's name to query, or an alias to the second collection
+        for line in column.cutover(apply, alias):
+            typer.echo(line)
+        return
     with column.column.connect(read_only=not apply) as conn:
         planned = plan_cutover(column.column, conn, how, view)
         if apply:

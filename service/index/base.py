@@ -45,7 +45,8 @@ class InTable:
     """Moved rows marked in the gallery's own database (segment/pgvector_column.py), not listed by id.
 
     kind "column": the gallery table's column `name` is set on a moved row; kind "table": the side
-    table `name` holds a row (id, embedding) per moved item.
+    table `name` holds a row (id, embedding) per moved item; kind "vector": a moved point of the
+    Qdrant gallery's collection has the named vector `name` (segment/qdrant_vector.py).
     """
 
     kind: str

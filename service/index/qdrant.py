@@ -14,7 +14,9 @@ none).  A search is one batched query of the collection's own index (its HNSW, a
 `NOBACKFILL_INDEX__QDRANT_HNSW_EF` when set); the scores come back as cosines of unit rows (Cosine as
 it is, Dot as it is, Euclid d as 1 - d^2 / 2), the scale hybrid's merge reads.  Moved items (hybrid)
 are left out by over-fetching (index/base.py), exact as long as the list can grow: a must_not filter
-over a million moved ids would cost more than it saves.  A call that fails (server down, timeout)
+over a million moved ids would cost more than it saves.  Beside a named vector of this collection
+(segment/qdrant_vector.py) they are left out in Qdrant itself: a must_not has_vector filter, so the
+moved points are never listed.  A call that fails (server down, timeout)
 answers 503 gallery_unavailable.  Nothing is written.
 
 Local mode is the client's own engine, not Qdrant's: it searches by brute force (exact; search
@@ -71,7 +73,7 @@ class QdrantGallery:
     def open(cls, settings: IndexSettings) -> QdrantGallery:
         """Connect (or open the local folder), check the collection against the contract; one line otherwise."""
         where = setting_line(settings)
-        client = _client(settings)
+        client = client_of(settings)
         try:
             described = _describe(client, settings, where)
         except ArtifactError:
@@ -87,6 +89,8 @@ class QdrantGallery:
     ) -> tuple[npt.NDArray[np.float32], npt.NDArray[np.int64]]:
         """Top-k by the collection's index, as cosines, skipping `exclude`'s ids: (scores, ids; -1 pads)."""
         q = checked_queries(queries, self.dim, k, nprobe, None)
+        if exclude is not None and exclude.in_table is not None and exclude.in_table.kind == "vector":
+            return self._search(q, k, nprobe, unmoved=exclude.in_table.name)
         if exclude is not None and len(exclude.ids):
             return excluding_by_overfetch(self._search, q, k, nprobe, exclude)
         return self._search(q, k, nprobe)
@@ -96,13 +100,17 @@ class QdrantGallery:
         q: npt.NDArray[np.float32],
         k: int,
         nprobe: int,  # noqa: ARG002 (the protocol's; HNSW takes hnsw_ef)
+        unmoved: str | None = None,
     ) -> tuple[npt.NDArray[np.float32], npt.NDArray[np.int64]]:
-        """One batched query: a request per row."""
+        """One batched query: a request per row; with `unmoved`, only the points without that (new) vector."""
         from qdrant_client import models
 
         params = models.SearchParams(hnsw_ef=self.settings.qdrant_hnsw_ef) if self.settings.qdrant_hnsw_ef else None
+        only = models.Filter(must_not=[models.HasVectorCondition(has_vector=unmoved)]) if unmoved is not None else None
         requests = [
-            models.QueryRequest(query=row.tolist(), using=self.vector, limit=k, params=params, with_payload=False)
+            models.QueryRequest(
+                query=row.tolist(), using=self.vector, filter=only, limit=k, params=params, with_payload=False
+            )
             for row in q
         ]
         try:
@@ -121,6 +129,11 @@ class QdrantGallery:
             found = np.array([p.score for p in points], dtype=np.float64)
             scores[row, : len(points)] = cosine_of_l2(found**2) if self.metric == "l2" else found
         return scores, ids
+
+    @property
+    def client(self) -> Any:
+        """The open client: a segment in this collection shares it (local mode lets one client open a folder)."""
+        return self._client
 
     def describe(self) -> dict[str, Any]:
         """What /v1/info reports: the collection, its vector and size."""
@@ -153,7 +166,7 @@ class QdrantGallery:
         self._client.close()
 
 
-def _client(settings: IndexSettings) -> Any:
+def client_of(settings: IndexSettings) -> Any:
     """A server client (url, api key) or the embedded local mode (path)."""
     from qdrant_client import QdrantClient
 

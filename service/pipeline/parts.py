@@ -42,7 +42,7 @@ from service.query.search import search_pool_size
 from service.query.validation import default_mode, served_modes
 from service.segment.base import SegmentStore
 from service.segment.cutover import SegmentGallery, cutover_profile, open_finished
-from service.segment.factory import indexing_of, open_segment, segment_configured
+from service.segment.factory import finished_in_store, indexing_of, open_segment, segment_configured
 from service.segment.writer import SegmentWriter
 from service.settings import EncoderSettings, Settings, env_name
 from service.traffic.hits import HitCounter, create_hit_counter
@@ -282,12 +282,9 @@ def _refuse_nprobe_over_nlist(settings: Settings, gallery: GalleryBackend) -> No
 def _finished_segment(settings: Settings, new: Encoder) -> tuple[GalleryBackend, CompatProfile]:
     """After the cut-over: the finished segment as the gallery, and the new model's stand-in profile."""
     model = identity_of(new, settings.new.backend)
-    from service.segment.pgvector_column import PgvectorColumnSegment, new_rows_of
-
-    new_rows = new_rows_of(settings.index)  # a column or side table of the pgvector database, every row moved
-    if new_rows is not None:
-        finished = PgvectorColumnSegment.finished(new_rows, model)
-        return SegmentGallery(finished, finished.replaced), cutover_profile(model)
+    in_store = finished_in_store(settings.index, model)  # new rows in the pgvector or Qdrant store, every row moved
+    if in_store is not None:
+        return SegmentGallery(*in_store), cutover_profile(model)
     assert settings.index.segment_dir is not None  # Settings refuses a cut-over without a segment
     segment = open_finished(settings.index.segment_dir, model, indexing_of(settings.index))
     return SegmentGallery(segment, segment.meta.gallery.fingerprint), cutover_profile(model)
@@ -298,7 +295,10 @@ async def _acquire_artifacts(
 ) -> tuple[GalleryBackend, CompatProfile]:
     """The gallery (a FAISS folder or a Milvus collection) and the profile, loaded while every encoder copy warms up."""
     if settings.cut_over:
-        artifacts = _in_thread(stack, "the finished segment", partial(_finished_segment, settings, new[0]))
+        # Closed on unwind: its connections (a local Qdrant folder stays locked until its client closes).
+        artifacts = _in_thread(
+            stack, "the finished segment", partial(_finished_segment, settings, new[0]), lambda done: done[0].close()
+        )
         warm = _in_thread(stack, "the new encoders' warmup", partial(_warm, new))
         await _all_done(artifacts, warm)
         return artifacts.result()

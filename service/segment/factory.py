@@ -2,6 +2,11 @@
 
 index.segment_dir               a folder of shards (segment/reader.py), beside any gallery
 index.pgvector_new_column       a second column of the pgvector gallery's own table (segment/pgvector_column.py)
+index.pgvector_new_table        a side table in the pgvector gallery's database (same module)
+index.qdrant_new_vector         a named vector of the Qdrant gallery's own collection (segment/qdrant_vector.py)
+index.qdrant_new_collection     a second collection beside it, same point ids (same module)
+
+`finished_in_store` opens a store's finished segment for the cut-over (NOBACKFILL_OLD__BACKEND=none).
 """
 
 from __future__ import annotations
@@ -21,10 +26,9 @@ def indexing_of(index: IndexSettings) -> Indexing:
 
 
 def segment_configured(index: IndexSettings) -> bool:
-    """Whether the settings name a segment (a folder, or a column of the pgvector table)."""
-    return (
-        index.segment_dir is not None or index.pgvector_new_column is not None or index.pgvector_new_table is not None
-    )
+    """Whether the settings name a segment (a folder, or new rows in the pgvector or Qdrant store)."""
+    named = (index.segment_dir, index.pgvector_new_column, index.pgvector_new_table)
+    return any(n is not None for n in (*named, index.qdrant_new_vector, index.qdrant_new_collection))
 
 
 def open_segment(index: IndexSettings, model: ModelIdentity, gallery: GalleryBackend) -> SegmentStore | None:
@@ -43,7 +47,47 @@ def open_segment(index: IndexSettings, model: ModelIdentity, gallery: GalleryBac
         new_rows = new_rows_of(index)
         assert new_rows is not None
         return PgvectorColumnSegment.open(new_rows, model, gallery.fingerprint, gallery.ntotal)
+    if index.qdrant_new_vector is not None or index.qdrant_new_collection is not None:
+        return _qdrant_segment(index, model, gallery)
     if index.segment_dir is None:
         return None
     beside = GalleryRef(gallery.fingerprint, gallery.ntotal)
     return Segment.beside(index.segment_dir, model, beside, indexing_of(index))
+
+
+def _qdrant_segment(index: IndexSettings, model: ModelIdentity, gallery: GalleryBackend) -> SegmentStore:
+    """The new vector (or second collection) beside the Qdrant gallery, on the gallery's own client."""
+    from service.index.qdrant import QdrantGallery
+    from service.segment.qdrant_rows import new_rows_of
+    from service.segment.qdrant_vector import QdrantVectorSegment
+
+    if not isinstance(gallery, QdrantGallery):  # its moved points are left out by the collection's own filter
+        raise SettingsError(
+            "NOBACKFILL_INDEX__QDRANT_NEW_VECTOR / _NEW_COLLECTION are beside the Qdrant gallery's collection: "
+            f"they need NOBACKFILL_INDEX__BACKEND=qdrant (the gallery is {gallery.backend})"
+        )
+    new_rows = new_rows_of(index)
+    assert new_rows is not None
+    return QdrantVectorSegment.open(
+        new_rows, model, gallery.fingerprint, gallery.ntotal, gallery.client, owned=False
+    )  # local mode: one client per folder, so the gallery's
+
+
+def finished_in_store(index: IndexSettings, model: ModelIdentity) -> tuple[SegmentStore, str] | None:
+    """After the cut-over: the store's finished segment and the gallery it replaced; None for a segment folder.
+
+    Refused in one line (ArtifactError) unless it is `model`'s and every item has its new row.
+    """
+    from service.segment import pgvector_column, qdrant_rows
+
+    pgvector = pgvector_column.new_rows_of(index)  # a column or side table of the pgvector database
+    if pgvector is not None:
+        done = pgvector_column.PgvectorColumnSegment.finished(pgvector, model)
+        return done, done.replaced
+    qdrant = qdrant_rows.new_rows_of(index) if index.backend == "qdrant" else None
+    if qdrant is not None:  # a named vector of the collection, or the second collection
+        from service.segment.qdrant_vector import QdrantVectorSegment
+
+        finished = QdrantVectorSegment.finished(qdrant, model)
+        return finished, finished.replaced
+    return None

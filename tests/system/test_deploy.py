@@ -199,7 +199,15 @@ def test_dockerfile_targets_serve_on_the_settings_port_as_a_numeric_user(monkeyp
 
 def test_dockerfile_installs_dependencies_before_the_source_arrives() -> None:
     stages = dockerfile_stages()
-    requirement_files = {"base.txt", "models.txt", "milvus.txt", "pgvector.txt", "gpu.txt", "base-gpu.txt"}
+    requirement_files = {
+        "base.txt",
+        "models.txt",
+        "milvus.txt",
+        "pgvector.txt",
+        "qdrant.txt",
+        "gpu.txt",
+        "base-gpu.txt",
+    }
     for target, deps in (("cpu", "deps-cpu"), ("cuda", "deps-cuda")):
         assert stages[target].base == deps, f"{target} must build on its dependency stage"
         # No stage under the dependency layers sees the source: a code change cannot invalidate them.
@@ -211,6 +219,7 @@ def test_dockerfile_installs_dependencies_before_the_source_arrives() -> None:
         assert "-r /req/models.txt" in installs, f"{deps}: the image carries the model backends"
         assert "-r /req/milvus.txt" in installs, f"{deps}: the image carries the Milvus client"
         assert "-r /req/pgvector.txt" in installs, f"{deps}: the image carries psycopg (docker-compose.pgvector.yml)"
+        assert "-r /req/qdrant.txt" in installs, f"{deps}: the image carries qdrant-client (docker-compose.qdrant.yml)"
         assert set(re.findall(r"/req/([\w-]+\.txt)", installs)) <= requirement_files
         # The project itself comes last, without dependencies, from the wheel stage.
         copies = stages[target].values("COPY")
@@ -249,6 +258,7 @@ def test_image_requirement_files_from_pyproject(tmp_path: Path) -> None:
     assert (tmp_path / "models.txt").read_text().split() == project["optional-dependencies"]["models"]
     assert (tmp_path / "milvus.txt").read_text().split() == project["optional-dependencies"]["milvus"]
     assert (tmp_path / "pgvector.txt").read_text().split() == project["optional-dependencies"]["pgvector"]
+    assert (tmp_path / "qdrant.txt").read_text().split() == project["optional-dependencies"]["qdrant"]
 
 
 def dockerignore_includes(patterns: list[str], path: str) -> bool:
@@ -353,10 +363,16 @@ def compose(*names: str) -> dict[str, Any]:
 
 
 def test_compose_files_follow_the_compose_specification() -> None:
-    for name in ("docker-compose.yml", "docker-compose.gpu.yml", "docker-compose.pgvector.yml"):
+    for name in (
+        "docker-compose.yml",
+        "docker-compose.gpu.yml",
+        "docker-compose.pgvector.yml",
+        "docker-compose.qdrant.yml",
+    ):
         assert schema_errors(load_yaml(ROOT / name)) == [], name
     assert schema_errors(compose("docker-compose.yml", "docker-compose.gpu.yml")) == []
     assert schema_errors(compose("docker-compose.yml", "docker-compose.pgvector.yml")) == []
+    assert schema_errors(compose("docker-compose.yml", "docker-compose.qdrant.yml")) == []
     # The schema is no formality: a wrong condition and a wrong device reservation are refused.
     broken = load_yaml(ROOT / "docker-compose.yml")
     broken["services"]["nobackfill"]["depends_on"]["redis"]["condition"] = "healthy"
@@ -467,6 +483,45 @@ def test_compose_pgvector_override_serves_a_table_of_its_own_postgres(monkeypatc
     assert Settings().index.backend == "pgvector"
 
 
+def test_compose_qdrant_override_serves_a_collection_of_its_own_qdrant(monkeypatch: pytest.MonkeyPatch) -> None:
+    from typer.main import get_command
+
+    from service.cli import app as cli_app
+
+    override = load_yaml(ROOT / "docker-compose.qdrant.yml")
+    services = compose("docker-compose.yml", "docker-compose.qdrant.yml")["services"]
+    server, app, backfill = services["qdrant"], services["nobackfill"], services["backfill"]
+    # Pinned by digest: a tag alone may point at other bytes tomorrow (>= 1.18: a vector added to a live collection).
+    pinned = re.fullmatch(r"qdrant/qdrant:v1\.(\d+)\.\d+@sha256:[0-9a-f]{64}", server["image"])
+    assert pinned and int(pinned.group(1)) >= 18, server["image"]
+    assert server["healthcheck"]["test"][0] == "CMD" and "/readyz" in " ".join(server["healthcheck"]["test"])
+    volume, mount = server["volumes"][0].split(":")[:2]
+    assert volume in override["volumes"] and mount == "/qdrant/storage"
+    assert "ports" not in server
+    # The API key is .env's (required): the server requires exactly the key both nobackfill containers send.
+    key = example_env()["QDRANT_API_KEY"]
+    assert override["services"]["qdrant"]["environment"]["QDRANT__SERVICE__API_KEY"].startswith("${QDRANT_API_KEY:?")
+    assert server["environment"]["QDRANT__SERVICE__API_KEY"] == key
+    for env in (app["environment"], backfill["environment"]):
+        assert env["NOBACKFILL_INDEX__QDRANT_API_KEY"] == key
+        assert urlsplit(env["NOBACKFILL_INDEX__QDRANT_URL"]).hostname == "qdrant"
+    for name in ("nobackfill", "backfill"):
+        assert services[name]["depends_on"]["qdrant"]["condition"] == "service_healthy", name
+    # The migration runs on demand only, into the vector the service serves, with options `backfill run` has.
+    assert backfill["profiles"] == ["migration"]
+    run = get_command(cli_app).commands["backfill"].commands["run"]  # type: ignore[attr-defined]
+    options = {opt for param in run.params for opt in param.opts}
+    command = backfill["command"]
+    assert command[:2] == ["backfill", "run"] and {c for c in command if c.startswith("--")} <= options
+    assert (
+        command[command.index("--segment") + 1] == f"qdrant:{app['environment']['NOBACKFILL_INDEX__QDRANT_NEW_VECTOR']}"
+    )
+    assert "--add-vector" in command
+    assert_real_settings(app["environment"], monkeypatch)
+    index = Settings().index
+    assert index.backend == "qdrant" and index.qdrant_collection and index.qdrant_new_vector
+
+
 def test_compose_mounts_the_monitoring_config() -> None:
     services = compose("docker-compose.yml")["services"]
     prom = services["prometheus"]
@@ -499,8 +554,10 @@ def test_make_env_writes_random_secrets_once(tmp_path: Path) -> None:
     script = [sys.executable, str(DEPLOY / "make_env.py"), str(DEPLOY / "compose.env.example"), str(target)]
     subprocess.run(script, check=True, capture_output=True)
     written = dict(line.split("=", 1) for line in target.read_text().splitlines() if line and line[0] != "#")
-    assert set(written) == {"REDIS_PASSWORD", "NOBACKFILL_API_KEY", "GRAFANA_ADMIN_PASSWORD", "POSTGRES_PASSWORD"}
-    assert all(re.fullmatch(r"[0-9a-f]{32}", v) for v in written.values()) and len(set(written.values())) == 4
+    assert set(written) == {
+        "REDIS_PASSWORD", "NOBACKFILL_API_KEY", "GRAFANA_ADMIN_PASSWORD", "POSTGRES_PASSWORD", "QDRANT_API_KEY"
+    }  # fmt: skip
+    assert all(re.fullmatch(r"[0-9a-f]{32}", v) for v in written.values()) and len(set(written.values())) == 5
     assert target.stat().st_mode & 0o077 == 0, "a secrets file must be owner-only"
     again = subprocess.run(script, capture_output=True, text=True)
     assert again.returncode == 2 and "exists" in again.stderr
@@ -526,8 +583,9 @@ def rendered(tmp_path_factory: pytest.TempPathFactory) -> dict[str, list[dict[st
     )
     shutil.copy(tree / "overlays/milvus/milvus.env.example", tree / "overlays/milvus/milvus.env")
     shutil.copy(tree / "overlays/pgvector/pgvector.env.example", tree / "overlays/pgvector/pgvector.env")
+    shutil.copy(tree / "overlays/qdrant/qdrant.env.example", tree / "overlays/qdrant/qdrant.env")
     out = {}
-    for overlay in ("cpu", "gpu", "milvus", "pgvector"):
+    for overlay in ("cpu", "gpu", "milvus", "pgvector", "qdrant"):
         text = subprocess.run(
             [kubectl, "kustomize", str(tree / "overlays" / overlay)], check=True, capture_output=True, text=True
         ).stdout
@@ -657,7 +715,7 @@ def test_k8s_autoscaling_and_disruption(rendered: dict[str, list[dict[str, Any]]
         assert hpa["spec"]["minReplicas"] >= 1
         kinds = {m["type"]: m for m in hpa["spec"]["metrics"]}
         assert kinds["Pods"]["pods"]["metric"]["name"] in served_metrics, "the adapter must serve the HPA's metric"
-        if overlay in ("cpu", "milvus", "pgvector"):  # milvus and pgvector build on cpu
+        if overlay in ("cpu", "milvus", "pgvector", "qdrant"):  # milvus, pgvector and qdrant build on cpu
             assert kinds["Resource"]["resource"]["name"] == "cpu", "cpu overlay: CPU as the fallback"
             assert "cpu" in container_of(deployment)["resources"]["requests"], "CPU utilisation needs a request"
         else:
@@ -711,6 +769,27 @@ def test_k8s_pgvector_overlay_points_the_service_at_a_table(
     index = Settings().index
     assert index.backend == "pgvector" and index.pgvector_table and index.pgvector_dsn is not None
     assert urlsplit(index.pgvector_dsn.get_secret_value()).scheme == "postgresql"
+
+
+def test_k8s_qdrant_overlay_points_the_service_at_a_collection(
+    rendered: dict[str, list[dict[str, Any]]], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    docs = rendered["qdrant"]
+    container = container_of(one(docs, "Deployment", "nobackfill"))
+    env = {e["name"]: e for e in container["env"]}
+    for name in ("BACKEND", "QDRANT_URL", "QDRANT_COLLECTION", "QDRANT_VECTOR"):
+        monkeypatch.setenv(f"NOBACKFILL_INDEX__{name}", env[f"NOBACKFILL_INDEX__{name}"]["value"])
+    # The API key only from the Secret, merged from qdrant.env; the base's keys survive.
+    (secret,) = [d for d in docs if d["kind"] == "Secret"]
+    key = env["NOBACKFILL_INDEX__QDRANT_API_KEY"]
+    assert "value" not in key
+    ref = key["valueFrom"]["secretKeyRef"]
+    assert ref["name"] == secret["metadata"]["name"] and ref["key"] == "qdrant-api-key" and ref["key"] in secret["data"]
+    assert {"redis-password", "api-key"} <= set(secret["data"])
+    monkeypatch.setenv("NOBACKFILL_INDEX__QDRANT_API_KEY", base64.b64decode(secret["data"]["qdrant-api-key"]).decode())
+    index = Settings().index
+    assert index.backend == "qdrant" and index.qdrant_collection and index.qdrant_api_key is not None
+    assert urlsplit(index.qdrant_url or "").scheme == "http"
 
 
 def test_k8s_prometheus_scrape_config_finds_the_pods(rendered: dict[str, list[dict[str, Any]]]) -> None:
@@ -1401,8 +1480,8 @@ def test_image_requirement_sets_resolve(tmp_path: Path) -> None:
     torch_pin = re.search(r"ARG TORCH_VERSION=(\S+)", (ROOT / "Dockerfile").read_text())
     assert torch_pin
     sets = {
-        "cpu": ["base.txt", "models.txt", "milvus.txt", "pgvector.txt"],
-        "cuda": ["base-gpu.txt", "models.txt", "milvus.txt", "pgvector.txt", "gpu.txt"],
+        "cpu": ["base.txt", "models.txt", "milvus.txt", "pgvector.txt", "qdrant.txt"],
+        "cuda": ["base-gpu.txt", "models.txt", "milvus.txt", "pgvector.txt", "qdrant.txt", "gpu.txt"],
     }
     for target, names in sets.items():
         report = tmp_path / f"{target}.json"
