@@ -46,8 +46,8 @@ batcher keeps serving:
     an entry queued past its request's         Overloaded (503 + Retry-After) before it is encoded, never
     queue deadline (encoders/ticket.py)        after: admission let it in on an estimate that proved wrong
 The batcher measures its cost per batch (encoders/service_rate.py); `expected_wait_s` turns the items
-queued in front of a call into the seconds it can expect to wait, which admission compares with
-api.max_queue_ms.
+queued in front of a call into the seconds it can expect to wait (encoders/wait_estimate.py, from the
+queue state the batcher sees), which admission compares with api.max_queue_ms.
 All-zero rows are data (a static model's row for text with no known token), not failures: the
 pipeline answers them with its fallback.  If the collector task itself dies (a bug), the pending
 callers fail, it is restarted (counted), and `alive` is False only if it keeps dying
@@ -71,8 +71,8 @@ import numpy as np
 from service import metrics
 from service.encoders.base import Embeddings, Encoder
 from service.encoders.poison import PoisonMemory
-from service.encoders.service_rate import ServiceRate
 from service.encoders.ticket import Ticket
+from service.encoders.wait_estimate import QueueState, WaitEstimator
 from service.errors import (
     EncoderFailed,
     EncoderProcessExited,
@@ -151,9 +151,9 @@ class MicroBatcher:
         self.batching = batching
         self.timeout_s = timeout_s
         self.poison = PoisonMemory(poison_ttl_s, poison_capacity)
-        self.rate = ServiceRate()
-        # A batch gathers no more items than the measured cost says fit in this (None: max_batch_size always).
-        self.max_batch_s = max_batch_s
+        # The measured cost, the reserved items, the expected wait and the batch cap (encoders/wait_estimate.py).
+        self.wait = WaitEstimator(max_batch_size, batching=batching, max_batch_s=max_batch_s)
+        self.rate = self.wait.rate
         # Hung calls that may keep running on a thread of their own while a fresh thread takes their
         # replica's place (threads cannot be interrupted); past it, a replica is set aside until its call returns.
         self.stuck_threads = stuck_threads
@@ -166,7 +166,6 @@ class MicroBatcher:
         self._restarts: deque[float] = deque()
         self._pending: dict[Modality, deque[_Entry]] = {}
         self._depth = 0
-        self._reserved = 0  # items admitted searches are expected to bring, not queued yet (encoders/ticket.py)
         self._wakeup = asyncio.Event()
         self._executors: list[ThreadPoolExecutor] = []
         self._idle: asyncio.Queue[int] = asyncio.Queue()
@@ -442,52 +441,29 @@ class MicroBatcher:
         return next((entry for entry in queue if self._may_take(entry)), None)
 
     def batch_limit(self) -> int:
-        """Items a batch may gather: max_batch_size, or fewer when the measured cost says a batch that large
-        would take longer than max_batch_s (every item of it waits for all of it)."""
-        if not self.batching:
-            return 1
-        if self.max_batch_s is None:
-            return self.max_batch_size
-        return self.rate.largest_within(self.max_batch_s, self.max_batch_size)
+        """Items a batch may gather now (WaitEstimator.batch_limit)."""
+        return self.wait.batch_limit()
 
     def reserve(self, n: int) -> None:
         """Count n items an admitted search is expected to submit (admission sees them before they queue)."""
-        self._reserved += n
+        self.wait.reserve(n)
 
     def unreserve(self, n: int) -> None:
         """Forget n reserved items: queued now, or never coming (a cache hit, a failed request)."""
-        self._reserved = max(0, self._reserved - n)
+        self.wait.unreserve(n)
 
     def expected_wait_s(self, n: int = 1) -> float:
-        """Seconds a call of n items can expect to queue before its last chunk's batch starts: the batches in
-        front of it (queued or reserved, and its own earlier chunks) at the measured cost, shared by the
-        replicas that answer (inf while none does)."""
-        answering = len(self.replicas) - len(self._stuck)
-        size = self.batch_limit()
-        ahead = self._batches_ahead(n, size)
-        cost = self.rate.batch_s(min(size, self._depth + self._reserved + max(n, 1)))
-        if answering <= 0:  # until the first stuck replica is expected back, then the queue on that one
-            if not self._stuck_since:
-                return math.inf
+        """Seconds a call of n items can expect to queue before its last chunk's batch starts (wait_estimate.py)."""
+        return self.wait.expected_wait_s(n, self._queue_state())
+
+    def _queue_state(self) -> QueueState:
+        """Items queued, replicas idle and answering, and when the first stuck one is expected back."""
+        back = None
+        if self._stuck_since:
             now = time.perf_counter()
             back = min(self._stuck_s - (now - since) for since in self._stuck_since.values())
             back = back if back > 0 else self._stuck_s  # stuck longer than usual: as long again
-            return back + (ahead + 1) * cost
-        idle = self._idle.qsize()
-        if ahead < idle:
-            return 0.0
-        # Each running batch is on average half done.
-        return (ahead - idle + 0.5) * cost / answering
-
-    def _batches_ahead(self, n: int, size: int) -> int:
-        """Batches that start before the last one of a call of n items: the queued and reserved items in
-        batches of `size`, less the last of them when the call's first chunk still fits beside it, and the
-        call's own chunks of max_batch_size before its last (a chunk is never split, so it is one batch even
-        when larger than `size`)."""
-        chunks = math.ceil(max(n, 1) / self.max_batch_size)
-        first = min(max(n, 1), self.max_batch_size)
-        full, rest = divmod(self._depth + self._reserved, size)
-        return full + (1 if rest and rest + first > size else 0) + chunks - 1
+        return QueueState(self._depth, self._idle.qsize(), len(self.replicas) - len(self._stuck), back)
 
     def retry_after_s(self) -> int:
         """Whole seconds until the queue in front of a new call has drained (1 to RETRY_AFTER_MAX_S)."""
