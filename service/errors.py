@@ -167,10 +167,13 @@ class NotReady(Unavailable):
 
 
 class GalleryUnavailable(Unavailable):
-    """A remote gallery (a Milvus collection) is unreachable or did not answer within index.milvus_timeout_s."""
+    """A remote gallery (Milvus, PostgreSQL, Qdrant) is unreachable or did not answer within its timeout."""
 
     status = 503
     code = "gallery_unavailable"
+    # Retry-After: a store coming back (a restart, a failover) is found by the next search, each on a
+    # fresh connection; a second is long enough not to hammer it, short enough to notice it is back.
+    retry_after_s = 1
 
 
 class Overloaded(Unavailable):

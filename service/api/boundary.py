@@ -33,6 +33,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from service.api.responses import OrjsonResponse
 from service.errors import (
     BodyTooLarge,
+    GalleryUnavailable,
     InputError,
     InvalidRequest,
     MethodNotAllowed,
@@ -67,7 +68,7 @@ def _incoming_request_id(scope: Scope) -> str | None:
 def error_response(error: NobackfillError, request_id: str) -> OrjsonResponse:
     """The one error shape, with the headers some statuses carry (Retry-After, Allow, WWW-Authenticate)."""
     headers: dict[str, str] = {}
-    if isinstance(error, Overloaded):
+    if isinstance(error, Overloaded | GalleryUnavailable):
         headers["Retry-After"] = str(error.retry_after_s)
     elif isinstance(error, MethodNotAllowed) and error.allowed:
         headers["Allow"] = error.allowed

