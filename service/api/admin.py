@@ -49,7 +49,7 @@ def resolve_under(root: Path, given: str) -> Path:
 @router.post("/v1/admin/reload-profile", responses=error_responses(400, 401, 413, 422, 500, 503, 504))
 async def reload_profile(pipeline: PipelineDep, _: AdminKey, body: ReloadRequest | None = None) -> dict[str, Any]:
     """Swap in a profile atomically; on failure the current one keeps serving and a 4xx explains why."""
-    current = pipeline.profile.profile_id
+    current = "none" if pipeline.profile is None else pipeline.profile.profile_id
     requested = body.profile_dir if body and body.profile_dir else None
     try:
         path = None if requested is None else resolve_under(profiles_root(pipeline.settings), requested)

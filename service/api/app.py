@@ -53,7 +53,7 @@ def _install_sighup(app: FastAPI) -> None:
         if pipeline is None:
             log.warning("SIGHUP: ignored, the service is still loading")
             return
-        current = pipeline.profile.profile_id
+        current = "none" if pipeline.profile is None else pipeline.profile.profile_id
         log.info("SIGHUP: reloading the profile from %s", pipeline.settings.compat.profile_dir)
         try:
             profile = await pipeline.reload_profile()

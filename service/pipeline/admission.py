@@ -36,10 +36,10 @@ HIT_WEIGHT = 0.05
 class Admission:
     """Counts the queries in flight and admits a search on its count and its expected queue wait.
 
-    `old is new` after the cut-over: one model serves both roles, and its queue is counted once.
+    `old` is None after the cut-over: only the new model's queue is waited on.
     """
 
-    def __init__(self, old: MicroBatcher, new: MicroBatcher, api: ApiSettings) -> None:
+    def __init__(self, old: MicroBatcher | None, new: MicroBatcher, api: ApiSettings) -> None:
         self.old = old
         self.new = new
         self.api = api  # read at each admission: max_in_flight, max_queue_ms (0: no bound on the queue wait)
@@ -77,8 +77,8 @@ class Admission:
     def expected_wait_s(self, n: int, reads_old: bool = True, reads_new: bool = True) -> float:
         """Seconds n queries can expect to queue for the encoders they need: the longer of the two waits,
         the old encoder's for the share of them the cache is not expected to answer."""
-        wait = self.new.expected_wait_s(n) if reads_new or self.old is self.new else 0.0
-        if reads_old and self.old is not self.new:
+        wait = self.new.expected_wait_s(n) if reads_new else 0.0
+        if reads_old and self.old is not None:
             misses = math.ceil(n * (1.0 - self.hit_ratio))
             wait = max(wait, self.old.expected_wait_s(misses) if misses else 0.0)
         return wait
@@ -104,8 +104,8 @@ class Admission:
         """The admitted request's ticket: its queue deadline, and the items it reserves on each encoder."""
         limit_s = self.limit_s
         ticket = Ticket(time.perf_counter() + DEADLINE_FACTOR * limit_s if limit_s > 0 else None)
-        expected = {self.new: n if reads_new or self.old is self.new else 0}
-        if reads_old and self.old is not self.new:
+        expected = {self.new: n if reads_new else 0}
+        if reads_old and self.old is not None:
             expected[self.old] = math.ceil(n * (1.0 - self.hit_ratio))
         for batcher, items in expected.items():
             if items:
@@ -115,8 +115,9 @@ class Admission:
 
     def release(self, ticket: Ticket) -> None:
         """Give back what the request reserved and never queued (cache hits, a failure before its calls)."""
-        for batcher in dict.fromkeys((self.old, self.new)):
-            batcher.unreserve(ticket.reserved.pop(batcher.name, 0))
+        for batcher in (self.old, self.new):
+            if batcher is not None:
+                batcher.unreserve(ticket.reserved.pop(batcher.name, 0))
 
     def learn_hits(self, job: SearchJob) -> None:
         """Move the hit ratio towards this job's: the share of its looked-up old rows the cache had."""

@@ -7,7 +7,9 @@ off the event loop, side by side where the parts do not depend on each other (bo
 gallery, the profile and the warmups).
 
 After the cut-over (old.backend none) there is no old model and no profile: the finished segment is the
-gallery (segment/cutover.py), and the new model's batcher serves both roles.
+gallery (segment/cutover.py): the composition has no old model (`old` None), no profile (`profile` None),
+no hubness sidecar, no traffic sampler and no cascade writer, and the query path serves what that leaves
+(query/validation.py: the new model alone, mode new).
 """
 
 from __future__ import annotations
@@ -41,7 +43,7 @@ from service.query.hybrid import SegmentSearch
 from service.query.search import search_pool_size
 from service.query.validation import default_mode, served_modes
 from service.segment.base import SegmentStore
-from service.segment.cutover import SegmentGallery, cutover_profile, open_finished
+from service.segment.cutover import SegmentGallery, open_finished
 from service.segment.factory import finished_in_store, indexing_of, open_segment, segment_configured
 from service.segment.writer import SegmentWriter
 from service.settings import EncoderSettings, Settings, env_name
@@ -61,16 +63,16 @@ BATCH_SHARE = 0.5
 class Parts:
     """Every serving part, started and checked against each other; `unwind` releases them, last first.
 
-    `old is new` after the cut-over (one batcher serves both roles).
+    After the cut-over `old` and `profile` are None: the new model over the finished segment is all there is.
     """
 
     settings: Settings
-    old: MicroBatcher
+    old: MicroBatcher | None  # None after the cut-over: no old model
     new: MicroBatcher
     cache: EmbeddingCache
     write_back: CacheWriteBack
     gallery: GalleryBackend
-    profile: CompatProfile
+    profile: CompatProfile | None  # None after the cut-over: nothing maps between two models
     traffic: TrafficSampler | None  # None at traffic.sample_rate 0
     search_pool: ThreadPoolExecutor
     search_threads: int
@@ -89,8 +91,8 @@ async def acquire_parts(settings: Settings) -> Parts:
         old_replicas, new_replicas = await _acquire_encoders(stack, settings)
         gallery, profile = await _acquire_artifacts(stack, settings, old_replicas, new_replicas)
         _refuse_nprobe_over_nlist(settings, gallery)
-        old_encoder, new_encoder = old_replicas[0], new_replicas[0]
-        if not settings.cut_over:  # after it, _finished_segment checked the one model against the segment
+        old_encoder, new_encoder = old_replicas[0] if old_replicas else None, new_replicas[0]
+        if profile is not None and old_encoder is not None:  # after the cut-over the segment checked the model
             check_compatible(profile, old_encoder, new_encoder, gallery, settings)
         default_mode(settings, profile)  # refuses a configured default the profile cannot serve
         hubness = await asyncio.to_thread(_hubness_for, settings, gallery, profile)
@@ -98,7 +100,9 @@ async def acquire_parts(settings: Settings) -> Parts:
         items = _in_thread(stack, "the item store", partial(_open_items, settings, gallery), _close_items)
         await _all_done(items)
         writer = _acquire_writer(stack, settings, segment, items.result())
-        cache = create_cache(settings.cache, cache_model_key(old_encoder), old_encoder.dim)
+        # The old rows' cache; with no old model it is keyed by the new one and never asked (nothing reads old).
+        cached = old_encoder or new_encoder
+        cache = create_cache(settings.cache, cache_model_key(cached), cached.dim)
         on_unwind(stack, "the cache", cache.aclose)
         write_back = CacheWriteBack(cache)
         on_unwind(stack, "the cache writes", write_back.drain)  # before the cache closes
@@ -109,8 +113,8 @@ async def acquire_parts(settings: Settings) -> Parts:
         on_unwind(stack, "the search pool", partial(asyncio.to_thread, pool.shutdown, True))
         queue_ms = settings.api.max_queue_ms
         new = await _started_batcher(stack, new_replicas, settings.new, "new", queue_ms)
-        old = new
-        if not settings.cut_over:
+        old = None
+        if old_replicas is not None:
             old = await _started_batcher(stack, old_replicas, settings.old, "old", queue_ms)
         cascade = None
         if Mode.cascade in served_modes(settings, profile):
@@ -125,7 +129,8 @@ async def acquire_parts(settings: Settings) -> Parts:
                 writer,
                 items.result(),
             )
-        metrics.PROFILE_INFO.info({"profile_id": profile.profile_id, "head": profile.head})
+        if profile is not None:
+            metrics.PROFILE_INFO.info({"profile_id": profile.profile_id, "head": profile.head})
         metrics.GALLERY_INFO.info({"fingerprint": gallery.fingerprint, "ntotal": str(gallery.ntotal)})
         return Parts(
             settings,
@@ -203,10 +208,10 @@ def _close_hits(hits: HitCounter | None) -> None:
         hits.close()
 
 
-def _hubness_for(settings: Settings, gallery: GalleryBackend, profile: CompatProfile) -> Corrected | None:
+def _hubness_for(settings: Settings, gallery: GalleryBackend, profile: CompatProfile | None) -> Corrected | None:
     """The hubness sidecar (compat.hubness_dir), checked against the gallery and the profile; None without one."""
     folder = settings.compat.hubness_dir
-    if folder is None or settings.cut_over:
+    if folder is None or profile is None:  # no profile (the cut-over): nothing is mapped, nothing to correct
         return None
     return Corrected(load_hubness(folder, gallery.fingerprint, profile.profile_id), settings.compat.hubness_candidates)
 
@@ -251,15 +256,15 @@ async def _all_done(*tasks: asyncio.Task[Any]) -> None:
     raise first
 
 
-async def _acquire_encoders(stack: AsyncExitStack, settings: Settings) -> tuple[list[Encoder], list[Encoder]]:
+async def _acquire_encoders(stack: AsyncExitStack, settings: Settings) -> tuple[list[Encoder] | None, list[Encoder]]:
     """Both roles' encoders, built side by side; a side that started is closed on unwind, even if the other failed.
 
-    After the cut-over there is no old model: the new model's copies serve both roles.
+    After the cut-over there is no old model (None).
     """
     new = _in_thread(stack, "the new encoders", partial(_create_encoders, settings, Role.new), close_all)
     if settings.cut_over:
         await _all_done(new)
-        return new.result(), new.result()
+        return None, new.result()
     old = _in_thread(stack, "the old encoders", partial(_create_encoders, settings, Role.old), close_all)
     await _all_done(old, new)
     return old.result(), new.result()
@@ -279,29 +284,30 @@ def _refuse_nprobe_over_nlist(settings: Settings, gallery: GalleryBackend) -> No
         )
 
 
-def _finished_segment(settings: Settings, new: Encoder) -> tuple[GalleryBackend, CompatProfile]:
-    """After the cut-over: the finished segment as the gallery, and the new model's stand-in profile."""
+def _finished_segment(settings: Settings, new: Encoder) -> SegmentGallery:
+    """After the cut-over: the finished segment as the gallery (refused unless it is the new model's, complete)."""
     model = identity_of(new, settings.new.backend)
     in_store = finished_in_store(settings.index, model)  # new rows in the pgvector or Qdrant store, every row moved
     if in_store is not None:
-        return SegmentGallery(*in_store), cutover_profile(model)
+        return SegmentGallery(*in_store)
     assert settings.index.segment_dir is not None  # Settings refuses a cut-over without a segment
     segment = open_finished(settings.index.segment_dir, model, indexing_of(settings.index))
-    return SegmentGallery(segment, segment.meta.gallery.fingerprint), cutover_profile(model)
+    return SegmentGallery(segment, segment.meta.gallery.fingerprint)
 
 
 async def _acquire_artifacts(
-    stack: AsyncExitStack, settings: Settings, old: list[Encoder], new: list[Encoder]
-) -> tuple[GalleryBackend, CompatProfile]:
-    """The gallery (a FAISS folder or a Milvus collection) and the profile, loaded while every encoder copy warms up."""
-    if settings.cut_over:
+    stack: AsyncExitStack, settings: Settings, old: list[Encoder] | None, new: list[Encoder]
+) -> tuple[GalleryBackend, CompatProfile | None]:
+    """The gallery and the profile, loaded while every encoder copy warms up; with no old model (the cut-over)
+    the finished segment is the gallery, and there is no profile."""
+    if old is None:
         # Closed on unwind: its connections (a local Qdrant folder stays locked until its client closes).
-        artifacts = _in_thread(
-            stack, "the finished segment", partial(_finished_segment, settings, new[0]), lambda done: done[0].close()
+        finished = _in_thread(
+            stack, "the finished segment", partial(_finished_segment, settings, new[0]), lambda done: done.close()
         )
         warm = _in_thread(stack, "the new encoders' warmup", partial(_warm, new))
-        await _all_done(artifacts, warm)
-        return artifacts.result()
+        await _all_done(finished, warm)
+        return finished.result(), None
     gallery = _in_thread(stack, "the gallery", partial(create_gallery, settings.index), _close_gallery)
     profile = _in_thread(stack, "the profile", partial(load_profile, settings.compat.profile_dir))
     warm_old = _in_thread(stack, "the old encoders' warmup", partial(_warm, old))
@@ -311,9 +317,11 @@ async def _acquire_artifacts(
 
 
 async def _acquire_sampler(
-    stack: AsyncExitStack, settings: Settings, old: Encoder, new: Encoder
+    stack: AsyncExitStack, settings: Settings, old: Encoder | None, new: Encoder
 ) -> TrafficSampler | None:
-    """The traffic sampler (None at sample rate 0), flushed and stopped on unwind."""
+    """The traffic sampler (None at sample rate 0, and with no old model: no answer blends two), flushed on unwind."""
+    if old is None:
+        return None
     # The identities models.json records, so exported pairs are checked against support sets like for like.
     old_id, new_id = identity_of(old, settings.old.backend), identity_of(new, settings.new.backend)
     make = partial(create_sampler, settings, old_id, new_id)
@@ -391,7 +399,7 @@ def _acquire_writer(
     Closed (what waits published) after the batchers stop, so rows of calls they finish still land.
     """
     cascade = settings.cascade
-    if segment is None or items is None or not cascade.write_segment or settings.cut_over:
+    if segment is None or items is None or not cascade.write_segment or settings.cut_over:  # finished: no writes
         return None
     writer = SegmentWriter(
         segment.segment, shard_rows=cascade.shard_rows, flush_s=cascade.flush_s, max_pending=cascade.max_pending

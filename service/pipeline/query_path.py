@@ -6,9 +6,11 @@
                      at once, each behind its   for all-zero encoder rows)           only)
                      own micro-batcher)
 
-Beside a new-model segment the search is hybrid (query/hybrid.py); after the cut-over (old.backend none)
-the finished segment is the gallery (segment/cutover.py) and the new model serves both roles
-(docs/backfill.md).  The parts are acquired by parts.py; admission.py decides what comes in.
+Beside a new-model segment the search is hybrid (query/hybrid.py).  The cut-over (old.backend none) is a
+different composition, not a branch here: parts.py acquires the finished segment as the gallery
+(segment/cutover.py) and no old model and no profile, so what is served follows from what is there
+(query/validation.py: with no profile, the new model alone; docs/backfill.md).  admission.py decides what
+comes in.
 """
 
 from __future__ import annotations
@@ -57,11 +59,11 @@ class Pipeline:
 
     def __init__(self, parts: Parts) -> None:
         self.settings: Settings = parts.settings
-        self.old: MicroBatcher = parts.old
+        self.old: MicroBatcher | None = parts.old  # None after the cut-over
         self.new: MicroBatcher = parts.new
         self.cache: EmbeddingCache = parts.cache
         self.gallery: GalleryBackend = parts.gallery
-        self.profile: CompatProfile = parts.profile
+        self.profile: CompatProfile | None = parts.profile  # None after the cut-over
         self.write_back: CacheWriteBack = parts.write_back
         self.traffic: TrafficSampler | None = parts.traffic
         self.search_pool: ThreadPoolExecutor = parts.search_pool
@@ -107,8 +109,7 @@ class Pipeline:
 
     def problems(self) -> list[str]:
         """Why this pipeline cannot take traffic now (empty when it can): /readyz answers 503 with these."""
-        batchers = dict.fromkeys((self.old, self.new))  # one batcher after the cut-over
-        found = [f"{b.name} encoder: {problem}" for b in batchers if (problem := b.problem()) is not None]
+        found = [f"{b.name} encoder: {problem}" for b in self._batchers if (problem := b.problem()) is not None]
         if (gallery_problem := self.gallery.problem()) is not None:  # a remote gallery (Milvus) not answering
             found.append(f"gallery: {gallery_problem}")
         return [*found, "draining: shutting down"] if self.draining else found
@@ -116,7 +117,12 @@ class Pipeline:
     @property
     def alive(self) -> bool:
         """False once a batcher is beyond restarting: /healthz fails so the orchestrator replaces the process."""
-        return self.old.alive and self.new.alive
+        return all(batcher.alive for batcher in self._batchers)
+
+    @property
+    def _batchers(self) -> list[MicroBatcher]:
+        """The encoders' batchers: the new model's, and the old one's until the cut-over."""
+        return [self.new] if self.old is None else [self.old, self.new]
 
     # -- the query path ---------------------------------------------------------------------------
 
@@ -135,11 +141,15 @@ class Pipeline:
         served = served_modes(self.settings, profile)
         api = self.settings.api
         validate_request(queries, k, mode, alpha, nprobe, api, self.gallery.max_nprobe, served)
-        plan = plan_of(Mode(mode), profile.head, segment=self.segment is not None, hybrid_reranks=self._hybrid_reranks)
+        head = None if profile is None else profile.head
+        plan = plan_of(Mode(mode), head, segment=self.segment is not None, hybrid_reranks=self._hybrid_reranks)
         cascade = self.cascade if plan.reranks else None
         depth = cascade.depth(k) if cascade is not None else k
-        job = SearchJob(queries, k, plan, alpha, nprobe, profile, depth=depth)
-        validate_queries(job, self.old.encoder, self.new.encoder, api.max_text_chars)
+        # With no profile (the cut-over) no old row is read: the new model's width stands on both sides.
+        dims = (self.new.encoder.dim,) * 2 if profile is None else (profile.old_dim, profile.new_dim)
+        job = SearchJob(queries, k, plan, alpha, nprobe, profile, dims, depth=depth)
+        old_encoder = None if self.old is None else self.old.encoder
+        validate_queries(job, old_encoder, self.new.encoder, api.max_text_chars)
         with self.admission.admit(job) as ticket:
             try:
                 await self.embedder.embed(job, ticket)
@@ -174,7 +184,7 @@ class Pipeline:
 
     async def reload_profile(self, profile_dir: Path | None = None) -> CompatProfile:
         """Load a profile and swap it in atomically; on any failure the current one stays."""
-        if self.settings.cut_over:
+        if self.old is None:
             raise InputError("there is no profile to reload after the cut-over (NOBACKFILL_OLD__BACKEND=none)")
         path = profile_dir or self.settings.compat.profile_dir
         candidate = await asyncio.to_thread(load_profile, path)
@@ -203,10 +213,10 @@ class Pipeline:
         """What /v1/info reports: models, dims, devices, profile, gallery."""
         profile = self.profile
         return {
-            "old_model": {"backend": NO_MODEL} if self.settings.cut_over else _model_info(self.old, self.settings.old),
+            "old_model": {"backend": NO_MODEL} if self.old is None else _model_info(self.old, self.settings.old),
             "new_model": _model_info(self.new, self.settings.new),
             "profile": None  # after the cut-over nothing is fitted: the new model serves alone
-            if self.settings.cut_over
+            if profile is None
             else {
                 "id": profile.profile_id,
                 "head": profile.head,
@@ -246,14 +256,14 @@ class Pipeline:
         identity = self.items.identity
         return {"path": str(self.items.folder), "count": identity.count, "sha256": identity.sha256}
 
-    def _segment_info(self, profile: CompatProfile) -> dict[str, Any]:
+    def _segment_info(self, profile: CompatProfile | None) -> dict[str, Any]:
         """/v1/info's segment block: the segment's state, and how hybrid merges (calibrated only with a fitted map)."""
         assert self.segment is not None
         merge = self.segment.method
-        calibrated = merge == Merge.calibrated and bool(profile.calibration)
+        calibrated = merge == Merge.calibrated and profile is not None and bool(profile.calibration)
         merge_line = (
             "none (cut over: the segment alone answers, in new-model cosines)"
-            if self.settings.cut_over
+            if profile is None
             else "calibrated"
             if calibrated
             else "raw (the profile has no calibration)"

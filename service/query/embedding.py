@@ -50,9 +50,14 @@ class Embedder:
     """Fills a job's old and new rows and cache statuses from the cache and the two batchers."""
 
     def __init__(
-        self, old: MicroBatcher, new: MicroBatcher, cache: EmbeddingCache, write_back: CacheWriteBack, concurrent: bool
+        self,
+        old: MicroBatcher | None,
+        new: MicroBatcher,
+        cache: EmbeddingCache,
+        write_back: CacheWriteBack,
+        concurrent: bool,
     ) -> None:
-        self.old = old
+        self.old = old  # None after the cut-over: validation then serves no mode that reads the old query
         self.new = new
         self.cache = cache
         self.write_back = write_back
@@ -136,6 +141,8 @@ class Embedder:
         if not misses:
             return
         miss_inputs = [inputs[j] for j in misses]
+        if self.old is None:  # validation serves no mode that reads old without an old model: a bug if reached
+            raise RuntimeError(f"mode {job.mode!r} reads the old query, and this service has no old model")
         encoded = await job.timed("old_encode", self.old.encode(miss_inputs, modality, ticket))
         for j, row in zip(misses, encoded, strict=True):
             job.old[rows[j]] = row

@@ -29,7 +29,7 @@ def routes(job: SearchJob, head_mode: str) -> list[Route]:
     encoded = np.fromiter((q.content is not None for q in job.queries), dtype=bool, count=n)
     old_zero &= encoded  # a caller's own embeddings were checked at validation: only encoder rows count
     new_zero &= encoded
-    new_alone = Mode.adapter if Mode.adapter in job.profile.modes() else Mode.aligned
+    new_alone = Mode.adapter if Mode.adapter in job.mapping.modes() else Mode.aligned
     out: list[Route] = []
     for old_is_zero, new_is_zero in zip(old_zero.tolist(), new_zero.tolist(), strict=True):
         if not (old_is_zero or new_is_zero):

@@ -74,13 +74,13 @@ class SegmentSearch:
         """The scale of a merged row's scores (the response's score_scale) when some of its hits are the segment's."""
         if self.method != Merge.calibrated:
             return str(self.method)  # raw: both models' cosines side by side; rrf: fused ranks
-        return "calibrated" if job.profile.score_map(str(job.queries[row].modality)) is not None else "raw"
+        return "calibrated" if job.mapping.score_map(str(job.queries[row].modality)) is not None else "raw"
 
     def _score_maps(self, job: SearchJob, groups: Groups) -> dict[str, ScoreMap]:
         """The calibration of each query modality that has one, when the merge is calibrated."""
         if self.method != Merge.calibrated:
             return {}
-        found = {m: job.profile.score_map(m) for m, _ in groups}
+        found = {m: job.mapping.score_map(m) for m, _ in groups}
         return {m: score_map for m, score_map in found.items() if score_map is not None}
 
 

@@ -63,8 +63,10 @@ class SearchOutcome:
 class SearchJob:
     """One request on its way through the query path: what was asked, and what each stage has found so far.
 
-    `profile` is the one profile of the whole request, even if a reload lands meanwhile.  `old`, `new`
-    and `cache_status` are filled by the embedding stage (embedding.py), one row per query.
+    `profile` is the one profile of the whole request, even if a reload lands meanwhile (None after the
+    cut-over: no map, only the new model's query over the segment).  `dims` are the old and new query widths
+    (after the cut-over the new model's twice: no old row is read).  `old`, `new` and `cache_status` are
+    filled by the embedding stage (embedding.py), one row per query.
     """
 
     queries: list[Query]
@@ -72,7 +74,8 @@ class SearchJob:
     plan: Plan  # the mode as asked, parsed once (query/plan.py) after validation let it through
     alpha: float | None
     nprobe: int
-    profile: CompatProfile
+    profile: CompatProfile | None
+    dims: tuple[int, int]  # (old, new) query widths
     depth: int = 0  # hits stage 1 returns (0: k); the cascade asks for more, re-ranks them and cuts to k
     timings: dict[str, float] = field(default_factory=dict)
     old: Embeddings = field(init=False)
@@ -90,6 +93,23 @@ class SearchJob:
         return self.plan.mode
 
     @property
+    def old_dim(self) -> int:
+        """The old query's width (the gallery's)."""
+        return self.dims[0]
+
+    @property
+    def new_dim(self) -> int:
+        """The new query's width."""
+        return self.dims[1]
+
+    @property
+    def mapping(self) -> CompatProfile:
+        """The profile that maps this job's queries; only a plan with a map (plan.mapping) reads it."""
+        if self.profile is None:  # validation serves no mapped mode without a profile: a bug if reached
+            raise RuntimeError(f"mode {self.mode!r} needs a profile, and this service has none (cut over)")
+        return self.profile
+
+    @property
     def reads(self) -> Mode:
         """The mode as a vocabulary word: what it reads, whether it blends."""
         return self.plan.mode
@@ -97,8 +117,8 @@ class SearchJob:
     def start_rows(self) -> None:
         """Zero rows for both embeddings and "off" for every cache status (after validation bounded the count)."""
         n = len(self.queries)
-        self.old = np.zeros((n, self.profile.old_dim), dtype=np.float32)
-        self.new = np.zeros((n, self.profile.new_dim), dtype=np.float32)
+        self.old = np.zeros((n, self.old_dim), dtype=np.float32)
+        self.new = np.zeros((n, self.new_dim), dtype=np.float32)
         self.cache_status = ["off"] * n
         self.new_failed = [False] * n
 

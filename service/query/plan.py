@@ -60,18 +60,21 @@ def needs_segment(mode: str) -> bool:
     return mode in (Mode.hybrid, Mode.new)
 
 
-def plan_of(mode: Mode, head: str, *, segment: bool, hybrid_reranks: bool) -> Plan:
+def plan_of(mode: Mode, head: str | None, *, segment: bool, hybrid_reranks: bool) -> Plan:
     """The plan for a validated mode.
 
-    `head`: the profile's head (the map of a staged mode); `segment`: whether one is served beside the
-    gallery; `hybrid_reranks`: whether hybrid re-ranks (the cascade and an item store, cascade.in_hybrid).
+    `head`: the profile's head (the map of a staged mode; None with no profile, where only new is served);
+    `segment`: whether one is served beside the gallery; `hybrid_reranks`: whether hybrid re-ranks (the
+    cascade and an item store, cascade.in_hybrid).
     """
     if mode == Mode.new:
         return Plan(mode, None, Where.segment)
+    if mode not in (Mode.compare, Mode.hybrid, Mode.cascade):
+        return Plan(mode, mode, Where.gallery)
+    if head is None:
+        raise ValueError(f"mode {mode!r} maps with the profile's head, and there is no profile")
     if mode == Mode.compare:
         return Plan(mode, Mode(head), Where.gallery, compares=True)
     if mode == Mode.hybrid:
         return Plan(mode, Mode(head), Where.beside_segment, reranks=hybrid_reranks)
-    if mode == Mode.cascade:
-        return Plan(mode, Mode(head), Where.beside_segment if segment else Where.gallery, reranks=True)
-    return Plan(mode, mode, Where.gallery)
+    return Plan(mode, Mode(head), Where.beside_segment if segment else Where.gallery, reranks=True)

@@ -65,7 +65,7 @@ def transform_and_search(
         if stages.where == Where.beside_segment:
             merged = _needed(segment).hybrid(job, batch, gallery)
             scores, ids, from_segment = merged.scores, merged.ids, merged.from_segment.sum(axis=1).tolist()
-        elif hubness is not None and stages.mode == job.profile.head:  # what `eval` scored as <head>+csls
+        elif hubness is not None and stages.mode == job.mapping.head:  # what `eval` scored as <head>+csls
             own = np.array([fallback is None for _, fallback in plan])
             scores, ids = hubness.search(gallery, batch, job.depth, job.nprobe, own)
         else:
@@ -133,7 +133,7 @@ def _segment_only(job: SearchJob, segment: SegmentSearch) -> list[QueryResult]:
 def _transform(job: SearchJob, plan: list[Route], head_mode: str) -> _Transformed:
     """One transform call per (modality, mode, fallback) group; a row with no usable endpoint stays zero."""
     n = len(job.queries)
-    batch = np.zeros((n, job.profile.old_dim), dtype=np.float32)
+    batch = np.zeros((n, job.old_dim), dtype=np.float32)
     thetas = np.full(n, np.nan)
     alphas = np.zeros(n)
     for (modality, row_mode, fallback), rows in groups(job, plan).items():
@@ -141,7 +141,7 @@ def _transform(job: SearchJob, plan: list[Route], head_mode: str) -> _Transforme
             continue  # no usable endpoint: the row stays zero and gets no results
         reads = Mode(row_mode)
         out = transform(
-            job.profile,
+            job.mapping,
             row_mode,
             job.old[rows] if reads.reads_old else None,
             job.new[rows] if reads.reads_new else None,

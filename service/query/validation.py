@@ -17,14 +17,14 @@ from service.settings import ApiSettings, Settings
 from service.vocabulary import CLASS_HEADS, Mode
 
 
-def served_modes(settings: Settings, profile: CompatProfile) -> list[str]:
+def served_modes(settings: Settings, profile: CompatProfile | None) -> list[str]:
     """What a request may ask for: the profile's modes (and compare, the head beside old, where old is one),
     hybrid and new beside a segment, cascade beside a segment or an item store (where new-model rows of the
-    items come from); new alone after the cut-over.
+    items come from); with no profile (after the cut-over: nothing maps between two models) new alone.
 
     The segment holds new-model embeddings, so a head whose new query is logits (psp, lsp) has neither.
     """
-    if settings.cut_over:
+    if profile is None:
         return [Mode.new]
     own = list(profile.modes())
     compare = [Mode.compare] if Mode.old in own else []
@@ -36,13 +36,14 @@ def served_modes(settings: Settings, profile: CompatProfile) -> list[str]:
     return [*own, *compare, *beside, *cascade]
 
 
-def default_mode(settings: Settings, profile: CompatProfile) -> str:
-    """The configured default mode, else new after the cut-over, else hybrid beside a segment, else the head.
+def default_mode(settings: Settings, profile: CompatProfile | None) -> str:
+    """The configured default mode, else new with no profile (the cut-over), else hybrid beside a segment, else
+    the head.
 
     ArtifactError when the profile (and segment) cannot serve it.
     """
     served = served_modes(settings, profile)
-    if settings.cut_over:
+    if profile is None:  # Settings refuses any other configured default after the cut-over
         return Mode.new
     mode = settings.compat.default_mode or (Mode.hybrid if Mode.hybrid in served else profile.head)
     if mode not in served:
@@ -90,13 +91,15 @@ def validate_request(
         raise UnsupportedMode(f"mode {mode!r} is not served by this profile; it serves {', '.join(served)}{hint}")
 
 
-def validate_queries(job: SearchJob, old: Encoder, new: Encoder, max_text_chars: int) -> None:
+def validate_queries(job: SearchJob, old: Encoder | None, new: Encoder, max_text_chars: int) -> None:
     """Check each query's text or embeddings against what the job's mode reads; 4xx if bad."""
     for i, query in enumerate(job.queries):
         _check_query(i, query, job, max_text_chars, (old, new))
 
 
-def _check_query(i: int, query: Query, job: SearchJob, max_text_chars: int, encoders: tuple[Encoder, Encoder]) -> None:
+def _check_query(
+    i: int, query: Query, job: SearchJob, max_text_chars: int, encoders: tuple[Encoder | None, Encoder]
+) -> None:
     """Check one query's text length or embedding dims and values, and that its mode has what it reads."""
     mode = job.reads
     if query.content is not None and query.modality == "text":
@@ -106,7 +109,7 @@ def _check_query(i: int, query: Query, job: SearchJob, max_text_chars: int, enco
             raise InputError(f"queries[{i}].text is empty")
     if query.content is not None:
         for role, encoder, needed in (("old", encoders[0], mode.reads_old), ("new", encoders[1], mode.reads_new)):
-            if needed and query.modality not in modalities_of(encoder):
+            if needed and encoder is not None and query.modality not in modalities_of(encoder):
                 raise InputError(
                     f"queries[{i}] is a {query.modality} query, but the {role} model "
                     f"{encoder.model_id!r} encodes {' and '.join(modalities_of(encoder))} only"
@@ -121,8 +124,8 @@ def _check_query(i: int, query: Query, job: SearchJob, max_text_chars: int, enco
         if query.new_embedding is None and mode.reads_new:
             raise InputError(f"queries[{i}] has no new_embedding, which mode {job.mode!r} needs")
     for name, row, dim in (
-        ("old_embedding", query.old_embedding, job.profile.old_dim),
-        ("new_embedding", query.new_embedding, job.profile.new_dim),
+        ("old_embedding", query.old_embedding, job.old_dim),
+        ("new_embedding", query.new_embedding, job.new_dim),
     ):
         if row is None:
             continue

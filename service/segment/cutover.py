@@ -2,9 +2,9 @@
 
 Once every gallery item has moved, hybrid answers what `new` answers, and the old encoder, the old
 gallery and the compat profile serve no request.  The service then opens the segment as its only
-gallery (`SegmentGallery`), refuses a segment that is not complete or not the new model's, and
-carries a stand-in profile that only says the new model's id and width (`cutover_profile`); `new` is
-the one mode it serves.
+gallery (`SegmentGallery`) and refuses a segment that is not complete or not the new model's.  The
+pipeline is then composed without an old model and without a profile (pipeline/parts.py): `new` is the
+one mode it serves.
 """
 
 from __future__ import annotations
@@ -15,7 +15,6 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from service.compat.profile import CompatProfile
 from service.encoders.identity import ModelIdentity
 from service.errors import ArtifactError
 from service.index.base import Exclusion, Hits
@@ -34,24 +33,6 @@ def open_finished(folder: Path, model: ModelIdentity, indexing: Indexing) -> Seg
             "cut over (NOBACKFILL_OLD__BACKEND=none) once `nobackfill backfill status` says 100 %"
         )
     return segment
-
-
-def cutover_profile(model: ModelIdentity) -> CompatProfile:
-    """A stand-in profile for the new model alone: its id and width on both sides, no map, nothing fitted."""
-    return CompatProfile(
-        head="aligned",
-        old_model_id=model.model_id,
-        new_model_id=model.model_id,
-        old_dim=model.dim,
-        new_dim=model.dim,
-        alphas={},
-        params={},
-        fit_on="none: cut over to the new model",
-        folds=0,
-        fit_report={},
-        tensors={},
-        models={"old": model.as_dict(), "new": model.as_dict()},
-    )
 
 
 class SegmentGallery:

@@ -20,7 +20,7 @@ import pytest
 from service.errors import ArtifactError, SettingsError
 from service.segment.layout import SHARDS, shard_names
 from service.segment.reader import Segment
-from service.settings import CompatSettings, EncoderSettings, IndexSettings, Settings
+from service.settings import ApiSettings, CompatSettings, EncoderSettings, IndexSettings, Settings
 from tests.support.app import Running, serving
 from tests.support.cli import cli
 from tests.support.world import WORLD_GALLERY_SIZE, World
@@ -210,6 +210,7 @@ def test_a_backfill_with_another_model_than_the_profiles_is_refused_in_one_line(
 def cut_over_settings(segment: Path, tmp_path: Path) -> Settings:
     """The new model alone over `segment`: the old gallery and profile are gone (their folders do not exist)."""
     return Settings(
+        api=ApiSettings(ui=True),  # the operator page too
         old=EncoderSettings(backend="none"),
         index=IndexSettings(gallery_dir=tmp_path / "retired-gallery", segment_dir=segment),
         compat=CompatSettings(profile_dir=tmp_path / "retired-profile"),
@@ -241,6 +242,11 @@ async def test_after_the_cut_over_the_new_model_alone_answers_as_hybrid_did_at_1
         refused = await service.search(queries=queries(), k=10, mode="slerp")
         assert refused.status_code == 400 and "serves new" in refused.json()["error"]["message"]
         assert (await service.client.get("/readyz")).status_code == 200
+        # Composed without an old model or a profile (pipeline/parts.py): nothing stands in for them.
+        assert service.pipeline.old is None and service.pipeline.profile is None and service.pipeline.traffic is None
+        health = (await service.client.get("/ui/api/health")).json()
+        assert health["status"] == "ready" and health["encoders"]["old"] == {"backend": "none"}
+        assert (await service.client.get("/ui/api/profile")).json()["profile"] is None
 
 
 async def test_a_cut_over_before_every_item_moved_is_refused_at_start(

@@ -58,9 +58,9 @@ async def profile(request: Request, pipeline: PipelineDep) -> dict[str, Any]:
     and the saved eval and compare results that score this profile (api.ui_eval / api.ui_compare)."""
     gallery = {**pipeline.gallery.describe(), "meta": pipeline.gallery.meta}
     saved: SavedResults = request.app.state.ui_saved
-    if pipeline.settings.cut_over:
-        return {"profile": None, "gallery": gallery, "support_eval": None, **saved.shown(None)}
     profile = pipeline.profile  # one profile for the whole answer, even if a reload lands meanwhile
+    if profile is None:  # the cut-over: nothing is fitted
+        return {"profile": None, "gallery": gallery, "support_eval": None, **saved.shown(None)}
     return {
         "profile": _profile_block(profile),
         "gallery": gallery,
@@ -110,6 +110,9 @@ def _encoders(pipeline: Pipeline, info: dict[str, Any]) -> dict[str, Any]:
     """Each encoder as /v1/info describes it, with its problem, restarts and failures since the process started."""
     out: dict[str, Any] = {}
     for role, batcher in ((Role.old, pipeline.old), (Role.new, pipeline.new)):
+        if batcher is None:  # no old model after the cut-over: /v1/info says its backend is none
+            out[str(role)] = info[f"{role}_model"]
+            continue
         failures = {
             reason: counter_value(metrics.ENCODER_FAILURES, encoder=batcher.name, reason=reason)
             for reason in metrics.ENCODER_FAILURE_REASONS

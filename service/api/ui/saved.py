@@ -40,7 +40,7 @@ class SavedResults:
 
 def load_saved(settings: ApiSettings, pipeline: Pipeline) -> SavedResults:
     """Read and check the configured results against the served profile; ArtifactError in one line."""
-    served = None if pipeline.settings.cut_over else pipeline.profile.profile_id
+    served = None if pipeline.profile is None else pipeline.profile.profile_id
     return SavedResults(
         eval=None if settings.ui_eval is None else read_document(settings.ui_eval, EVAL_KIND, served, "api.ui_eval"),
         compare=None
