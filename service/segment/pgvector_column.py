@@ -45,6 +45,7 @@ from service.index.pgvector import (
     ranked,
     table_identifier,
 )
+from service.segment.in_store import InStoreSegment
 
 if TYPE_CHECKING:
     from service.settings import IndexSettings
@@ -386,7 +387,7 @@ class ColumnView:
         return self.segment.run(lambda column, conn, _: column.rows_of(conn, ids, dim), empty=nothing)
 
 
-class PgvectorColumnSegment:
+class PgvectorColumnSegment(InStoreSegment[ColumnState]):
     """The new column of the gallery's own table as the service's segment (segment/base.py's SegmentStore)."""
 
     backend = "pgvector-column"
@@ -395,10 +396,7 @@ class PgvectorColumnSegment:
         settings = new_rows.settings
         self.column = new_rows
         self.ef = settings.pgvector_ef_search
-        self._model = model
-        self._gallery = gallery
-        self._ntotal = ntotal
-        self._state: ColumnState | None = None
+        super().__init__(model, gallery, ntotal)
         # The cascade writer writes; its shards and the searches beside the gallery's are bounded alike.
         self._connections = ThreadConnections(dsn_of(settings), read_only=False, timeout_s=settings.pgvector_timeout_s)
         self.snapshot: ColumnView = ColumnView(self, 0, None)
@@ -433,44 +431,9 @@ class PgvectorColumnSegment:
         return segment
 
     @property
-    def replaced(self) -> str:
-        """The fingerprint of the gallery (the old column) this segment was filled beside."""
-        return self._gallery
-
-    @property
     def where(self) -> str:
         """The table and column (never the DSN)."""
         return self.column.where
-
-    @property
-    def model(self) -> ModelIdentity:
-        """The new model."""
-        return self._model
-
-    @property
-    def dim(self) -> int:
-        """The new model's width."""
-        return self._model.dim
-
-    @property
-    def gallery_items(self) -> int:
-        """Rows of the table."""
-        return self._ntotal
-
-    @property
-    def coverage(self) -> float:
-        """Share of the table's rows whose new column is set (at the last refresh)."""
-        return self.snapshot.count / self._ntotal
-
-    @property
-    def parts(self) -> int:
-        """One column, once it exists."""
-        return int(self._state is not None)
-
-    @property
-    def refused(self) -> dict[str, str]:
-        """A column has no parts to refuse one by one: a wrong one is refused whole, at open."""
-        return {}
 
     def refresh(self) -> list[str]:
         """Check the column (it may have been added since) and count its rows; [column] when rows arrived."""

