@@ -5,6 +5,7 @@
     .venv/bin/python loadtest/bench_backfill_rate.py --items 20000 --pgvector               # into a table's column
     .venv/bin/python loadtest/bench_backfill_rate.py --items 4000 --pgvector --minilm       # ... with a real model
     .venv/bin/python loadtest/bench_backfill_rate.py --items 20000 --pgvector --old-index [--side]
+    .venv/bin/python loadtest/bench_backfill_rate.py --items 4000 --minilm --onnx DIR      # backfill: onnx / torch
 
 Writes N synthetic items as a text file, then per round runs `nobackfill encode` and `nobackfill
 backfill run --fraction 1` (a fresh segment) on them with the same batch size, in alternating order,
@@ -16,8 +17,10 @@ dominates both.  `--real DIR` runs both on `demo --real`'s gallery texts with it
 (all-MiniLM-L6-v2, sentence-transformers) instead.  `--pgvector` backfills into a new column of a
 table of the same ids in an embedded PostgreSQL + pgvector (the column dropped before each round)
 instead of a segment folder: one UPDATE transaction per --shard-size rows (--side: one INSERT into a
-side table; --old-index: the table's old column 384-d under an HNSW index, as a user's is).  docs/backfill.md and
-docs/stores.md record the runs.
+side table; --old-index: the table's old column 384-d under an HNSW index, as a user's is).  `--onnx DIR`
+(with --minilm or --real) compares `backfill run` on torch with `backfill run --onnx DIR` (the export
+`nobackfill encoder export` wrote) instead of with encode.  docs/backfill.md, docs/stores.md and
+docs/benchmarks.md record the runs.
 """
 
 from __future__ import annotations
@@ -153,6 +156,7 @@ def main() -> None:
     parser.add_argument("--old-index", action="store_true", help="--pgvector: the old column 384-d, HNSW-indexed.")
     parser.add_argument("--minilm", action="store_true", help="The real all-MiniLM-L6-v2 encodes the synthetic items.")
     parser.add_argument("--shard-size", type=int, default=4096, help="Rows per shard / per pgvector transaction.")
+    parser.add_argument("--onnx", type=Path, help="An export of the model: backfill on ONNX Runtime against torch.")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
@@ -174,6 +178,17 @@ def main() -> None:
         dsn = _pgvector_table(work, args.items, args.old_index) if args.pgvector else ""
         into = f"backfill into pgvector {'side table' if args.side else 'column'}" if args.pgvector else "backfill"
         ratios = []
+        if args.onnx:  # backfill on torch against backfill on ONNX Runtime, the same items and segment kind
+            onnx = Setup(setup.items, setup.gallery, (*setup.model, "--onnx", str(args.onnx)), setup.backfill_extra)
+            for round_ in range(args.rounds):
+                took = {}
+                for name in ("torch", "onnx") if round_ % 2 == 0 else ("onnx", "torch"):
+                    took[name] = _backfill_s(work, setup if name == "torch" else onnx, args.batch_size)
+                ratios.append(took["torch"] / took["onnx"])
+                print(f"round {round_ + 1}: backfill torch {args.items / took['torch']:,.0f} items/s, "
+                      f"onnx {args.items / took['onnx']:,.0f} items/s, ratio {ratios[-1]:.2f}")  # fmt: skip
+            print(f"median ratio backfill onnx / torch over {args.rounds} rounds: {statistics.median(ratios):.2f}")
+            return
         for round_ in range(args.rounds):
             took = {}
             for name in ("encode", "backfill") if round_ % 2 == 0 else ("backfill", "encode"):

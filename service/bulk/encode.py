@@ -62,11 +62,20 @@ def load_encoder(
     fp16: bool = True,
     cpu_bf16: bool = False,
     threads: int | None = None,
+    onnx_dir: Path | None = None,
 ) -> tuple[Encoder, ModelIdentity]:
-    """Build backend `backend` from `path` as the service would for `role`; returns it and its identity."""
-    from service.encoders.registry import create_encoder, identity_of
-    from service.settings import EncoderSettings
+    """Build backend `backend` from `path` as the service would for `role`; returns it and its identity.
 
+    `onnx_dir`: run it on ONNX Runtime (runtime onnx) over the folder `nobackfill encoder export` wrote from
+    `path`; the identity stays the source model's, so rows and profiles match the torch path's.
+    """
+    from service.encoders.registry import create_encoder, identity_of
+    from service.settings import ONNX_BACKEND, EncoderSettings
+
+    if onnx_dir is not None and backend != ONNX_BACKEND:
+        raise InputError(
+            f"--onnx runs {ONNX_BACKEND} models only (exported by `nobackfill encoder export`), not {backend}"
+        )
     settings = EncoderSettings(
         backend=backend,
         path=None if path is None else str(path),
@@ -76,6 +85,8 @@ def load_encoder(
         cpu_bf16=cpu_bf16,
         # Offline, one encoder runs at a time: it may have every core (the service splits them in two).
         threads=threads or usable_cpus(),  # the container's CPU limit, not the node's cores
+        runtime="torch" if onnx_dir is None else "onnx",
+        onnx_dir=None if onnx_dir is None else str(onnx_dir),
     )
     encoder = create_encoder(settings, role)
     return encoder, identity_of(encoder, backend)

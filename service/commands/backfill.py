@@ -104,6 +104,11 @@ def run(
     ),
     device: str = typer.Option("auto", "--device", help="auto, cpu, cuda:0, ..."),
     threads: int | None = typer.Option(None, "--threads", min=1, help="Torch CPU threads (default: all usable cores)."),
+    onnx: Path | None = typer.Option(
+        None,
+        "--onnx",
+        help="Run the model on ONNX Runtime (CPU): the folder `nobackfill encoder export` wrote from --path.",
+    ),
     nice: int = typer.Option(
         0, "--nice", min=0, max=19, help="Lower this run's CPU priority by N, below a service on the same box."
     ),
@@ -136,7 +141,9 @@ def run(
     source = open_items(input_path, modality, field, id_field, ids)
     gallery_ref = _gallery_ref(segment, gallery, source) if column is None else column.gallery_ref()
     hot = _hot_ids(hits) if order == Order.hot else None
-    encoder, identity = load_encoder(backend, path, role=Role.new, device=device, model_id=model_id, threads=threads)
+    encoder, identity = load_encoder(
+        backend, path, role=Role.new, device=device, model_id=model_id, threads=threads, onnx_dir=onnx
+    )
     if profile is not None:
         _check_profile(profile, identity)
     if new_model_id is not None and identity.model_id != new_model_id:

@@ -43,6 +43,11 @@ def encode(
     fp16: bool = typer.Option(True, "--fp16/--no-fp16", help="Half precision on CUDA, as the service's setting."),
     cpu_bf16: bool = typer.Option(False, "--cpu-bf16", help="bfloat16 on CPU, as the service's cpu_bf16 setting."),
     threads: int | None = typer.Option(None, "--threads", min=1, help="Torch CPU threads (default: all usable cores)."),
+    onnx: Path | None = typer.Option(
+        None,
+        "--onnx",
+        help="Run the model on ONNX Runtime (CPU): the folder `nobackfill encoder export` wrote from --path.",
+    ),
     model_id: str | None = typer.Option(None, "--model-id", help="Model id to record (default: the folder's name)."),
     skip_bad: bool = typer.Option(False, "--skip-bad", help="Skip bad inputs (listed in OUT.json) instead of failing."),
     force: bool = typer.Option(False, "--force", help="Replace an existing OUT.npy / OUT.json."),
@@ -64,7 +69,7 @@ def encode(
     if checked.skipped:
         typer.echo(f"skipping {len(checked.skipped)} bad input(s), first: {checked.skipped[0].message()}", err=True)
     encoder, identity = load_encoder(
-        backend, path, device=device, model_id=model_id, fp16=fp16, cpu_bf16=cpu_bf16, threads=threads
+        backend, path, device=device, model_id=model_id, fp16=fp16, cpu_bf16=cpu_bf16, threads=threads, onnx_dir=onnx
     )
     _warn_ignored_id(backend, model_id, identity.model_id)
     meta = encode_file(encoder, identity, spec, checked, out, ids_out=ids_out, batch_size=batch_size)

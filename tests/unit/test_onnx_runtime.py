@@ -24,6 +24,7 @@ from service.encoders.onnx_record import MODEL_NAME, RECORD_NAME, read_export  #
 from service.encoders.registry import create_encoder, identity_of  # noqa: E402
 from service.errors import ArtifactError, InputError, SettingsError  # noqa: E402
 from service.settings import EncoderSettings, Settings  # noqa: E402
+from tests.support.cli import cli  # noqa: E402
 from tests.support.tiny_models import TOKENIZER_FILES, packaged_minilm  # noqa: E402
 
 BACKEND = "sentence-transformers"
@@ -205,3 +206,27 @@ def test_the_cli_exports_with_extra_check_texts_and_says_how_close_it_is(
     export = read_export(out)
     assert export.precision == "int8" and export.check["texts"] == 13 + 2  # the built-in texts and the two lines
     assert f"wrote {out}" in done.output and "as int8 ONNX" in done.output and "over 15 check texts" in done.output
+
+
+def test_encode_takes_the_export_with_onnx_and_gives_the_torch_rows_and_identity(
+    models: dict[str, Path], tmp_path: Path
+) -> None:
+    from typer.testing import CliRunner
+
+    from service.cli import app
+
+    texts = tmp_path / "texts.txt"
+    texts.write_text("\n".join(t or "x" for t in varied_texts(40, seed=3)) + "\n", encoding="utf-8")
+    common = ["encode", "--backend", BACKEND, "--path", str(models["model"]), "--input", str(texts), "--threads", "1"]
+    torch_done = CliRunner().invoke(app, [*common, "--out", str(tmp_path / "torch.npy")])
+    onnx_done = CliRunner().invoke(app, [*common, "--out", str(tmp_path / "onnx.npy"), "--onnx", str(models["fp32"])])
+    assert torch_done.exit_code == onnx_done.exit_code == 0, onnx_done.output
+    torch_rows, onnx_rows = np.load(tmp_path / "torch.npy"), np.load(tmp_path / "onnx.npy")
+    assert onnx_rows.shape == (40, DIM) and (torch_rows * onnx_rows).sum(axis=1).min() >= 1 - 1e-4
+    # The same model identity either way: what a profile and a segment check.
+    torch_meta, onnx_meta = (json.loads((tmp_path / f"{n}.json").read_text()) for n in ("torch", "onnx"))
+    identity = ("backend", "model_id", "fingerprint", "dim")
+    assert [torch_meta[key] for key in identity] == [onnx_meta[key] for key in identity]
+    refused = cli("encode", "--backend", "synthetic-new", "--input", texts, "--out", tmp_path / "s.npy", "--onnx",
+                  models["fp32"])  # fmt: skip
+    assert refused.returncode == 2 and "--onnx runs sentence-transformers models only" in refused.stderr
