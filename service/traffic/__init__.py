@@ -1,9 +1,9 @@
 """Sampling (old, new) query-embedding pairs from live traffic, for refitting R (docs/traffic-learning.md).
 
     pipeline.search ──► TrafficSampler.offer (event loop: one random draw, float16 copies of the few
-                        │                    sampled rows, put_nowait on a bounded queue; full: dropped)
+                        │                    sampled rows, offered to a bounded sink; full: dropped)
                         ▼
-                  drain thread ──► PairStore.append   RedisPairStore (a stream capped by MAXLEN, TTL)
+             the sink's thread ──► PairStore.append   RedisPairStore (a stream capped by MAXLEN, TTL)
                                                       LocalPairStore (rotating .npz shards, bounded, TTL)
     nobackfill traffic export ──► PairStore.read ──► old_query.npy, new_query.npy, models.json
 

@@ -1,16 +1,17 @@
 """Which gallery items users actually get: sampled counts of returned ids, bounded, decaying, fail-open.
 
-    offer(ids) (request path)                      counting thread
-    ─────────────────────────                      ───────────────
-    rate draw per result list ──► bounded queue ──► add to pending ──every flush_s──► store.add(pending)
-           full: dropped, counted                                    every half_life_s ► store.age(0.5)
+    offer(ids) (request path)                      the sink's thread (service/sink.py)
+    ─────────────────────────                      ───────────────────────────────────
+    rate draw per result list ──► bounded sink ──► every flush_s (or FLUSH_IDS) ──► store.add(counts)
+           full: dropped, counted                   every half_life_s ──────────► store.age(0.5)
 
 Counts halve every half-life, so they say what is hot now, and the store keeps at most `capacity`
 ids (the lowest counts go first): memory and Redis stay bounded whatever the traffic.  Two stores:
 a Redis sorted set (ZINCRBY; ZREMRANGEBYRANK caps it; ZUNIONSTORE WEIGHTS 0.5 halves it), shared by
 every worker and replica; or, without Redis, one small file per process in a folder (rewritten whole
-on each flush, atomically), summed by readers.  A failing store costs the counting thread its
-timeout; the counts of that flush are dropped and counted, and no request ever waits.
+on each flush, atomically), summed by readers.  A failing store costs the sink's thread its
+timeout; the counts of that flush are dropped and counted (logged at most once a minute), and no
+request ever waits; close(timeout) returns in time even then, counting what it leaves as dropped.
 `backfill run --order hot` reads the counts (`read_hits`), hottest first; `backfill status` reads
 the share of the counted hits that land on moved items.
 """
@@ -19,25 +20,21 @@ from __future__ import annotations
 
 import logging
 import os
-import queue
 import socket
-import threading
-import time
-from collections import Counter
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Protocol
 
 import numpy as np
 import numpy.typing as npt
 
 from service import metrics
 from service.errors import InputError
+from service.sink import BackgroundSink, Closed, Periodic
 
 if TYPE_CHECKING:
     from service.settings import TrafficSettings
 
 log = logging.getLogger("nobackfill")
-LOG_EVERY_S = 60.0
 I64 = npt.NDArray[np.int64]
 F64 = npt.NDArray[np.float64]
 
@@ -180,15 +177,30 @@ class RedisHitStore:
         self._client.close()
 
 
+def _hits_dropped(ids: int) -> None:
+    metrics.HITS.labels(event="dropped").inc(ids)
+
+
+def _hits_failed(ids: int) -> None:
+    metrics.HITS.labels(event="failed").inc(ids)
+
+
 class HitCounter:
     """Counts a sampled share of the returned ids into a store, off the request path; fail-open."""
+
+    # Result lists held between flushes (each one array of ids).  They wait in the sink until the
+    # flush, so the bound is larger than the sampler's: 65,536 lists of k=10 ids is about 12 MB, and
+    # lasts 65 s at 1,000 requests/s, well past flush_s.
+    QUEUE_SIZE = 65_536
+    # A flush is due early once this many ids wait, so a burst costs one more store call, not memory.
+    FLUSH_IDS = 262_144
 
     def __init__(
         self,
         store: HitStore,
         rate: float,
         *,
-        queue_size: int = 1024,
+        queue_size: int = QUEUE_SIZE,
         flush_s: float = 5.0,
         half_life_s: float = 86_400.0,
         seed: int | None = None,
@@ -200,11 +212,19 @@ class HitCounter:
         self.flush_s = flush_s
         self.half_life_s = half_life_s
         self._rng = np.random.default_rng(seed)
-        self._queue: queue.Queue[I64 | None] = queue.Queue(maxsize=queue_size)
-        self._last_log = 0.0
-        self._stopped = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="nobackfill-hits", daemon=True)
-        self._thread.start()
+        self._sink: BackgroundSink[I64] = BackgroundSink(
+            self._flush,
+            thread_name="nobackfill-hits",
+            label="hit counting",
+            unit="ids",
+            capacity=queue_size,
+            batch_size=self.FLUSH_IDS,
+            interval_s=flush_s,
+            size_of=len,
+            on_drop=_hits_dropped,
+            on_failure=_hits_failed,
+            periodic=Periodic(half_life_s, "age", lambda: store.age(0.5)),
+        )
 
     def offer(self, ids: I64) -> None:
         """Queue the returned ids of a sampled share of the result lists (rows of `ids`; -1 pads)."""
@@ -214,64 +234,30 @@ class HitCounter:
         flat = picked[picked >= 0]
         if not len(flat):
             return
+        self._sink.offer(flat.astype(np.int64, copy=True))  # full: dropped and counted by the sink
+
+    @property
+    def pending(self) -> int:
+        """Ids not counted into the store yet."""
+        return self._sink.pending
+
+    def _flush(self, batch: list[I64]) -> None:
+        """Add the batch's counts to the store (on the sink's thread); an error raises to the sink (failed)."""
+        ids, counts = np.unique(np.concatenate(batch), return_counts=True)
+        self.store.add(dict(zip(ids.tolist(), counts.astype(np.float64).tolist(), strict=True)))
+        metrics.HITS.labels(event="counted").inc(int(counts.sum()))
+
+    def close(self, timeout_s: float = 10.0) -> Closed:
+        """Flush what is pending within timeout_s (what is left then is dropped, counted), close the store.
+
+        Returns in time even with the queue full and the store hung (it used to block on the full queue).
+        """
+        closed = self._sink.close(timeout_s)
         try:
-            self._queue.put_nowait(flat.astype(np.int64, copy=True))
-        except queue.Full:
-            metrics.HITS.labels(event="dropped").inc(len(flat))
-
-    def _run(self) -> None:
-        """Gather queued ids; flush every flush_s, halve every half-life, flush once more on close."""
-        pending: Counter[int] = Counter()
-        next_flush = time.monotonic() + self.flush_s
-        next_age = time.monotonic() + self.half_life_s
-        while True:
-            try:
-                item = self._queue.get(timeout=max(0.0, next_flush - time.monotonic()))
-            except queue.Empty:
-                item = np.zeros(0, dtype=np.int64)
-            if item is None:
-                self._flush(pending)
-                return
-            pending.update(item.tolist())
-            now = time.monotonic()
-            if now >= next_flush:
-                self._flush(pending)
-                pending = Counter()
-                next_flush = now + self.flush_s
-            if now >= next_age:
-                self._guard("age", lambda: self.store.age(0.5))
-                next_age = now + self.half_life_s
-
-    def _flush(self, pending: Counter[int]) -> None:
-        """Hand the gathered counts to the store; a failure drops them (counted)."""
-        if not pending:
-            return
-        total = sum(pending.values())
-        if self._guard("add", lambda: self.store.add({i: float(c) for i, c in pending.items()})):
-            metrics.HITS.labels(event="counted").inc(total)
-        else:
-            metrics.HITS.labels(event="failed").inc(total)
-
-    def _guard(self, what: str, work: Any) -> bool:
-        """Run a store call; log a failure at most every LOG_EVERY_S and return False."""
-        try:
-            work()
-        except Exception as exc:
-            now = time.monotonic()
-            if now - self._last_log >= LOG_EVERY_S:
-                self._last_log = now
-                log.warning("hit counting: %s failed (%s: %s); counts dropped", what, type(exc).__name__, exc)
-            return False
-        return True
-
-    def close(self) -> None:
-        """Flush what is pending and stop the thread (bounded by the store's timeout)."""
-        if self._stopped.is_set():
-            return
-        self._stopped.set()
-        self._queue.put(None)
-        self._thread.join(timeout=10.0)
-        self.store.close()
+            self.store.close()
+        except Exception:  # noqa: BLE001 (closing a broken store must not fail shutdown)
+            log.debug("hit store close failed", exc_info=True)
+        return closed
 
 
 DEFAULT_KEY = "nobackfill:hits"

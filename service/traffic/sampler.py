@@ -1,24 +1,22 @@
 """The sampler: picks queries at the configured rate on the event loop, stores them on its own thread.
 
-    offer() (event loop)                       drain thread
-    ───────────────────                        ────────────
-    rate draw per query ──► float16 copies ──► bounded queue ──► batch up to FLUSH_PAIRS or flush_s
+    offer() (event loop)                       the sink's thread (service/sink.py)
+    ───────────────────                        ───────────────────────────────────
+    rate draw per query ──► float16 copies ──► bounded buffer ──► batch up to FLUSH_PAIRS or flush_s
                                  │ full: dropped, counted             │
                                                                       ▼
                                                    store.append ── error: failed, counted, dropped
 
 The request never waits for the store: offer() does one vectorised random draw, copies the picked rows
-and calls put_nowait.  At sample rate 0 the pipeline holds no sampler at all.  A dead or slow store
-costs the drain thread its timeouts; the queue then fills and later pairs are dropped (counted), so
-memory stays bounded by queue_size batches of at most api.max_queries rows.
+and hands them to a BackgroundSink (a lock and a deque append).  At sample rate 0 the pipeline holds no
+sampler at all.  A dead or slow store costs the sink's thread its timeouts; the buffer then fills and
+later pairs are dropped (counted), so memory stays bounded by queue_size batches of at most
+api.max_queries rows.
 """
 
 from __future__ import annotations
 
 import logging
-import queue
-import threading
-import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -29,22 +27,21 @@ import numpy.typing as npt
 from service import metrics
 from service.encoders.identity import ModelIdentity
 from service.settings import Settings
+from service.sink import BackgroundSink, Closed
 from service.traffic.base import PairBatch, PairStore, models_key
 
 log = logging.getLogger("nobackfill")
 
 # One flush stores at most this many pairs: one Redis pipeline / one shard of a few MB at 768-d.
 FLUSH_PAIRS = 1024
-# A failing store is logged at most this often (the metric counts every failure).
-LOG_EVERY_S = 60.0
 
 
-class _Marker:
-    """A queue item that asks the drain thread to flush now (and, for stop, to exit)."""
+def _dropped(pairs: int) -> None:
+    metrics.count_traffic("dropped", pairs)
 
-    def __init__(self, stop: bool = False) -> None:
-        self.stop = stop
-        self.done = threading.Event()
+
+def _failed(pairs: int) -> None:
+    metrics.count_traffic("failed", pairs)
 
 
 class TrafficSampler:
@@ -69,10 +66,18 @@ class TrafficSampler:
         self.dims = (old.dim, new.dim)
         self.flush_s = flush_s
         self._rng = np.random.default_rng(seed)
-        self._queue: queue.Queue[PairBatch | _Marker] = queue.Queue(maxsize=queue_size)
-        self._last_log = 0.0
-        self._thread = threading.Thread(target=self._run, name="nobackfill-traffic", daemon=True)
-        self._thread.start()
+        self._sink: BackgroundSink[PairBatch] = BackgroundSink(
+            self._store,
+            thread_name="nobackfill-traffic",
+            label=f"traffic sampler ({store.kind} store)",
+            unit="pairs",
+            capacity=queue_size,
+            batch_size=FLUSH_PAIRS,
+            interval_s=flush_s,
+            size_of=len,
+            on_drop=_dropped,
+            on_failure=_failed,
+        )
 
     def offer(
         self,
@@ -99,10 +104,7 @@ class TrafficSampler:
             self.models, o.astype(np.float16), w.astype(np.float16), tuple(modalities[i] for i in rows.tolist())
         )
         metrics.count_traffic("sampled", len(batch))
-        try:
-            self._queue.put_nowait(batch)
-        except queue.Full:
-            metrics.count_traffic("dropped", len(batch))
+        self._sink.offer(batch)  # full: dropped and counted by the sink
         return len(batch)
 
     def offer_queries(self, queries: Sequence[Any], old: npt.NDArray[np.float32], new: npt.NDArray[np.float32]) -> None:
@@ -114,67 +116,28 @@ class TrafficSampler:
             metrics.count_traffic("failed", 1)
             log.debug("traffic sampler: offer failed", exc_info=True)
 
-    def flush(self, timeout_s: float = 10.0) -> bool:
-        """Store everything queued so far (tests, shutdown); False if the drain thread did not finish in time."""
-        marker = _Marker()
-        try:
-            self._queue.put(marker, timeout=timeout_s)
-        except queue.Full:
-            return False
-        return marker.done.wait(timeout_s)
+    @property
+    def pending(self) -> int:
+        """Pairs not stored yet."""
+        return self._sink.pending
 
-    def close(self, timeout_s: float = 5.0) -> None:
-        """Flush what is queued, stop the drain thread, close the store."""
-        marker = _Marker(stop=True)
-        try:
-            self._queue.put(marker, timeout=timeout_s)
-            marker.done.wait(timeout_s)
-        except queue.Full:
-            log.warning("traffic sampler: queue still full at shutdown; queued pairs are dropped")
-        self._thread.join(timeout_s)
+    def flush(self, timeout_s: float = 10.0) -> bool:
+        """Store everything queued so far (tests, shutdown); False if the sink's thread did not finish in time."""
+        return self._sink.flush(timeout_s)
+
+    def close(self, timeout_s: float = 5.0) -> Closed:
+        """Flush what is queued within timeout_s (what is left then is dropped, counted), close the store."""
+        closed = self._sink.close(timeout_s)
         try:
             self.store.close()
         except Exception:  # noqa: BLE001 (closing a broken store must not fail shutdown)
             log.debug("traffic store close failed", exc_info=True)
+        return closed
 
-    def _run(self) -> None:
-        """Drain the queue into the store in batches, until a stop marker."""
-        pending: list[PairBatch] = []
-        rows = 0
-        first = 0.0
-        while True:
-            timeout = None if not pending else max(0.0, first + self.flush_s - time.monotonic())
-            try:
-                item: PairBatch | _Marker | None = self._queue.get(timeout=timeout)
-            except queue.Empty:
-                item = None
-            if isinstance(item, PairBatch):
-                if not pending:
-                    first = time.monotonic()
-                pending.append(item)
-                rows += len(item)
-            due = pending and (
-                rows >= FLUSH_PAIRS or time.monotonic() - first >= self.flush_s or isinstance(item, _Marker)
-            )
-            if due:
-                self._store(pending, rows)
-                pending, rows = [], 0
-            if isinstance(item, _Marker):
-                item.done.set()
-                if item.stop:
-                    return
-
-    def _store(self, pending: list[PairBatch], rows: int) -> None:
-        """One append; any error is counted and the pairs dropped (fail-open)."""
-        try:
-            stored = self.store.append(pending)
-        except Exception as exc:  # noqa: BLE001 (fail-open: any store error drops the batch)
-            metrics.count_traffic("failed", rows)
-            now = time.monotonic()
-            if now - self._last_log >= LOG_EVERY_S:
-                self._last_log = now
-                log.warning("traffic sampler: %s store failed, %d pairs dropped: %s", self.store.kind, rows, exc)
-            return
+    def _store(self, batches: list[PairBatch]) -> None:
+        """One append (on the sink's thread); an error raises to the sink, which counts the pairs failed."""
+        rows = sum(len(b) for b in batches)
+        stored = self.store.append(batches)
         metrics.count_traffic("stored", stored)
         if stored < rows:
             metrics.count_traffic("dropped", rows - stored)
