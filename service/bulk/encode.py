@@ -31,8 +31,9 @@ from service.bulk.inputs import Bad, Blank, InputSpec, Item, Scan, encoder_input
 from service.bulk.npy_writer import NpyWriter
 from service.cpu_limit import usable_cpus
 from service.encoders.base import Embeddings, Encoder, modalities_of
-from service.encoders.identity import ModelIdentity, read_json
+from service.encoders.identity import ModelIdentity
 from service.errors import ArtifactError, InputError, NobackfillError
+from service.json_file import read_json_object
 from service.vocabulary import Modality, Role
 
 FORMAT_VERSION = 1
@@ -246,7 +247,7 @@ def sidecar_identity(npy: Path, rows: int, dim: int) -> ModelIdentity | None:
     path = sidecar(npy)
     if not path.is_file():
         return None
-    meta = read_json(path)
+    meta = read_json_object(path, str(path))
     identity = ModelIdentity.from_dict(meta, str(path))
     if identity.dim != dim or meta.get("count") != rows:
         raise ArtifactError(

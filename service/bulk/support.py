@@ -27,14 +27,13 @@ from typing import Any
 import numpy as np
 
 import service
-from service.atomic_dir import replace_dir, sibling_dir
-from service.bulk.atomic import discard, make_parents, remove_empty
+from service.atomic_dir import check_output, staging
+from service.bulk.atomic import make_parents, remove_empty
 from service.bulk.encode import check_modality, encode_batch, load_encoder
 from service.bulk.npy_writer import NpyWriter
 from service.bulk.pairs import Pairs
 from service.encoders.base import Encoder
 from service.encoders.identity import MODELS_JSON, ModelIdentity
-from service.errors import InputError
 from service.vocabulary import Modality, Role
 
 Log = Callable[[str], None]
@@ -85,15 +84,7 @@ def models_json(
 
 def check_support_out(out: Path, force: bool) -> None:
     """Refuse a non-empty --out without --force, and with it anything that is not a support folder."""
-    if out.exists() and not out.is_dir():
-        raise InputError(f"{out}: exists and is not a folder")
-    if not out.is_dir() or not any(out.iterdir()):
-        return
-    if not force:
-        raise InputError(f"{out}: exists and is not empty (use --force to replace it)")
-    if not any((out / name).is_file() for name in _SUPPORT_MARKERS):
-        # Even --force only replaces a support folder: never wipe a folder we did not write.
-        raise InputError(f"{out}: exists, is not empty and is not a support folder; refusing to replace it")
+    check_output(out, force, marker=_SUPPORT_MARKERS, what="a support folder")
 
 
 def build_support(
@@ -110,51 +101,47 @@ def build_support(
     """Encode `pairs` with both models into a new support folder at `out`; returns models.json's content."""
     options = options or EncodeOptions()
     created = make_parents(out)
-    tmp: Path | None = None
     try:
-        tmp = sibling_dir(out)
-        identities: list[ModelIdentity] = []
-        sides: tuple[tuple[Role, ModelSource], ...] = ((Role.old, old), (Role.new, new))
-        for role, side in sides:
-            encoder, identity = load_encoder(
-                side.backend,
-                side.path,
-                role=role,
-                device=options.device,
-                model_id=side.model_id,
-                fp16=options.fp16,
-                cpu_bf16=options.cpu_bf16,
-                threads=options.threads,
+        with staging(out, marker=MODELS_JSON) as tmp:
+            identities: list[ModelIdentity] = []
+            sides: tuple[tuple[Role, ModelSource], ...] = ((Role.old, old), (Role.new, new))
+            for role, side in sides:
+                encoder, identity = load_encoder(
+                    side.backend,
+                    side.path,
+                    role=role,
+                    device=options.device,
+                    model_id=side.model_id,
+                    fp16=options.fp16,
+                    cpu_bf16=options.cpu_bf16,
+                    threads=options.threads,
+                )
+                log(f"{role} model: {identity.backend} {identity.model_id} ({identity.dim}-d) on {encoder.device}")
+                for modality in {query_modality, target_modality}:
+                    check_modality(encoder, identity.backend, modality)
+                queries, targets = tmp / f"{role}_query.npy", tmp / f"{role}_target.npy"
+                _encode_side(encoder, pairs, pairs.queries, pairs.query_lines, query_modality, queries, options)
+                _encode_side(encoder, pairs, pairs.targets, pairs.target_lines, target_modality, targets, options)
+                identities.append(identity)
+                del encoder
+                _release_memory()
+            np.save(tmp / "query_ids.npy", np.asarray(pairs.query_ids, dtype=np.int64))
+            np.save(tmp / "target_ids.npy", np.asarray(pairs.target_ids, dtype=np.int64))
+            content = models_json(
+                identities[0],
+                identities[1],
+                query_modality,
+                target_modality,
+                len(pairs.queries),
+                targets=len(pairs.targets),
+                source=str(pairs.path.resolve()),
+                skipped=len(pairs.skipped),
+                skipped_inputs=[{"line": b.line, "reason": b.reason} for b in pairs.skipped],
+                created_at=datetime.now(UTC).isoformat(timespec="seconds"),
+                nobackfill_version=service.__version__,
             )
-            log(f"{role} model: {identity.backend} {identity.model_id} ({identity.dim}-d) on {encoder.device}")
-            for modality in {query_modality, target_modality}:
-                check_modality(encoder, identity.backend, modality)
-            queries, targets = tmp / f"{role}_query.npy", tmp / f"{role}_target.npy"
-            _encode_side(encoder, pairs, pairs.queries, pairs.query_lines, query_modality, queries, options)
-            _encode_side(encoder, pairs, pairs.targets, pairs.target_lines, target_modality, targets, options)
-            identities.append(identity)
-            del encoder
-            _release_memory()
-        np.save(tmp / "query_ids.npy", np.asarray(pairs.query_ids, dtype=np.int64))
-        np.save(tmp / "target_ids.npy", np.asarray(pairs.target_ids, dtype=np.int64))
-        content = models_json(
-            identities[0],
-            identities[1],
-            query_modality,
-            target_modality,
-            len(pairs.queries),
-            targets=len(pairs.targets),
-            source=str(pairs.path.resolve()),
-            skipped=len(pairs.skipped),
-            skipped_inputs=[{"line": b.line, "reason": b.reason} for b in pairs.skipped],
-            created_at=datetime.now(UTC).isoformat(timespec="seconds"),
-            nobackfill_version=service.__version__,
-        )
-        (tmp / MODELS_JSON).write_text(json.dumps(content, indent=2) + "\n", encoding="utf-8")
-        replace_dir(tmp, out)
+            (tmp / MODELS_JSON).write_text(json.dumps(content, indent=2) + "\n", encoding="utf-8")
     except BaseException:
-        if tmp is not None:
-            discard(tmp)
         remove_empty(created)
         raise
     return content

@@ -30,6 +30,7 @@ from typing import TYPE_CHECKING, Any
 
 import typer
 
+from service.atomic_dir import check_output
 from service.commands import render
 from service.compat.fit_options import QUERY_PAIRS_WEIGHT
 from service.errors import ArtifactError
@@ -40,14 +41,6 @@ if TYPE_CHECKING:
     from service.compat.profile import CompatProfile
 
 PLOT_NAME = "fit_recall.png"
-
-
-def _refuse_existing(out: Path, force: bool) -> None:
-    """An existing non-empty --out is only replaced with --force."""
-    if out.exists() and not out.is_dir():
-        raise ArtifactError(f"{out}: exists and is not a directory")
-    if out.is_dir() and any(out.iterdir()) and not force:
-        raise ArtifactError(f"{out}: exists and is not empty (use --force to replace it)")
 
 
 def _adapter_overrides(**given: Any) -> dict[str, Any]:
@@ -245,7 +238,7 @@ def fit(
     )
     # Cheap checks first: bad arguments or files are refused before torch is even imported.
     check_options(options)
-    _refuse_existing(out, force)
+    check_output(out, force, error=ArtifactError)  # what save_profile checks again, before torch loads
     supports = _support_dirs(support_dir, support or [], query_modality.value)
 
     from service.compat.fitting import fit_profile

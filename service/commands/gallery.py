@@ -402,17 +402,16 @@ def hubness(
     """Per-item hubness bias (CSLS) of a gallery against a profile's mapped queries, for serving and `eval`."""
     import time
 
+    from service.atomic_dir import check_output
     from service.compat.hubness import biases, mapped_queries, write_hubness
     from service.compat.procrustes import normalize_rows
     from service.compat.profile import load_profile
-    from service.errors import InputError
     from service.index.gallery import Gallery
     from service.index.sources import chunks
     from service.progress import progress_bar
     from service.scoring.gallery_eval import source_of
 
-    if out.exists() and not force:
-        raise InputError(f"{out} exists; pass --force to replace it")
+    check_output(out, force)
     profile = load_profile(profile_dir)
     gallery = Gallery.load(gallery_dir)
     modality = modality or (sorted(profile.alphas) or ["text"])[0]

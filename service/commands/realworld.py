@@ -37,12 +37,12 @@ def corpus(
     force: bool = typer.Option(False, "--force", help="Replace a corpus folder written earlier."),
 ) -> None:
     """Real (query, relevant text) pairs: docstring summaries -> descriptions of the installed dependencies."""
+    from service.atomic_dir import check_output
     from service.errors import InputError
     from service.realdata import corpus as realcorpus
-    from service.realdata.layout import CORPUS_JSON, corpus_meta, write_corpus
-    from service.realdata.publish import check_output
+    from service.realdata.layout import CORPUS_JSON, CORPUS_WHAT, corpus_meta, write_corpus
 
-    check_output(out, CORPUS_JSON, force)  # fail before a half-minute of parsing, not after
+    check_output(out, force, marker=CORPUS_JSON, what=CORPUS_WHAT)  # fail before a half-minute of parsing, not after
     names = (
         realcorpus.DEFAULT_PACKAGES if packages is None else tuple(n.strip() for n in packages.split(",") if n.strip())
     )

@@ -49,6 +49,7 @@ def _write(
     models: tuple[str, str] = ("old", "new"),
 ) -> None:
     """Encode queries and targets with both simulated models (text: caption -> image, image: image -> caption)."""
+    from service.atomic_dir import check_output, staging
     from service.bulk.support import models_json
     from service.encoders.identity import MODELS_JSON, ModelIdentity
     from service.encoders.synthetic import IMAGE_VIEW, SYNTHETIC_MODELS, synthetic_encoder
@@ -57,8 +58,7 @@ def _write(
     unknown = [name for name in models if name not in SYNTHETIC_MODELS]
     if unknown:
         raise InputError(f"no simulated model {unknown[0]!r}; they are {', '.join(SYNTHETIC_MODELS)}")
-    if out.exists() and any(out.iterdir()) and not force:
-        raise InputError(f"{out} exists and is not empty (use --force to overwrite)")
+    check_output(out, force)
     if models[0] == models[1]:
         raise InputError(f"--old-model and --new-model are both {models[0]}: an upgrade needs two models")
     old, new = (synthetic_encoder(name) for name in models)
@@ -71,18 +71,15 @@ def _write(
         "query_ids.npy": query_items.astype(np.int64),
         "target_ids.npy": target_items.astype(np.int64),
     }
-    try:
-        out.mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
-        raise InputError(f"{out}: cannot create ({exc.strerror})") from exc
-    for name, array in arrays.items():
-        np.save(out / name, array)
     old_model, new_model = (
         ModelIdentity(f"synthetic-{name}", e.model_id, None, e.dim) for name, e in zip(models, (old, new), strict=True)
     )
     target_modality = "image" if modality == "text" else "text"
     record = models_json(old_model, new_model, modality, target_modality, len(query_items), targets=len(target_items))
-    (out / MODELS_JSON).write_text(json.dumps(record, indent=2) + "\n", encoding="utf-8")
+    with staging(out, marker=MODELS_JSON) as tmp:
+        for name, array in arrays.items():
+            np.save(tmp / name, array)
+        (tmp / MODELS_JSON).write_text(json.dumps(record, indent=2) + "\n", encoding="utf-8")
     typer.echo(f"wrote {len(query_items):,} queries and {len(target_items):,} targets to {out}")
 
 

@@ -21,7 +21,6 @@ A sidecar of another gallery or profile is refused in one line.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
@@ -31,8 +30,9 @@ import numpy as np
 import numpy.typing as npt
 import torch
 
-from service.atomic_dir import replace_dir, sibling_dir
+from service.atomic_dir import staging
 from service.errors import ArtifactError, InputError
+from service.json_file import read_json_object
 from service.manifest import verify_manifest, write_json_durably, write_manifest
 
 if TYPE_CHECKING:
@@ -107,19 +107,18 @@ class Corrected:
 
 def write_hubness(out: Path, ids: I64, bias: F32, meta: dict[str, Any]) -> None:
     """Write a sidecar folder atomically (a hidden sibling renamed into place)."""
-    tmp = sibling_dir(out)
-    np.save(tmp / "ids.npy", ids)
-    np.save(tmp / "bias.npy", bias)
-    write_json_durably(tmp / META, {"format_version": FORMAT_VERSION, **meta})
-    write_manifest(tmp)
-    replace_dir(tmp, out)
+    with staging(out, marker=META) as tmp:  # a failed write leaves no hidden sibling behind
+        np.save(tmp / "ids.npy", ids)
+        np.save(tmp / "bias.npy", bias)
+        write_json_durably(tmp / META, {"format_version": FORMAT_VERSION, **meta})
+        write_manifest(tmp)
 
 
 def load_hubness(folder: Path, gallery_fingerprint: str, profile_id: str) -> Hubness:
     """A sidecar checked against its manifest, the served gallery and profile; ArtifactError in one line."""
     if verify_manifest(folder) is None:
         raise ArtifactError(f"hubness sidecar {folder}: manifest.json is missing")
-    meta = json.loads((folder / META).read_text(encoding="utf-8"))
+    meta = read_json_object(folder / META, f"hubness sidecar {folder}: {META}")
     if meta.get("gallery_fingerprint") != gallery_fingerprint:
         raise ArtifactError(
             f"hubness sidecar {folder} was computed for gallery {str(meta.get('gallery_fingerprint'))[:12]}..., "

@@ -15,8 +15,6 @@ import hashlib
 import json
 import logging
 import math
-import shutil
-import tempfile
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
@@ -29,9 +27,10 @@ import numpy.typing as npt
 from safetensors import SafetensorError
 from safetensors.numpy import load_file, save_file
 
-from service.atomic_dir import readable_by_others, replace_dir
+from service.atomic_dir import readable_by_others, staging
 from service.compat.psp import correction_matrix
 from service.errors import ArtifactError
+from service.json_file import read_json_object
 from service.manifest import MANIFEST_NAME, sha256_of, verify_manifest, write_manifest
 from service.vocabulary import ADAPTER_HEADS, ALPHA_MODES, PROCRUSTES_HEADS, Head, HeadFamily, Mode
 
@@ -369,13 +368,7 @@ def save_profile(
     """
     target = Path(directory)
     _validate(profile, target / PROFILE_JSON, target / TENSORS)
-    if target.exists() and not target.is_dir():
-        raise ArtifactError(f"{target}: exists and is not a directory")
-    if target.is_dir() and any(target.iterdir()) and not overwrite:
-        raise ArtifactError(f"{target}: exists and is not empty (use --force to replace it)")
-    target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.tmp-", dir=target.parent))
-    try:
+    with staging(target, force=overwrite, error=ArtifactError) as tmp:
         tensors = {k: np.ascontiguousarray(v, dtype=np.float32) for k, v in profile.tensors.items()}
         save_file(tensors, str(tmp / TENSORS), metadata={"format_version": str(FORMAT_VERSION)})
         sha = sha256_of(tmp / TENSORS)
@@ -388,10 +381,6 @@ def save_profile(
             (tmp / name).write_bytes(data)
         write_manifest(tmp, known={TENSORS: sha})
         readable_by_others(tmp)
-        replace_dir(tmp, target)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
     return saved
 
 
@@ -405,7 +394,7 @@ def load_profile(directory: Path | str, *, old_dim: int | None = None, new_dim: 
         if not p.is_file():
             raise ArtifactError(f"{p}: missing")
     digests = verify_manifest(root)  # before anything is parsed: every byte read below is the written one
-    meta = _read_json(meta_path)
+    meta = read_json_object(meta_path, str(meta_path), finite=True)  # NaN / Infinity refused like any bad token
     version = meta.get("format_version")
     if not _is_int(version) or version not in READABLE_VERSIONS:
         raise ArtifactError(
@@ -439,21 +428,6 @@ def load_profile(directory: Path | str, *, old_dim: int | None = None, new_dim: 
     _validate(profile, meta_path, tensors_path)
     check_dims(profile, old_dim=old_dim, new_dim=new_dim)
     return profile
-
-
-def _read_json(path: Path) -> dict[str, Any]:
-    """profile.json as a JSON object; NaN / Infinity literals are refused like any other bad token."""
-
-    def no_constants(token: str) -> Any:
-        raise ValueError(f"{token} is not a JSON number")
-
-    try:
-        meta = json.loads(path.read_text(), parse_constant=no_constants)
-    except (json.JSONDecodeError, UnicodeDecodeError, ValueError) as exc:
-        raise ArtifactError(f"{path}: not valid JSON ({exc})") from exc
-    if not isinstance(meta, dict):
-        raise ArtifactError(f"{path}: expected a JSON object")
-    return meta
 
 
 def _from_meta(

@@ -13,12 +13,12 @@ renamed or moved folder keeps its identity and a retrained one does not.
 from __future__ import annotations
 
 import hashlib
-import json
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
 from service.errors import ArtifactError, InputError
+from service.json_file import read_json_object
 
 MODELS_JSON = "models.json"
 IDENTITY_KEYS = ("backend", "model_id", "fingerprint", "dim")
@@ -100,25 +100,12 @@ def json_type(value: Any) -> str:
     return "an object"
 
 
-def read_json(path: Path) -> dict[str, Any]:
-    """A JSON object from `path`; ArtifactError naming the file otherwise."""
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except FileNotFoundError as exc:
-        raise ArtifactError(f"{path}: missing") from exc
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise ArtifactError(f"{path}: unreadable ({exc})") from exc
-    if not isinstance(data, dict):
-        raise ArtifactError(f"{path}: expected a JSON object")
-    return data
-
-
 def read_models_json(folder: Path) -> tuple[ModelIdentity, ModelIdentity] | None:
     """(old, new) identities from FOLDER/models.json, or None when the folder has none."""
     path = folder / MODELS_JSON
     if not path.exists():
         return None
-    data = read_json(path)
+    data = read_json_object(path, str(path))
     sides = []
     for side in ("old", "new"):
         # Said here, not by from_dict: which key of the file is missing or is not an object.

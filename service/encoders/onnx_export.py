@@ -30,9 +30,9 @@ from typing import Any
 
 import numpy as np
 
-from service.atomic_dir import readable_by_others, replace_dir, sibling_dir
+from service.atomic_dir import check_output, readable_by_others, sibling_dir, staging
 from service.encoders.identity import ModelIdentity, weights_fingerprint
-from service.encoders.onnx_record import MODEL_NAME, OUTPUT_NAME, OnnxExport, Precision, write_record
+from service.encoders.onnx_record import MODEL_NAME, OUTPUT_NAME, RECORD_NAME, OnnxExport, Precision, write_record
 from service.encoders.onnx_runtime import BACKEND, OnnxEncoder, require_onnxruntime, session_options
 from service.encoders.sentence_transformers import runs_directly
 from service.encoders.torch_runtime import loading
@@ -78,42 +78,40 @@ def export_model(
     fingerprint = weights_fingerprint(model_dir)
     model = _load(model_dir)
     texts = [*CHECK_TEXTS, *(check_texts or [])]
-    tmp = sibling_dir(out)
     scratch = sibling_dir(out.parent / f"{out.name}-scratch")  # the fp32 graph an int8 one is quantised from
     try:
-        try:
-            inputs = _export_graph(model, texts, (scratch if int8 else tmp) / MODEL_NAME)
-            if int8:
-                _quantise(scratch / MODEL_NAME, tmp / MODEL_NAME)
-        except Exception as exc:  # the exporter and the quantiser raise whatever their passes raise
-            first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
-            raise InputError(f"cannot export {model_dir} to ONNX: {type(exc).__name__}: {first}") from exc
-        _tokenizer(model).save_pretrained(str(tmp))
-        precision: Precision = "int8" if int8 else "fp32"
-        identity = ModelIdentity(
-            backend=BACKEND, model_id=model_id or model_dir.name, fingerprint=fingerprint, dim=_dim(model)
-        )
-        export = OnnxExport(
-            source=identity,
-            precision=precision,
-            inputs=inputs,
-            max_seq_length=int(model.max_seq_length),
-            opset=OPSET,
-            made_with=_versions(),
-        )
-        check = agreement(model, _runtime_of(tmp, export), texts)
-        if precision == "fp32" and check["min_cosine"] < FP32_MIN_COSINE:
-            raise InputError(
-                f"the ONNX graph of {model_dir} does not compute the model's rows: cosine to torch "
-                f"{check['min_cosine']:.6f} on its worst check text (at least {FP32_MIN_COSINE} expected)"
+        with staging(out, marker=RECORD_NAME) as tmp:
+            try:
+                inputs = _export_graph(model, texts, (scratch if int8 else tmp) / MODEL_NAME)
+                if int8:
+                    _quantise(scratch / MODEL_NAME, tmp / MODEL_NAME)
+            except Exception as exc:  # the exporter and the quantiser raise whatever their passes raise
+                first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+                raise InputError(f"cannot export {model_dir} to ONNX: {type(exc).__name__}: {first}") from exc
+            _tokenizer(model).save_pretrained(str(tmp))
+            precision: Precision = "int8" if int8 else "fp32"
+            identity = ModelIdentity(
+                backend=BACKEND, model_id=model_id or model_dir.name, fingerprint=fingerprint, dim=_dim(model)
             )
-        export = dataclasses.replace(export, check=check)
-        write_record(tmp, export)
-        write_manifest(tmp)
-        readable_by_others(tmp)
-        replace_dir(tmp, out)
+            export = OnnxExport(
+                source=identity,
+                precision=precision,
+                inputs=inputs,
+                max_seq_length=int(model.max_seq_length),
+                opset=OPSET,
+                made_with=_versions(),
+            )
+            check = agreement(model, _runtime_of(tmp, export), texts)
+            if precision == "fp32" and check["min_cosine"] < FP32_MIN_COSINE:
+                raise InputError(
+                    f"the ONNX graph of {model_dir} does not compute the model's rows: cosine to torch "
+                    f"{check['min_cosine']:.6f} on its worst check text (at least {FP32_MIN_COSINE} expected)"
+                )
+            export = dataclasses.replace(export, check=check)
+            write_record(tmp, export)
+            write_manifest(tmp)
+            readable_by_others(tmp)
     finally:
-        shutil.rmtree(tmp, ignore_errors=True)
         shutil.rmtree(scratch, ignore_errors=True)
     return export
 
@@ -125,8 +123,7 @@ def _check_paths(model_dir: Path, out: Path, force: bool) -> None:
     if out.resolve().is_relative_to(model_dir.resolve()):
         # model.onnx counts as a weight file: inside the model folder it would change the model's fingerprint.
         raise InputError(f"--out {out} is inside the model folder {model_dir}: write the export beside it")
-    if out.exists() and not (out.is_dir() and not any(out.iterdir())) and not force:
-        raise InputError(f"{out} exists; pass --force to replace it")
+    check_output(out, force)
 
 
 def _load(model_dir: Path) -> Any:

@@ -19,8 +19,9 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from service.encoders.identity import ModelIdentity, read_json
+from service.encoders.identity import ModelIdentity
 from service.errors import ArtifactError, InputError
+from service.json_file import read_json_object
 from service.manifest import verify_manifest, write_json_durably
 
 RECORD_NAME = "onnx.json"
@@ -67,7 +68,7 @@ def read_export(folder: Path) -> OnnxExport:
         raise ArtifactError(f"{folder}: no {RECORD_NAME}; not a folder `nobackfill encoder export` wrote")
     if verify_manifest(folder) is None:  # deleting the manifest must not switch the check off
         raise ArtifactError(f"{folder}: no manifest.json; export the model again")
-    data = read_json(path)
+    data = read_json_object(path, str(path))
     if data.get("format") != RECORD_FORMAT:
         raise ArtifactError(f"{path}: format {data.get('format')!r}, this build reads format {RECORD_FORMAT}")
     try:

@@ -33,7 +33,7 @@ import numpy as np
 import numpy.typing as npt
 
 import service
-from service.atomic_dir import readable_by_others, replace_dir, sibling_dir
+from service.atomic_dir import readable_by_others, staging
 from service.errors import ArtifactError, InputError
 from service.index.artifact import INDEX_NAME, META_NAME, read_checked_meta, write_meta
 from service.index.base import Exclusion, checked_queries, cosine_of_l2
@@ -104,38 +104,34 @@ def adopt(
         _refuse_non_unit_rows(index, index_file)
     ids = _checked_ids(ids_file, int(index.ntotal)) if ids_file is not None else None
     items_identity = _checked_items(items, served_ids(index, ids), index_file) if items is not None else None
-    tmp = sibling_dir(out)  # published whole by one rename (atomic_dir.py), as every artifact folder is
     try:
-        how = _link_or_copy(index_file, tmp / INDEX_NAME)
-        if ids is not None:
-            np.save(tmp / IDS_NAME, ids, allow_pickle=False)
-        meta = {
-            "format_version": 1,
-            "kind": KIND,
-            "source": {"adopted": str(index_file.resolve()), "how": how},
-            "index": kind,
-            "d": int(index.d),
-            "ntotal": int(index.ntotal),
-            "nlist": kind["nlist"],
-            "M": None,
-            "nbits": None,
-            "labels": "positions into ids.npy" if ids is not None else "gallery ids",
-            **({"items": items_identity} if items_identity is not None else {}),
-            "old_model": {"backend": backend, "model_id": model_id, "fingerprint": None, "dim": int(index.d)},
-            "sha256": sha256_of(tmp / INDEX_NAME),
-            "index_bytes": (tmp / INDEX_NAME).stat().st_size,
-            "created_at": datetime.now(UTC).isoformat(timespec="seconds"),
-            "nobackfill_version": service.__version__,
-        }
-        write_meta(tmp, meta)
-        readable_by_others(tmp, keep=(INDEX_NAME,))  # the service may run as another user; the index is theirs
-        replace_dir(tmp, out)
+        # published whole by one rename, as every artifact folder is
+        with staging(out, marker=META_NAME) as tmp:
+            how = _link_or_copy(index_file, tmp / INDEX_NAME)
+            if ids is not None:
+                np.save(tmp / IDS_NAME, ids, allow_pickle=False)
+            meta = {
+                "format_version": 1,
+                "kind": KIND,
+                "source": {"adopted": str(index_file.resolve()), "how": how},
+                "index": kind,
+                "d": int(index.d),
+                "ntotal": int(index.ntotal),
+                "nlist": kind["nlist"],
+                "M": None,
+                "nbits": None,
+                "labels": "positions into ids.npy" if ids is not None else "gallery ids",
+                **({"items": items_identity} if items_identity is not None else {}),
+                "old_model": {"backend": backend, "model_id": model_id, "fingerprint": None, "dim": int(index.d)},
+                "sha256": sha256_of(tmp / INDEX_NAME),
+                "index_bytes": (tmp / INDEX_NAME).stat().st_size,
+                "created_at": datetime.now(UTC).isoformat(timespec="seconds"),
+                "nobackfill_version": service.__version__,
+            }
+            write_meta(tmp, meta)
+            readable_by_others(tmp, keep=(INDEX_NAME,))  # the service may run as another user; the index is theirs
     except OSError as exc:
-        shutil.rmtree(tmp, ignore_errors=True)
         raise InputError(f"cannot write {out}: {exc.strerror or exc}") from exc
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
     return meta
 
 

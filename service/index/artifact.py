@@ -12,12 +12,12 @@ checked against gallery.json's sha256; what they lack is a check of gallery.json
 from __future__ import annotations
 
 import hashlib
-import json
 import logging
 from pathlib import Path
 from typing import Any
 
 from service.errors import ArtifactError
+from service.json_file import read_json_object
 from service.manifest import MANIFEST_NAME, verify_manifest, write_json_durably, write_manifest
 
 INDEX_NAME = "index.faiss"
@@ -70,12 +70,7 @@ def read_meta(folder: Path) -> dict[str, Any]:
     path = folder / META_NAME
     if not path.is_file():
         raise ArtifactError(f"gallery {folder}: no {META_NAME} (not a gallery, or an interrupted build)")
-    try:
-        meta = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise ArtifactError(f"gallery {folder}: unreadable {META_NAME} ({exc})") from exc
-    if not isinstance(meta, dict):
-        raise ArtifactError(f"gallery {folder}: {META_NAME} is not a JSON object")
+    meta = read_json_object(path, f"gallery {folder}: {META_NAME}")
     if meta.get("format_version") != FORMAT_VERSION:
         raise ArtifactError(
             f"gallery {folder}: format version {meta.get('format_version')!r}, this build reads {FORMAT_VERSION}"

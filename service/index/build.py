@@ -1,6 +1,6 @@
 """Build an IVF-PQ gallery folder from a `Source`: train on a sample, add in chunks, publish atomically.
 
-Everything is written into a hidden sibling `.NAME.tmp-XXXX` and renamed to NAME only once
+Everything is written into a hidden sibling (atomic_dir.staging) and renamed to NAME only once
 `index.faiss` and `gallery.json` (written last, with the file's sha256) are complete; an interrupted
 build therefore never leaves anything at NAME that looks like a gallery.  Memory stays bounded by
 the training sample (<= 1 GiB), one chunk and the index codes themselves, whatever N is.
@@ -9,7 +9,6 @@ the training sample (<= 1 GiB), one chunk and the index codes themselves, whatev
 from __future__ import annotations
 
 import os
-import shutil
 import time
 from collections.abc import Callable
 from datetime import UTC, datetime
@@ -21,8 +20,7 @@ import numpy as np
 import numpy.typing as npt
 
 import service
-from service.atomic_dir import replace_dir, sibling_dir
-from service.errors import InputError
+from service.atomic_dir import staging
 from service.index.artifact import FORMAT_VERSION, INDEX_NAME, META_NAME, edges_sha256, write_meta
 from service.index.coarse import TwoLevel, assign_two_level, train_two_level
 from service.index.params import BuildParams
@@ -32,27 +30,6 @@ from service.progress import progress_bar
 
 Log = Callable[[str], None]
 _AGREEMENT_SAMPLE = 2000
-
-
-def check_output(out: Path, force: bool) -> None:
-    """Refuse an output that holds something other than a gallery, or a gallery without --force."""
-    if not out.exists():
-        return
-    if not out.is_dir():
-        raise InputError(f"{out} exists and is not a folder")
-    if (out / META_NAME).is_file():
-        if not force:
-            raise InputError(f"{out} already holds a gallery; pass --force to replace it")
-        return
-    if any(out.iterdir()):
-        # Even --force only ever replaces a gallery: never wipe a folder we did not write.
-        raise InputError(f"{out} exists, is not empty and is not a gallery; refusing to overwrite it")
-
-
-def _publish(tmp: Path, out: Path, force: bool) -> None:
-    """Move the finished build to `out`, replacing an old gallery there only with force."""
-    check_output(out, force)
-    replace_dir(tmp, out)
 
 
 class _Trained:
@@ -148,10 +125,8 @@ def build_gallery(
 
     extra_meta: more gallery.json keys (the item store's identity, say).
     """
-    check_output(out, force)
     started = time.monotonic()
-    tmp = sibling_dir(out)
-    try:
+    with staging(out, force=force, marker=META_NAME, what="a gallery") as tmp:
         log(f"sampling {params.train_size:,} of {source.ntotal:,} vectors for training")
         sample = source.rows(sample_positions(source.ntotal, params.train_size, params.seed))
         trained = _train(sample, source.dim, params, log)
@@ -174,10 +149,6 @@ def build_gallery(
         meta = _meta(source, params, index_path, agreement, train_s, time.monotonic() - started)
         meta.update(extra_meta or {})
         write_meta(tmp, meta)
-        _publish(tmp, out, force)
-    finally:
-        if tmp.exists():
-            shutil.rmtree(tmp, ignore_errors=True)
     return meta
 
 

@@ -15,7 +15,6 @@ at 10^7 items), and every Python has it.
 
 from __future__ import annotations
 
-import json
 import sqlite3
 import threading
 from collections.abc import Iterable, Iterator, Sequence
@@ -28,13 +27,16 @@ import numpy as np
 import numpy.typing as npt
 
 import service
-from service.atomic_dir import replace_dir, sibling_dir
+from service import atomic_dir
+from service.atomic_dir import staging
 from service.errors import ArtifactError, InputError
+from service.json_file import read_json_object
 from service.manifest import verify_manifest, write_json_durably, write_manifest
 from service.vocabulary import Modality
 
 DB_NAME = "items.sqlite"
 META_NAME = "items.json"
+WHAT = "an item store"
 FORMAT_VERSION = 1
 # SQLite binds at most 32,766 parameters per statement; lookups go in chunks well below that.
 _LOOKUP_CHUNK = 900
@@ -58,9 +60,7 @@ def write_item_store(
     out: Path, rows: Iterable[tuple[int, str]], modality: Modality, source: str, force: bool = False
 ) -> dict[str, Any]:
     """Write (id, value) rows as a store at `out`, atomically; InputError on a repeated id; returns items.json."""
-    check_output(out, force)
-    tmp = sibling_dir(out)
-    try:
+    with staging(out, force=force, marker=META_NAME, what=WHAT) as tmp:
         db = sqlite3.connect(tmp / DB_NAME)
         try:
             # A private file being built: no journal, no syncs per statement (one fsync at the end).
@@ -86,10 +86,6 @@ def write_item_store(
         }
         write_json_durably(tmp / META_NAME, meta)
         write_manifest(tmp)
-        replace_dir(tmp, out)
-    except BaseException:
-        _remove_tree(tmp)
-        raise
     return meta
 
 
@@ -133,23 +129,7 @@ def _repeated(db: sqlite3.Connection, chunk: list[tuple[int, str]]) -> int:
 
 def check_output(out: Path, force: bool) -> None:
     """Refuse an output that holds something other than an item store, or a store without `force`."""
-    if not out.exists():
-        return
-    if not out.is_dir():
-        raise InputError(f"{out}: exists and is not a folder")
-    if (out / META_NAME).is_file():
-        if not force:
-            raise InputError(f"{out}: already holds an item store (use --force to replace it)")
-        return
-    if any(out.iterdir()):
-        raise InputError(f"{out}: exists, is not empty and is not an item store; refusing to overwrite it")
-
-
-def _remove_tree(folder: Path) -> None:
-    """Delete a half-written store folder."""
-    import shutil
-
-    shutil.rmtree(folder, ignore_errors=True)
+    atomic_dir.check_output(out, force, marker=META_NAME, what=WHAT)
 
 
 class ItemStore:
@@ -267,11 +247,8 @@ def open_beside(folder: Path, ntotal: int, recorded: Any) -> ItemStore:
 def _read_meta(folder: Path) -> dict[str, Any]:
     """items.json, checked for its fields; ArtifactError in one line naming it."""
     path = folder / META_NAME
-    try:
-        meta = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise ArtifactError(f"{path}: unreadable ({exc})") from exc
-    if not isinstance(meta, dict) or meta.get("format_version") != FORMAT_VERSION:
+    meta = read_json_object(path, str(path))
+    if meta.get("format_version") != FORMAT_VERSION:
         raise ArtifactError(f"{path}: not a version-{FORMAT_VERSION} item store description")
     count = meta.get("count")
     if isinstance(count, bool) or not isinstance(count, int) or count < 1:

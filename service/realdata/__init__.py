@@ -4,7 +4,6 @@
     corpus.py      the fixed package list -> filtered, de-duplicated pairs -> support / test / gallery split
     layout.py      the corpus folder on disk (support.jsonl, test.jsonl, gallery.*, corpus.json), atomically
     models.py      the packaged all-MiniLM-L6-v2 (new) and a static model2vec model distilled from it (old)
-    publish.py     write a folder beside its target, then rename it into place
 
 `nobackfill realworld corpus|models` (service/commands/realworld.py) drives them.
 """

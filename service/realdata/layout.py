@@ -1,4 +1,4 @@
-"""The corpus folder on disk, written atomically (publish.py), corpus.json last:
+"""The corpus folder on disk, written atomically (atomic_dir.staging), corpus.json last:
 
     support.jsonl     {"query", "target", "query_id", "target_id"} per line: `nobackfill support build --pairs`
     test.jsonl        the same; target_id is the gallery id of the query's relevant text
@@ -22,11 +22,12 @@ from typing import Any
 import numpy as np
 
 import service
+from service.atomic_dir import staging
 from service.errors import InputError
 from service.realdata import corpus, docstrings
-from service.realdata.publish import staging
 
 CORPUS_JSON = "corpus.json"
+CORPUS_WHAT = "a corpus folder"
 SUPPORT_JSONL = "support.jsonl"
 TEST_JSONL = "test.jsonl"
 GALLERY_JSONL = "gallery.jsonl"
@@ -108,7 +109,7 @@ def corpus_meta(
 def write_corpus(out: Path, split: corpus.Split, meta: dict[str, Any], *, force: bool) -> None:
     """Write the corpus folder atomically; InputError when `out` exists (without force) or is not ours."""
     gallery = split.gallery()
-    with staging(out, CORPUS_JSON, force) as tmp:
+    with staging(out, force=force, marker=CORPUS_JSON, what=CORPUS_WHAT) as tmp:
         _jsonl(tmp / SUPPORT_JSONL, _pair_rows(split.support))
         _jsonl(tmp / TEST_JSONL, _pair_rows(split.test))
         _jsonl(tmp / GALLERY_JSONL, ({"id": p.id, "text": _one_line(p.target), "source": p.source} for p in gallery))

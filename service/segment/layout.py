@@ -20,7 +20,6 @@ on the same host removes once its process is gone.
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import socket
@@ -39,6 +38,7 @@ import service
 from service.compat.rows import normalize_rows
 from service.encoders.identity import ModelIdentity
 from service.errors import ArtifactError, InputError
+from service.json_file import read_json_object
 from service.manifest import verify_manifest, write_json_durably, write_manifest
 
 SEGMENT_JSON = "segment.json"
@@ -131,7 +131,7 @@ def read_segment_meta(folder: Path) -> SegmentMeta:
     path = folder / SEGMENT_JSON
     if not path.is_file():
         raise ArtifactError(f"segment {folder}: no {SEGMENT_JSON} (not a segment)")
-    data = _json_object(path)
+    data = read_json_object(path, str(path))
     if data.get("format_version") != FORMAT_VERSION:
         raise ArtifactError(f"{path}: format version {data.get('format_version')!r}, this build reads {FORMAT_VERSION}")
     model = ModelIdentity.from_dict(data.get("model"), f"{path} (model)")
@@ -255,7 +255,7 @@ def read_shard(folder: Path, name: str, dim: int) -> Shard:
     path = folder / SHARDS / name
     if verify_manifest(path) is None:
         raise ArtifactError(f"shard {path}: manifest.json is missing")
-    meta = _json_object(path / SHARD_JSON)
+    meta = read_json_object(path / SHARD_JSON, str(path / SHARD_JSON))
     try:
         ids = np.load(path / IDS, allow_pickle=False)
         vectors = np.load(path / VECTORS, mmap_mode="r", allow_pickle=False)  # checked in blocks, kept mapped
@@ -306,14 +306,3 @@ def _alive(pid: int) -> bool:
     except PermissionError:
         return True
     return True
-
-
-def _json_object(path: Path) -> dict[str, Any]:
-    """A JSON object from `path`; ArtifactError naming it otherwise."""
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise ArtifactError(f"{path}: unreadable ({exc})") from exc
-    if not isinstance(data, dict):
-        raise ArtifactError(f"{path}: expected a JSON object")
-    return data

@@ -26,7 +26,6 @@ none covered by one taken before.
 from __future__ import annotations
 
 import fcntl
-import json
 import os
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -41,6 +40,7 @@ import numpy.typing as npt
 
 from service.errors import ArtifactError
 from service.index.base import sorted_member
+from service.json_file import read_json_object
 from service.manifest import verify_manifest, write_json_durably
 from service.segment.catalog import ShardCatalog
 from service.segment.layout import publish_folder, save
@@ -86,11 +86,8 @@ def sealed_names(folder: Path) -> list[str]:
 def read_meta(folder: Path, name: str) -> SealedMeta:
     """index.json of one sealed index; ArtifactError in one line when it is unreadable."""
     path = folder / INDEXES / name / INDEX_JSON
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-        shards, rows = data["shards"], data["rows"]
-    except (OSError, UnicodeDecodeError, ValueError, KeyError, TypeError) as exc:
-        raise ArtifactError(f"sealed index {path.parent}: {INDEX_JSON} unreadable ({exc})") from exc
+    data = read_json_object(path, f"sealed index {path.parent}: {INDEX_JSON}")
+    shards, rows = data.get("shards"), data.get("rows")
     if not isinstance(shards, list) or not all(isinstance(s, str) for s in shards) or not isinstance(rows, int):
         raise ArtifactError(f"sealed index {path.parent}: {INDEX_JSON} must list its shards and rows")
     return SealedMeta(name, frozenset(shards), rows)

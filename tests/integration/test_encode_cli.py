@@ -417,12 +417,12 @@ def test_build_support_with_the_synthetic_models_loads_as_a_split(tmp_path: Path
         "text",
     )
     # A second build into the same folder: refused, then replaced with --force (support folders only).
-    with pytest.raises(InputError, match="exists and is not empty"):
+    with pytest.raises(InputError, match=r"already holds a support folder \(use --force to replace it\)"):
         check_support_out(out, force=False)
     check_support_out(out, force=True)
     (tmp_path / "other").mkdir()
     (tmp_path / "other" / "keep.txt").write_text("mine")
-    with pytest.raises(InputError, match="is not a support folder; refusing to replace it"):
+    with pytest.raises(InputError, match="is not a support folder; refusing to overwrite it"):
         check_support_out(tmp_path / "other", force=True)
 
 

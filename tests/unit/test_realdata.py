@@ -16,7 +16,6 @@ import pytest
 
 from service.errors import InputError
 from service.realdata import corpus, docstrings, models
-from service.realdata.publish import staging
 
 # ------------------------------------------------------------------------------------ cleaning rules
 
@@ -298,17 +297,6 @@ def test_split_is_disjoint_and_seeded(numpy_pairs: corpus.Collected) -> None:
     assert [p.id for p in everything.gallery()] == sorted(p.id for p in (*everything.test, *everything.distractors))
     with pytest.raises(InputError, match="fewer than"):
         corpus.split(pairs, support=len(pairs), test=1, distractors=0, seed=0)
-
-
-def test_staging_leaves_nothing_on_failure(tmp_path: Path) -> None:
-    out = tmp_path / "folder"
-    with pytest.raises(ZeroDivisionError), staging(out, "done.json", force=False) as tmp:
-        (tmp / "half.txt").write_text("half written")
-        raise ZeroDivisionError
-    assert list(tmp_path.iterdir()) == []
-    with staging(out, "done.json", force=False) as tmp:
-        (tmp / "done.json").write_text("{}")
-    assert [p.name for p in out.iterdir()] == ["done.json"]
 
 
 def test_missing_packaged_minilm_names_the_extra(monkeypatch: pytest.MonkeyPatch) -> None:
