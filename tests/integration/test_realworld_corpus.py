@@ -101,7 +101,7 @@ def test_corpus_cli_refuses_to_overwrite(tmp_path: Path) -> None:
     foreign.mkdir()
     (foreign / "notes.txt").write_text("keep me")
     refused = run_cli(*args, "--out", foreign, "--force", check=False)
-    assert refused.returncode == 2 and "not written by nobackfill" in refused.stderr
+    assert refused.returncode == 2 and "is not a corpus folder; refusing to overwrite it" in refused.stderr
     assert (foreign / "notes.txt").read_text() == "keep me"
 
     too_many = run_cli(
