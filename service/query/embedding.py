@@ -23,7 +23,18 @@ from service.vocabulary import Modality
 
 
 class CacheWriteBack:
-    """Old rows written to the cache by background tasks; drain() waits for the ones started so far."""
+    """Old rows written to the cache by background tasks; drain() waits for the ones started so far.
+
+    Not a service/sink.py BackgroundSink, on purpose (issue 45 step 7 weighed it): the cache is an
+    asyncio client and set_many a coroutine on the event loop.  A sink's thread would have to hop
+    each write back onto the loop (run_coroutine_threadsafe: two thread switches for I/O that is
+    already non-blocking) or hold a second, synchronous Redis client beside the async one, with its
+    own pool and outside the circuit breaker.  What the sink gives is here already: write() never
+    waits, every write is one pipeline, a Redis failure is dropped and counted by the cache's
+    breaker (cache/redis_cache.py), each task ends within the cache's deadline, so the tasks in
+    flight are bounded by the request rate times that deadline, and drain() is awaited on the loop
+    before the cache closes.
+    """
 
     def __init__(self, cache: EmbeddingCache) -> None:
         self.cache = cache

@@ -212,6 +212,7 @@ class HitCounter:
         self.flush_s = flush_s
         self.half_life_s = half_life_s
         self._rng = np.random.default_rng(seed)
+        self._closed: Closed | None = None
         self._sink: BackgroundSink[I64] = BackgroundSink(
             self._flush,
             thread_name="nobackfill-hits",
@@ -252,12 +253,14 @@ class HitCounter:
 
         Returns in time even with the queue full and the store hung (it used to block on the full queue).
         """
-        closed = self._sink.close(timeout_s)
+        if self._closed is not None:  # a second close: the store is closed already
+            return self._closed
+        self._closed = self._sink.close(timeout_s)
         try:
             self.store.close()
         except Exception:  # noqa: BLE001 (closing a broken store must not fail shutdown)
             log.debug("hit store close failed", exc_info=True)
-        return closed
+        return self._closed
 
 
 DEFAULT_KEY = "nobackfill:hits"

@@ -68,7 +68,10 @@ def test_a_failed_write_keeps_the_rows_for_a_retry_and_counts_it(tmp_path: Path)
     assert writer.flush() == 0
     assert writer.pending == 2  # kept: the next flush tries again
     assert count("nobackfill_segment_write_failures_total") == failures + 1
-    writer.close()
+    dropped = count("nobackfill_cascade_segment_rows_total", outcome="dropped")
+    closed = writer.close()  # the last try fails too: the rows can go nowhere, so they are dropped and counted
+    assert closed.dropped == 2 and writer.pending == 0
+    assert count("nobackfill_cascade_segment_rows_total", outcome="dropped") == dropped + 2
 
 
 def test_rows_past_max_pending_are_dropped_and_counted(tmp_path: Path) -> None:
