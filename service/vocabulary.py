@@ -138,6 +138,14 @@ class Mode(Word):
         return MODE_READS[self].alpha
 
 
+class Order(Word):
+    """Which items a backfill moves first (backfill/run.py)."""
+
+    given = "given"
+    random = "random"
+    hot = "hot"
+
+
 class Merge(Word):
     """How hybrid search puts the gallery's and the segment's hits on one scale (segment/merge.py)."""
 

@@ -25,15 +25,13 @@ import numpy.typing as npt
 from service.encoders.identity import ModelIdentity
 from service.errors import InputError
 from service.index.pgvector import ThreadConnections, dsn_of
+from service.rows import F32, I64
 from service.segment.layout import GalleryRef
 from service.segment.pgvector_column import PgvectorColumn
 from service.segment.sealed import SealReport
 
 if TYPE_CHECKING:
     from service.backfill.run import Part
-
-I64 = npt.NDArray[np.int64]
-F32 = npt.NDArray[np.float32]
 
 
 class PgvectorColumnTarget:

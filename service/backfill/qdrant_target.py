@@ -25,15 +25,13 @@ import numpy.typing as npt
 from service.encoders.identity import ModelIdentity
 from service.errors import GalleryUnavailable, InputError, NobackfillError
 from service.index.base import first_line
+from service.rows import F32, I64
 from service.segment.layout import GalleryRef
 from service.segment.qdrant_rows import QdrantNewRows
 from service.segment.sealed import SealReport
 
 if TYPE_CHECKING:
     from service.backfill.run import Part
-
-I64 = npt.NDArray[np.int64]
-F32 = npt.NDArray[np.float32]
 
 
 class QdrantVectorTarget:

@@ -42,23 +42,14 @@ from service.bulk.encode import encode_batch
 from service.encoders.base import Encoder
 from service.encoders.identity import ModelIdentity
 from service.errors import InputError
+from service.rows import F32, I64
 from service.segment.layout import GalleryRef
 from service.segment.sealed import SealReport
-from service.vocabulary import Word
+from service.vocabulary import Order
 
-I64 = npt.NDArray[np.int64]
-F32 = npt.NDArray[np.float32]
 DEFAULT_SHARD_SIZE = 4096
 LOCK_NAME = "backfill.lock"
 DEFAULT_SEAL_ROWS = 10_000  # below this an exact scan costs about as much as a graph search (docs/backfill.md)
-
-
-class Order(Word):
-    """Which items move first."""
-
-    given = "given"
-    random = "random"
-    hot = "hot"
 
 
 @dataclass(frozen=True)

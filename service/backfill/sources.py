@@ -15,14 +15,12 @@ from pathlib import Path
 from typing import Protocol
 
 import numpy as np
-import numpy.typing as npt
 
 from service.bulk.inputs import Bad, Blank, InputSpec, Item, input_spec, read_items
 from service.errors import InputError
 from service.items.store import META_NAME, ItemsIdentity, ItemStore
+from service.rows import I64
 from service.vocabulary import Modality
-
-I64 = npt.NDArray[np.int64]
 
 
 class ItemSource(Protocol):

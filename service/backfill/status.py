@@ -6,15 +6,12 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import numpy.typing as npt
 
 from service.errors import InputError
+from service.rows import F64, I64
 from service.segment.catalog import ShardCatalog
 from service.segment.layout import read_segment_meta
 from service.segment.pgvector_column import PgvectorColumn
-
-I64 = npt.NDArray[np.int64]
-F64 = npt.NDArray[np.float64]
 
 
 def segment_status(folder: Path, hits: tuple[I64, F64] | None = None) -> dict[str, Any]:

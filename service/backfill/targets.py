@@ -19,15 +19,13 @@ import numpy as np
 import numpy.typing as npt
 
 from service.encoders.identity import ModelIdentity
+from service.rows import F32, I64
 from service.segment.catalog import MovedIds
 from service.segment.layout import GalleryRef, create_segment, remove_abandoned, write_shard
 from service.segment.sealed import SealReport, seal
 
 if TYPE_CHECKING:
     from service.backfill.run import Part
-
-I64 = npt.NDArray[np.int64]
-F32 = npt.NDArray[np.float32]
 
 
 class BackfillTarget(Protocol):

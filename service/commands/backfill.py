@@ -13,7 +13,7 @@ from typing import Any
 import typer
 
 from service.commands import render
-from service.vocabulary import Modality
+from service.vocabulary import Merge, Modality, Order
 
 app = typer.Typer(no_args_is_help=True)
 # Where --hits reads without one: the service's default hits folder (traffic.hits_dir's default; the
@@ -67,7 +67,9 @@ def run(
         "--new-model-id",
         help="Without --profile or an existing segment: confirms the new model (its model id must be this).",
     ),
-    order: str = typer.Option("given", "--order", help="given (input order), random (seeded) or hot (hits first)."),
+    order: Order = typer.Option(
+        Order.given, "--order", help="given (input order), random (seeded) or hot (hits first)."
+    ),
     fraction: float | None = typer.Option(
         None,
         "--fraction",
@@ -120,14 +122,14 @@ def run(
     # With --nice, below the service's priority: on a shared box its requests then preempt the backfill's
     # bursts (encoding, a shard's sha256).  docs/backfill.md has the served p99 with and without.
     os.nice(nice)
-    from service.backfill.run import Order, Part, RunOptions, describe_report, run_backfill
+    from service.backfill.run import Part, RunOptions, describe_report, run_backfill
     from service.backfill.sources import open_items
     from service.bulk.encode import load_encoder
     from service.errors import InputError
     from service.vocabulary import Role
 
-    if not Order.has(order):
-        raise InputError(f"--order must be one of {', '.join(Order)}, got {order!r}")
+    if fraction is not None and limit is not None:  # before the model loads: a typo fails at once
+        raise InputError("give --fraction or --limit, not both")
     my_part = Part.parse(part) if part is not None else None  # before the model loads: a typo fails at once
     column = _pgvector_column(segment)
     if column is None:
@@ -152,7 +154,7 @@ def run(
             f"{render.model_name(identity.backend, identity.model_id)}"
         )
     options = RunOptions(
-        order=Order(order),
+        order=order,
         fraction=fraction,
         limit=limit,
         rate=rate,
@@ -163,8 +165,6 @@ def run(
         seal_rows=seal_rows,
         part=my_part,
     )
-    if fraction is not None and limit is not None:
-        raise InputError("give --fraction or --limit, not both")
     target = segment if column is None else column.target(add_column)
     report = run_backfill(target, source, encoder, identity, gallery_ref, options, hot=hot)
     summary = describe_report(report, gallery_ref.ntotal)
@@ -522,7 +522,7 @@ def curve(
         ..., help="Test folder with old AND new targets (new_target.npy).", metavar="TEST_DIR"
     ),
     fractions: str = typer.Option("0,0.1,0.25,0.5,0.75,1", "--fractions", help="Moved shares to score."),
-    merge: str = typer.Option("calibrated", "--merge", help="calibrated, raw or rrf (compare them)."),
+    merge: Merge = typer.Option(Merge.calibrated, "--merge", help="calibrated, raw or rrf (compare them)."),
     order: str = typer.Option("random", "--order", help="random, or hot (Zipf traffic's hit counts first)."),
     zipf: float | None = typer.Option(
         None, "--zipf", min=0.0, help="Weigh queries by Zipf(s) popularity, as traffic would (e.g. 1.1)."

@@ -38,8 +38,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from service.progress import progress_bar
-
-F32 = npt.NDArray[np.float32]
+from service.rows import F32
 
 FORMAT = "mkp-adapter/1"
 TENSOR_PREFIX = "adapter."

@@ -33,11 +33,11 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import numpy.typing as npt
 
+from service.rows import F32, F64
+
 if TYPE_CHECKING:
     from service.compat.metrics import Relevance  # only the type: profiles load without torch
 
-F32 = npt.NDArray[np.float32]
-F64 = npt.NDArray[np.float64]
 MAX_QUERIES = 5000
 MAX_REFERENCES = 4000  # rows per space: a query's backgrounds cost 2 x 4000 dot products (about 0.2 ms)
 BACKGROUND_K = 20

@@ -24,9 +24,9 @@ import numpy as np
 import numpy.typing as npt
 
 from service.compat.io import Split
+from service.rows import I64
 from service.vocabulary import EvalGallery
 
-I64 = npt.NDArray[np.int64]
 Mask = npt.NDArray[np.bool_]
 # Held-out gallery cap of eval_gallery="support": 5,000 queries x 50,000 targets per fold keeps a fit
 # at 10^5+ support pairs to about a minute on 2 cores, and a gallery that size already ranks like a large one.

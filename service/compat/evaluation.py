@@ -42,9 +42,9 @@ from service.compat.profile import CompatProfile
 from service.compat.selection import ALPHA_GRID, slerp_lambda
 from service.compat.uncertainty import METRICS, paired_differences, per_query, retention, summary
 from service.errors import InputError
+from service.rows import F32
 from service.vocabulary import HeadFamily, Mode
 
-F32 = npt.NDArray[np.float32]
 JUDGE = "recall@10"  # the metric `compatible` is judged on unless told: R@1 alone flips on a handful of queries
 
 
@@ -162,7 +162,7 @@ def evaluate(
 
 def _evaluate_classes(profile: CompatProfile, split: Split, judge: str) -> list[dict[str, Any]]:
     """Rows of a psp / lsp profile: its head and the raw-logit baseline, each against its own gallery."""
-    head: psp.Mode = "psp" if profile.head == "psp" else "lsp"
+    head: psp.ClassSpace = "psp" if profile.head == "psp" else "lsp"
     rel = relevance(split.query_ids, split.target_ids)
     top_k = profile.top_k
     gallery = psp.gallery_features(split.old_target, head, top_k)

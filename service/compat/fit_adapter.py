@@ -21,6 +21,7 @@ from service.compat.fit_options import FitOptions, FitOutcome, PlotPanel
 from service.compat.io import Split
 from service.compat.profile import CompatProfile
 from service.errors import InputError
+from service.rows import F32
 from service.vocabulary import Head
 
 # Early stopping needs room to stop in: without --epochs, a small support set trains for at least
@@ -55,8 +56,8 @@ def fit_adapter(split: Split, supports: dict[str, Path], head: Head, ids: ModelI
     fit_on, folds, same_set = options.fit_on, options.folds, options.same_set
 
     def fit_map(
-        new: selection.F32,
-        old: selection.F32,
+        new: F32,
+        old: F32,
         on_epoch: EpochHook | None = None,
         stop_after: int | None = None,
     ) -> TrainedAdapter:

@@ -7,14 +7,10 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any, NamedTuple
 
-import numpy as np
-import numpy.typing as npt
-
 from service.compat.io import Split, load_query_pairs
 from service.encoders.identity import MODELS_JSON, ModelIdentity, read_models_json
 from service.errors import InputError
-
-F32 = npt.NDArray[np.float32]
+from service.rows import F32
 
 
 class ModelIds(NamedTuple):

@@ -25,7 +25,7 @@ import numpy as np
 
 from service.compat import selection
 from service.compat.calibration import fit_score_map, reference_tensors
-from service.compat.fit_inputs import F32, ModelIds, model_ids, query_pairs
+from service.compat.fit_inputs import ModelIds, model_ids, query_pairs
 from service.compat.fit_options import FitOptions, FitOutcome, check_options
 from service.compat.heads import transform_in_chunks
 from service.compat.hubness import K as HUBNESS_K
@@ -36,6 +36,7 @@ from service.compat.procrustes import normalize_rows
 from service.compat.profile import CompatProfile
 from service.compat.uncertainty import paired_differences, verdict
 from service.errors import InputError
+from service.rows import F32
 from service.vocabulary import ADAPTER_HEADS, CLASS_HEADS, PROCRUSTES_HEADS, FitOn, Head
 
 Warn = Callable[[str], None]

@@ -30,8 +30,8 @@ import numpy.typing as npt
 from service.compat import procrustes_blend, psp
 from service.compat.interpolation import adaptive_alpha, geometry, slerp_on
 from service.compat.profile import CompatProfile
-from service.compat.rows import normalize_rows
 from service.errors import InputError, UnsupportedMode
+from service.rows import normalize_rows
 from service.vocabulary import ALPHA_MODES, HeadFamily, Mode
 
 Array = npt.NDArray[np.float32]
@@ -176,7 +176,7 @@ def _rotation_head(
 
 def _class_head(profile: CompatProfile, mode: str, logits: Array) -> Transformed:
     """psp / lsp: new-model logits [n, C_t] -> unit old-class features [n, C_k] (zero rows stay zero)."""
-    head: psp.Mode = "psp" if mode == "psp" else "lsp"
+    head: psp.ClassSpace = "psp" if mode == "psp" else "lsp"
     try:
         q = psp.query_features(logits, profile.old_classes, head, profile.top_k, profile.class_map)
     except ValueError as exc:  # class counts were checked at load; this is a caller's problem

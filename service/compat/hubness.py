@@ -34,12 +34,11 @@ from service.atomic_dir import staging
 from service.errors import ArtifactError, InputError
 from service.json_file import read_json_object
 from service.manifest import verify_manifest, write_json_durably, write_manifest
+from service.rows import F32, I64
 
 if TYPE_CHECKING:
     from service.compat.profile import CompatProfile
 
-F32 = npt.NDArray[np.float32]
-I64 = npt.NDArray[np.int64]
 K = 10
 FORMAT_VERSION = 1
 META = "hubness.json"

@@ -30,7 +30,7 @@ from dataclasses import dataclass
 import numpy as np
 import numpy.typing as npt
 
-from service.compat.rows import normalize_rows
+from service.rows import normalize_rows
 
 Array = npt.NDArray[np.float32]
 AlphaLike = float | npt.NDArray[np.floating]

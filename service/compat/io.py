@@ -27,6 +27,7 @@ import numpy.typing as npt
 
 from service.encoders.identity import MODELS_JSON, ModelIdentity, read_models_json
 from service.errors import InputError
+from service.rows import F32
 
 Array = npt.NDArray[np.float32]
 IdArray = npt.NDArray[np.int64]
@@ -216,9 +217,6 @@ def _without_zero_rows(split: Split) -> Split:
         split.target_ids[t_keep],
         counts,
     )
-
-
-F32 = npt.NDArray[np.float32]
 
 
 # An exported traffic folder (`nobackfill traffic export`, traffic/export.py): query pairs without targets.

@@ -15,7 +15,7 @@ import numpy.typing as npt
 import torch
 
 # The compat layer's one row normaliser, re-exported: callers have always imported it from here.
-from service.compat.rows import normalize_rows as normalize_rows
+from service.rows import normalize_rows as normalize_rows
 
 Array = npt.NDArray[np.float32]
 

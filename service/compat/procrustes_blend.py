@@ -32,10 +32,9 @@ import numpy as np
 import numpy.typing as npt
 
 from service.compat import interpolation
-from service.compat.rows import normalize_rows
+from service.rows import F64, normalize_rows
 
 Array = npt.NDArray[np.float32]
-F64 = npt.NDArray[np.float64]
 
 _FALLBACK_SIN = 1e-3
 # Old-coordinate length below which a padded-unit blend is R's float32 rounding (~1e-6), not a direction.

@@ -32,12 +32,11 @@ from typing import Literal
 import numpy as np
 import numpy.typing as npt
 
-from service.compat.rows import normalize_rows
+from service.rows import F32, F64, normalize_rows
 
-F32 = npt.NDArray[np.float32]
-F64 = npt.NDArray[np.float64]
-Mode = Literal["psp", "lsp"]
-MODES: tuple[Mode, ...] = ("psp", "lsp")
+# Which class space a query and the gallery meet in: probabilities (psp) or logits (lsp); not vocabulary.Mode.
+ClassSpace = Literal["psp", "lsp"]
+MODES: tuple[ClassSpace, ...] = ("psp", "lsp")
 _EPS = 1e-12  # below this a centred row is rounding noise (e.g. a uniform softmax)
 
 
@@ -107,7 +106,7 @@ def lsp_features(logits: npt.NDArray[np.floating], top_k: int | None = None) -> 
 def corrected_features(
     new_logits: npt.NDArray[np.floating],
     old_classes: int,
-    mode: Mode = "psp",
+    mode: ClassSpace = "psp",
     top_k: int | None = None,
     class_map: Sequence[int] | None = None,
 ) -> F32:
@@ -123,7 +122,7 @@ def corrected_features(
 def query_features(
     new_logits: npt.NDArray[np.floating],
     old_classes: int,
-    mode: Mode = "psp",
+    mode: ClassSpace = "psp",
     top_k: int | None = None,
     class_map: Sequence[int] | None = None,
 ) -> F32:
@@ -138,13 +137,13 @@ def query_features(
     return corrected_features(new_logits, old_classes, mode, top_k, class_map)
 
 
-def gallery_features(old_logits: npt.NDArray[np.floating], mode: Mode = "psp", top_k: int | None = None) -> F32:
+def gallery_features(old_logits: npt.NDArray[np.floating], mode: ClassSpace = "psp", top_k: int | None = None) -> F32:
     """Gallery rows [n, C_k] from the old model's logits: PSP or LSP as defined above."""
     mode = _check_mode(mode)
     return psp_features(old_logits, top_k) if mode == "psp" else lsp_features(old_logits, top_k)
 
 
-def _check_mode(mode: str) -> Mode:
+def _check_mode(mode: str) -> ClassSpace:
     """Validate a head name."""
     if mode == "psp":
         return "psp"

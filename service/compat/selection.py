@@ -66,12 +66,10 @@ from service.compat.procrustes import (
     thin_rotation,
 )
 from service.errors import InputError
+from service.rows import F32, F64, I64
 from service.vocabulary import Criterion, EvalGallery, FitOn
 
 DEFAULT_EVAL_GALLERY = EvalGallery.support
-F32 = npt.NDArray[np.float32]
-F64 = npt.NDArray[np.float64]
-I64 = npt.NDArray[np.int64]
 ALPHA_GRID: tuple[float, ...] = tuple(round(0.1 * i, 1) for i in range(11))
 SLOPE_GRID: tuple[float, ...] = (-8.0, -4.0, -2.0, -1.0, 0.0, 1.0, 2.0, 4.0, 8.0)
 MAX_EVAL_QUERIES = 5000

@@ -17,7 +17,8 @@ from typing import Any, Literal
 import numpy as np
 import numpy.typing as npt
 
-F64 = npt.NDArray[np.float64]
+from service.rows import F64
+
 METRICS = ("recall@1", "recall@5", "recall@10", "mrr@10", "ndcg@10")
 RESAMPLES = 1000
 SEED = 0

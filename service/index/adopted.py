@@ -38,15 +38,13 @@ from service.errors import ArtifactError, InputError
 from service.index.artifact import INDEX_NAME, META_NAME, read_checked_meta, write_meta
 from service.index.base import Exclusion, checked_queries, cosine_of_l2
 from service.manifest import sha256_of
+from service.rows import F32, I64
 
 KIND = "adopted"
 IDS_NAME = "ids.npy"
 METRICS = {faiss.METRIC_INNER_PRODUCT: "ip", faiss.METRIC_L2: "l2"}
 _UNIT_SAMPLE = 256  # rows whose norm an L2 index is checked on
 _UNIT_TOLERANCE = 0.02  # a PQ code's reconstruction is a little off the row it encodes
-
-F32 = npt.NDArray[np.float32]
-I64 = npt.NDArray[np.int64]
 
 
 def describe_index(index: Any) -> dict[str, Any]:

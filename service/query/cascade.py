@@ -35,20 +35,17 @@ import numpy.typing as npt
 
 from service import metrics
 from service.bulk.inputs import encoder_input
-from service.compat.rows import normalize_rows
 from service.encoders.base import Embeddings
 from service.encoders.batcher import MicroBatcher
 from service.errors import NobackfillError
 from service.items.store import ItemStore
 from service.query.job import QueryResult, SearchJob
+from service.rows import F32, I64, normalize_rows
 from service.segment.base import SegmentStore
 from service.segment.layout import unit_rows
 from service.segment.writer import SegmentWriter
 
 log = logging.getLogger("nobackfill.cascade")
-
-F32 = npt.NDArray[np.float32]
-I64 = npt.NDArray[np.int64]
 
 
 @dataclass

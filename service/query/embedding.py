@@ -13,12 +13,12 @@ from collections.abc import Awaitable
 
 from service.cache import EmbeddingCache
 from service.cache.base import usable_rows
-from service.compat.rows import normalize_rows
 from service.encoders.base import Embeddings
 from service.encoders.batcher import MicroBatcher
 from service.encoders.ticket import Ticket
 from service.errors import NobackfillError
 from service.query.job import SearchJob
+from service.rows import normalize_rows
 from service.vocabulary import Modality
 
 

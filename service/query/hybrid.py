@@ -21,15 +21,13 @@ import numpy.typing as npt
 
 from service import metrics
 from service.compat.calibration import ScoreMap
-from service.compat.rows import normalize_rows
 from service.index.base import PAD_SCORE, GalleryBackend
 from service.query.job import SearchJob
+from service.rows import F32, I64, normalize_rows
 from service.segment.base import SegmentStore, SegmentView
 from service.segment.merge import Merged, merge
 from service.vocabulary import Merge
 
-F32 = npt.NDArray[np.float32]
-I64 = npt.NDArray[np.int64]
 Groups = Sequence[tuple[str, npt.NDArray[np.int64]]]  # (modality, its rows)
 
 

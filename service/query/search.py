@@ -16,7 +16,6 @@ import numpy.typing as npt
 from service import metrics
 from service.compat.heads import transform
 from service.compat.hubness import Corrected
-from service.compat.rows import normalize_rows
 from service.cpu_limit import usable_cpus
 from service.errors import UnsupportedMode
 from service.index.base import GalleryBackend
@@ -24,6 +23,7 @@ from service.query.fallback import Route, groups, routes
 from service.query.hybrid import SegmentSearch
 from service.query.job import QueryResult, SearchJob
 from service.query.plan import Where
+from service.rows import normalize_rows
 from service.settings import IndexSettings
 from service.vocabulary import Mode
 

@@ -22,9 +22,6 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-import numpy.typing as npt
-
 from service.compat.heads import transform_in_chunks
 from service.compat.io import Split
 from service.compat.metrics import ranks, relevance
@@ -32,11 +29,11 @@ from service.compat.procrustes import normalize_rows
 from service.compat.profile import CompatProfile
 from service.compat.uncertainty import describe, few_queries_line, paired_differences, retention, summary
 from service.errors import InputError
+from service.rows import I64
 from service.scoring.thresholds import MIN_GAIN, MIN_RETENTION
 
 JUDGE = "recall@10"
 FRACTIONS = (0.1, 0.25, 0.5)
-I64 = npt.NDArray[np.int64]
 VERDICTS = ("no upgrade needed", "bridge suffices", "bridge now, backfill", "re-index")
 
 

@@ -47,6 +47,7 @@ from service.compat.profile import CompatProfile
 from service.compat.selection import angle_stats
 from service.compat.uncertainty import describe, few_queries_line, paired_differences, summary
 from service.errors import InputError
+from service.rows import F32
 from service.vocabulary import HeadFamily, Mode
 
 P_WORSE = 0.025
@@ -57,7 +58,6 @@ JUDGE = "recall@10"
 EXIT_CODES = {"pass": 0, "fail": 1, "undecided": 3, "refused": 4}
 TOP = 10
 _CHUNK = 8192
-F32 = npt.NDArray[np.float32]
 
 
 def _queries(profile: CompatProfile, mode: str, old: F32, new: F32, modality: str) -> F32:

@@ -25,14 +25,13 @@ from service.compat.metrics import relevance
 from service.compat.procrustes import normalize_rows
 from service.compat.uncertainty import bootstrap_picks, interval95
 from service.errors import InputError
+from service.rows import F32, I64
 from service.segment.merge import RRF_K
 from service.vocabulary import Merge
 
 if TYPE_CHECKING:
     from service.compat.profile import CompatProfile
 
-F32 = npt.NDArray[np.float32]
-I64 = npt.NDArray[np.int64]
 _CHUNK = 128
 BOOTSTRAP = 1000
 

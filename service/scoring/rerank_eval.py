@@ -22,14 +22,12 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import numpy.typing as npt
 
 from service.compat.uncertainty import bootstrap_picks, interval95
 from service.errors import InputError
+from service.rows import F32, I64
 from service.scoring.migration import BOOTSTRAP, Spaces, compatible_queries
 
-I64 = npt.NDArray[np.int64]
-F32 = npt.NDArray[np.float32]
 # 128 queries x 10^6 targets is 0.5 GB of float32 scores per model; argpartition's int64 indices double one.
 CHUNK = 128
 KS = (1, 10)

@@ -15,7 +15,6 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-import numpy.typing as npt
 
 from service.compat.evaluation import method_row
 from service.compat.heads import transform_in_chunks
@@ -25,8 +24,8 @@ from service.compat.metrics import relevance
 from service.compat.profile import CompatProfile
 from service.compat.uncertainty import paired_differences
 from service.errors import InputError
+from service.rows import I64
 
-I64 = npt.NDArray[np.int64]
 DEPTH = 10  # the metrics stop at 10: R@10, MRR@10, nDCG@10
 
 

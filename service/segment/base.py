@@ -22,9 +22,7 @@ import numpy.typing as npt
 
 from service.encoders.identity import ModelIdentity
 from service.index.base import Exclusion, Hits
-
-F32 = npt.NDArray[np.float32]
-I64 = npt.NDArray[np.int64]
+from service.rows import F32, I64
 
 
 class SegmentView(Protocol):

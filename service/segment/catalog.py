@@ -24,10 +24,9 @@ import numpy.typing as npt
 
 from service.errors import ArtifactError
 from service.index.base import sorted_member
+from service.rows import F32, I64
 from service.segment.layout import read_segment_meta, read_shard, shard_names
 
-F32 = npt.NDArray[np.float32]
-I64 = npt.NDArray[np.int64]
 _NO_IDS = np.zeros(0, dtype=np.int64)
 
 

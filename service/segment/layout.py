@@ -35,11 +35,11 @@ import numpy as np
 import numpy.typing as npt
 
 import service
-from service.compat.rows import normalize_rows
 from service.encoders.identity import ModelIdentity
 from service.errors import ArtifactError, InputError
 from service.json_file import read_json_object
 from service.manifest import verify_manifest, write_json_durably, write_manifest
+from service.rows import normalize_rows
 
 SEGMENT_JSON = "segment.json"
 SHARDS = "shards"

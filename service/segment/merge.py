@@ -21,10 +21,9 @@ import numpy as np
 import numpy.typing as npt
 
 from service.compat.calibration import ScoreMap
+from service.rows import F32, I64
 from service.vocabulary import Merge
 
-F32 = npt.NDArray[np.float32]
-I64 = npt.NDArray[np.int64]
 RRF_K = 60
 
 

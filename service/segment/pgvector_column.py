@@ -45,6 +45,7 @@ from service.index.pgvector import (
     ranked,
     table_identifier,
 )
+from service.rows import F32, I64
 from service.segment.in_store import InStoreSegment
 
 if TYPE_CHECKING:
@@ -52,8 +53,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("nobackfill.segment")
 
-F32 = npt.NDArray[np.float32]
-I64 = npt.NDArray[np.int64]
 T = TypeVar("T")
 LABEL = "nobackfill"  # the key of the column comment's JSON
 STATEMENT_TIMEOUT_MS = 30_000  # a writer's batch or a DDL never holds a lock longer than this

@@ -36,14 +36,13 @@ import numpy.typing as npt
 from service.encoders.identity import ModelIdentity
 from service.errors import ArtifactError, InputError
 from service.index.base import Hits, InTable, cosine_of_l2
+from service.rows import F32, I64
 
 if TYPE_CHECKING:
     from service.settings import IndexSettings
 
 log = logging.getLogger("nobackfill.segment")
 
-F32 = npt.NDArray[np.float32]
-I64 = npt.NDArray[np.int64]
 LABEL = "nobackfill"  # the metadata key's prefix: nobackfill:<new vector or collection>
 DISTANCES = {"Dot": "ip", "Cosine": "cosine", "Euclid": "l2"}
 SCROLL_PAGE = 10_000

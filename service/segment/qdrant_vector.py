@@ -33,13 +33,12 @@ import numpy.typing as npt
 from service.encoders.identity import ModelIdentity
 from service.errors import ArtifactError, GalleryUnavailable, NobackfillError
 from service.index.base import Exclusion, Hits, first_line
+from service.rows import F32, I64
 from service.segment.in_store import InStoreSegment
 from service.segment.qdrant_rows import QdrantNewRows, VectorState
 
 log = logging.getLogger("nobackfill.segment")
 
-F32 = npt.NDArray[np.float32]
-I64 = npt.NDArray[np.int64]
 T = TypeVar("T")
 
 

@@ -28,6 +28,7 @@ import numpy.typing as npt
 from service.encoders.identity import ModelIdentity
 from service.errors import ArtifactError, InputError
 from service.index.base import Exclusion, sorted_member
+from service.rows import F32, I64
 from service.segment.catalog import ShardCatalog, ShardEntry
 from service.segment.layout import (
     SEGMENT_JSON,
@@ -42,9 +43,6 @@ from service.segment.sealed import Sealed, SealedMeta, choose_cover, load_sealed
 
 MAX_BLOCKS = 8
 log = logging.getLogger("nobackfill.segment")
-
-F32 = npt.NDArray[np.float32]
-I64 = npt.NDArray[np.int64]
 
 
 @dataclass(frozen=True)

@@ -36,12 +36,12 @@ from typing import Any
 
 import faiss
 import numpy as np
-import numpy.typing as npt
 
 from service.errors import ArtifactError
 from service.index.base import sorted_member
 from service.json_file import read_json_object
 from service.manifest import verify_manifest, write_json_durably
+from service.rows import I64
 from service.segment.catalog import ShardCatalog
 from service.segment.layout import publish_folder, save
 
@@ -52,9 +52,6 @@ IDS_FILE = "ids.npy"
 INDEX_JSON = "index.json"
 LINKS = 32  # HNSW M: edges per row (docs/backfill.md measured 16, 32 and their recall)
 EF_CONSTRUCTION = 40
-
-F32 = npt.NDArray[np.float32]
-I64 = npt.NDArray[np.int64]
 
 
 @dataclass(frozen=True)

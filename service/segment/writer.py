@@ -31,13 +31,12 @@ import numpy as np
 import numpy.typing as npt
 
 from service import metrics
+from service.rows import F32, I64
 from service.segment.base import SegmentStore
 from service.sink import BackgroundSink, Closed
 
 log = logging.getLogger("nobackfill.segment")
 
-F32 = npt.NDArray[np.float32]
-I64 = npt.NDArray[np.int64]
 WRITER = "service-cascade"
 RETRY_S = 5.0  # after a failed write, the next try waits at least this long
 CLOSE_S = 30.0  # close() publishes what waits within this long (a shard of max_pending rows, fsynced)

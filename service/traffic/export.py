@@ -19,14 +19,12 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import numpy.typing as npt
 
 from service.encoders.identity import MODELS_JSON, ModelIdentity
 from service.errors import InputError
 from service.traffic.base import PairStore, parse_models_key
 
 OLD, NEW = "old_query.npy", "new_query.npy"
-F32 = npt.NDArray[np.float32]
 
 
 @dataclass(frozen=True)

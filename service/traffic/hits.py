@@ -25,18 +25,16 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
 
 import numpy as np
-import numpy.typing as npt
 
 from service import metrics
 from service.errors import InputError
+from service.rows import F64, I64
 from service.sink import BackgroundSink, Closed, Periodic
 
 if TYPE_CHECKING:
     from service.settings import TrafficSettings
 
 log = logging.getLogger("nobackfill")
-I64 = npt.NDArray[np.int64]
-F64 = npt.NDArray[np.float64]
 
 
 class HitStore(Protocol):

@@ -13,6 +13,7 @@ Two kinds of evidence, as in the paper:
 Note the retrieval ranking cannot see P_tk: it changes a query only by a multiple of the all-ones
 vector on the old-class coordinates (orthogonal to every centred gallery row) and by its norm, so
 PSP with and without P_tk rank identically.  P_tk shows in the distances, i.e. in the margins.
+The table itself is printed by loadtest/digits_table.py.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from collections.abc import Iterator
 import pytest
 import torch
 
-from tests.support.digits_models import Summary, format_table, run_experiment, summarise
+from tests.support.digits_models import Summary, run_experiment, summarise
 
 PAIRS = 5
 
@@ -39,12 +40,6 @@ def table() -> Iterator[dict[str, Summary]]:
     finally:
         torch.set_num_threads(before)
     yield {s.method: s for s in summaries}
-
-
-def test_print_the_table(table: dict[str, Summary], capsys: pytest.CaptureFixture[str]) -> None:
-    with capsys.disabled():
-        print(f"\ndigits 5 -> 10 classes, {PAIRS} model pairs, gallery/queries = held-out images of classes 0-4")
-        print(format_table(list(table.values())))
 
 
 def test_raw_penultimate_features_are_not_compatible(table: dict[str, Summary]) -> None:

@@ -22,7 +22,7 @@ from service.compat.heads import transform
 from service.compat.interpolation import slerp
 from service.compat.procrustes import pad
 from service.compat.profile import CompatProfile
-from service.compat.rows import normalize_rows
+from service.rows import normalize_rows
 
 F32 = npt.NDArray[np.float32]
 MODES = ("old", "aligned", "slerp", "nlerp", "adaptive")

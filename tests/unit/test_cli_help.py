@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+from pathlib import Path
 
 import pytest
 from typer.testing import CliRunner
@@ -51,3 +52,15 @@ def test_the_settings_command_prints_every_setting() -> None:
     for section in reference():
         for setting in section.settings:
             assert setting.env in text
+
+
+def test_backfill_run_refuses_fraction_with_limit_and_an_unknown_order_before_any_model_loads(tmp_path: Path) -> None:
+    from tests.support.cli import cli
+
+    # The model folder does not exist: had the model been loaded first, that would be the error.
+    model = ["--backend", "sentence-transformers", "--path", tmp_path / "no-model", "--new-model-id", "x"]
+    base = ["backfill", "run", "--segment", tmp_path / "seg", "--input", tmp_path / "items.txt", *model]
+    both = cli(*base, "--fraction", "0.5", "--limit", "10")
+    assert both.returncode == 2 and both.stderr.strip().endswith("give --fraction or --limit, not both")
+    unknown = cli(*base, "--order", "hottest")
+    assert unknown.returncode == 2 and "'hottest' is not one of 'given', 'random', 'hot'" in unknown.stderr

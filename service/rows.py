@@ -1,4 +1,6 @@
-"""The one numpy row normaliser of the compat layer (the torch one lives in encoders/torch_runtime.py).
+"""The one numpy row normaliser (the torch one lives in encoders/torch_runtime.py), and the array aliases.
+
+    F32, F64, I64                 float32 / float64 / int64 numpy arrays, the names every module uses
 
     normalize_rows(x, dtype=float32, floor=0.0)
         row / |row| for every row whose float64 norm is finite and above `floor`; every other row
@@ -9,7 +11,8 @@ direction, and squaring float32 values of 1e20 would overflow in float32.  Divid
 norm that is > 0 and finite gives |x_i / norm| <= 1, so no output is ever non-finite.  Big inputs go
 through in blocks of rows so the float64 copy stays bounded.  Callers that need a unit row where the
 input had none (query transforms) test `~out.any(axis=1)` and put their documented fallback there.
-Numpy only, so psp.py and profile.py can use it without importing torch.
+Numpy only, and low in the layer table (docs/architecture.md), so any module can use it without
+importing torch or the compat maths.
 """
 
 from __future__ import annotations
@@ -18,6 +21,10 @@ from typing import Any
 
 import numpy as np
 import numpy.typing as npt
+
+F32 = npt.NDArray[np.float32]
+F64 = npt.NDArray[np.float64]
+I64 = npt.NDArray[np.int64]
 
 # Rows per float64 block: 64k rows x 768 d is 400 MB of float64 at most, a few times the float32 input.
 _BLOCK_ROWS = 1 << 16
