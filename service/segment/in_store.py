@@ -9,9 +9,15 @@ counts, searches and writes (segment/pgvector_column.py, segment/qdrant_vector.p
 
 from __future__ import annotations
 
-from typing import Generic, TypeVar
+from dataclasses import dataclass
+from typing import Any, Generic, TypeVar
+
+import numpy as np
+import numpy.typing as npt
 
 from service.encoders.identity import ModelIdentity
+from service.index.base import Exclusion, Hits
+from service.rows import F32, I64
 from service.segment.base import SegmentView
 
 S = TypeVar("S")  # the store's description of the part (its dim, label, index), None until it exists
@@ -62,3 +68,46 @@ class InStoreSegment(Generic[S]):
     def refused(self) -> dict[str, str]:
         """One part has no parts to refuse one by one: a wrong one is refused whole, at open."""
         return {}
+
+
+@dataclass(frozen=True)
+class InStoreView:
+    """A segment in the user's store as one request reads it (segment/base.py's SegmentView): live calls to the
+    store, and the count of the last refresh.
+
+    `segment` runs work(rows, connection, state) on its connection (`run`, empty before the part exists) and
+    says the new model's `dim` and the index's `search_ef`; every store's rows answer `search`,
+    `moved_among` and `rows_of` with the same signatures.
+    """
+
+    segment: Any
+    moved_count: int
+    exclusion: Exclusion | None
+
+    @property
+    def count(self) -> int:
+        """Moved items at the last refresh."""
+        return self.moved_count
+
+    def search(self, queries: F32, k: int) -> Hits:
+        """Top-k over the moved rows (none before the part exists)."""
+        nothing = (np.full((len(queries), k), -np.inf, np.float32), np.full((len(queries), k), -1, np.int64))
+        ef = self.segment.search_ef
+        hits: Hits = self.segment.run(lambda rows, conn, state: rows.search(conn, state, queries, k, ef), empty=nothing)
+        return hits
+
+    def contains(self, ids: I64) -> npt.NDArray[np.bool_]:
+        """Which of `ids` have moved."""
+        found: npt.NDArray[np.bool_] = self.segment.run(
+            lambda rows, conn, _: rows.moved_among(conn, ids), empty=np.zeros(len(ids), bool)
+        )
+        return found
+
+    def rows_of(self, ids: I64) -> tuple[npt.NDArray[np.bool_], F32]:
+        """Which of `ids` have moved, and their new rows."""
+        dim = self.segment.dim
+        nothing = (np.zeros(len(ids), dtype=bool), np.zeros((len(ids), dim), dtype=np.float32))
+        rows: tuple[npt.NDArray[np.bool_], F32] = self.segment.run(
+            lambda store, conn, _: store.rows_of(conn, ids, dim), empty=nothing
+        )
+        return rows

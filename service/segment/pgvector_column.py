@@ -46,7 +46,7 @@ from service.index.pgvector import (
     table_identifier,
 )
 from service.rows import F32, I64
-from service.segment.in_store import InStoreSegment
+from service.segment.in_store import InStoreSegment, InStoreView
 
 if TYPE_CHECKING:
     from service.settings import IndexSettings
@@ -355,35 +355,8 @@ def new_rows_of(settings: IndexSettings) -> PgvectorColumn | None:
     return None
 
 
-@dataclass(frozen=True)
-class ColumnView:
-    """The column as one request reads it (segment/base.py's SegmentView): live SQL, the count of the last refresh."""
-
-    segment: PgvectorColumnSegment
-    moved_count: int
-    exclusion: Exclusion | None
-
-    @property
-    def count(self) -> int:
-        """Moved items at the last refresh."""
-        return self.moved_count
-
-    def search(self, queries: F32, k: int) -> Hits:
-        """Top-k over the moved rows (none before the column exists)."""
-        nothing = (np.full((len(queries), k), -np.inf, np.float32), np.full((len(queries), k), -1, np.int64))
-        return self.segment.run(
-            lambda column, conn, state: column.search(conn, state, queries, k, self.segment.ef), empty=nothing
-        )
-
-    def contains(self, ids: I64) -> npt.NDArray[np.bool_]:
-        """Which of `ids` have moved."""
-        return self.segment.run(lambda column, conn, _: column.moved_among(conn, ids), empty=np.zeros(len(ids), bool))
-
-    def rows_of(self, ids: I64) -> tuple[npt.NDArray[np.bool_], F32]:
-        """Which of `ids` have moved, and their new rows."""
-        dim = self.segment.dim
-        nothing = (np.zeros(len(ids), dtype=bool), np.zeros((len(ids), dim), dtype=np.float32))
-        return self.segment.run(lambda column, conn, _: column.rows_of(conn, ids, dim), empty=nothing)
+class ColumnView(InStoreView):
+    """The column as one request reads it: live SQL, the count of the last refresh."""
 
 
 class PgvectorColumnSegment(InStoreSegment[ColumnState]):
@@ -394,7 +367,7 @@ class PgvectorColumnSegment(InStoreSegment[ColumnState]):
     def __init__(self, new_rows: PgvectorColumn, model: ModelIdentity, gallery: str, ntotal: int) -> None:
         settings = new_rows.settings
         self.column = new_rows
-        self.ef = settings.pgvector_ef_search
+        self.search_ef: int = settings.pgvector_ef_search
         super().__init__(model, gallery, ntotal)
         # The cascade writer writes; its shards and the searches beside the gallery's are bounded alike.
         self._connections = ThreadConnections(dsn_of(settings), read_only=False, timeout_s=settings.pgvector_timeout_s)

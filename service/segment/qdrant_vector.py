@@ -24,17 +24,15 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any, TypeVar
 
 import numpy as np
-import numpy.typing as npt
 
 from service.encoders.identity import ModelIdentity
 from service.errors import ArtifactError, GalleryUnavailable, NobackfillError
-from service.index.base import Exclusion, Hits, first_line
+from service.index.base import Exclusion, first_line
 from service.rows import F32, I64
-from service.segment.in_store import InStoreSegment
+from service.segment.in_store import InStoreSegment, InStoreView
 from service.segment.qdrant_rows import QdrantNewRows, VectorState
 
 log = logging.getLogger("nobackfill.segment")
@@ -42,34 +40,8 @@ log = logging.getLogger("nobackfill.segment")
 T = TypeVar("T")
 
 
-@dataclass(frozen=True)
-class QdrantView:
-    """The vector as one request reads it (segment/base.py's SegmentView): live calls, the count of the last refresh."""
-
-    segment: QdrantVectorSegment
-    moved_count: int
-    exclusion: Exclusion | None
-
-    @property
-    def count(self) -> int:
-        """Moved points at the last refresh."""
-        return self.moved_count
-
-    def search(self, queries: F32, k: int) -> Hits:
-        """Top-k over the moved points (none before the vector exists)."""
-        nothing = (np.full((len(queries), k), -np.inf, np.float32), np.full((len(queries), k), -1, np.int64))
-        ef = self.segment.hnsw_ef
-        return self.segment.run(lambda rows, client, state: rows.search(client, state, queries, k, ef), empty=nothing)
-
-    def contains(self, ids: I64) -> npt.NDArray[np.bool_]:
-        """Which of `ids` have moved."""
-        return self.segment.run(lambda rows, client, _: rows.moved_among(client, ids), empty=np.zeros(len(ids), bool))
-
-    def rows_of(self, ids: I64) -> tuple[npt.NDArray[np.bool_], F32]:
-        """Which of `ids` have moved, and their new rows."""
-        dim = self.segment.dim
-        nothing = (np.zeros(len(ids), dtype=bool), np.zeros((len(ids), dim), dtype=np.float32))
-        return self.segment.run(lambda rows, client, _: rows.rows_of(client, ids, dim), empty=nothing)
+class QdrantView(InStoreView):
+    """The vector as one request reads it: live calls, the count of the last refresh."""
 
 
 class QdrantVectorSegment(InStoreSegment[VectorState]):
@@ -81,7 +53,7 @@ class QdrantVectorSegment(InStoreSegment[VectorState]):
         self, new_rows: QdrantNewRows, model: ModelIdentity, gallery: str, ntotal: int, client: Any, *, owned: bool
     ) -> None:
         self.rows = new_rows
-        self.hnsw_ef = new_rows.settings.qdrant_hnsw_ef
+        self.search_ef: int | None = new_rows.settings.qdrant_hnsw_ef  # None: the collection's own
         self._client = client
         self._owned = owned  # closed here only when not the gallery's
         super().__init__(model, gallery, ntotal)
