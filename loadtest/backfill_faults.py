@@ -90,11 +90,12 @@ def run(work: Path, items: int, kills: int, seed: int, parts: int = 1) -> dict[s
     shard_s = SHARD_SIZE / rate
     split = [[]] if parts == 1 else [["--part", f"{i}/{parts}"] for i in range(parts)]
 
+    logs = {part: work / f"part-{part}.stderr" for part in range(parts)}
+
     def start(part: int) -> subprocess.Popen[bytes]:
         command = [*NOBACKFILL, "backfill", "run", "--segment", str(target), *map(str, common), "--rate", str(rate)]
-        return subprocess.Popen(
-            [*command, *split[part]], cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
-        )
+        with logs[part].open("wb") as stderr:  # this run's alone (the next start overwrites it): why it failed
+            return subprocess.Popen([*command, *split[part]], cwd=ROOT, stdout=subprocess.DEVNULL, stderr=stderr)
 
     running = {part: (start(part), _published(target)) for part in range(parts)}
     killed, moved_at_kill = 0, []
@@ -117,7 +118,8 @@ def run(work: Path, items: int, kills: int, seed: int, parts: int = 1) -> dict[s
     for part, (process, _) in running.items():  # each part to its end, once its runs stop being killed
         while process.wait() != 0:
             if process.returncode != -signal.SIGKILL:
-                raise RuntimeError(f"a resumed run of part {part} exited {process.returncode}")
+                said = logs[part].read_text(encoding="utf-8", errors="replace")[-2000:]
+                raise RuntimeError(f"a resumed run of part {part} exited {process.returncode}: {said}")
             process = start(part)
     reference, resumed = _content(work / "reference"), _content(target)
     leftovers = [p.name for p in (target / SHARDS).iterdir() if p.name.startswith(".")]

@@ -56,8 +56,12 @@ def sha256_of(path: Path, progress: bool | None = False) -> str:
 
 
 def write_json_durably(path: Path, data: Any) -> None:
-    """Write data as indented JSON through a temp file, fsync and one rename: complete or absent."""
-    tmp = path.with_name(path.name + ".tmp")
+    """Write data as indented JSON through a temp file, fsync and one rename: complete or absent.
+
+    The temp file is this process's own (`.NAME.PID.tmp`): two processes writing one path at once
+    (parts of a backfill creating their segment) never write into each other's file.
+    """
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     with tmp.open("w", encoding="utf-8") as f:
         json.dump(data, f, indent=2, sort_keys=True)
         f.write("\n")

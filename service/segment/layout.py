@@ -93,7 +93,8 @@ def create_segment(folder: Path, model: ModelIdentity, gallery: GalleryRef) -> S
         meta = read_segment_meta(folder)
         check_same(meta, model, gallery, folder)
         return meta
-    if folder.exists() and (not folder.is_dir() or any(p for p in folder.iterdir() if p.name != SHARDS)):
+    # shards/ and hidden temp files are what a writer killed while creating it leaves: it is created again.
+    if folder.exists() and (not folder.is_dir() or any(not _creating(p.name) for p in folder.iterdir())):
         raise InputError(f"{folder}: exists and is not a segment; refusing to write into it")
     meta = SegmentMeta(model, gallery, datetime.now(UTC).isoformat(timespec="seconds"))
     try:
@@ -110,6 +111,11 @@ def create_segment(folder: Path, model: ModelIdentity, gallery: GalleryRef) -> S
     except OSError as exc:
         raise InputError(f"cannot create segment {folder}: {exc.strerror or exc}") from exc
     return meta
+
+
+def _creating(name: str) -> bool:
+    """Whether a file in a folder without segment.json is what create_segment writes on the way."""
+    return name == SHARDS or (name.startswith(f".{SEGMENT_JSON}.") and name.endswith(".tmp"))
 
 
 def check_same(meta: SegmentMeta, model: ModelIdentity, gallery: GalleryRef, folder: Path) -> None:

@@ -122,3 +122,18 @@ def test_a_dead_writers_hidden_shard_is_removed(segment: Path) -> None:
 def test_a_folder_without_segment_json_is_refused(tmp_path: Path) -> None:
     with pytest.raises(ArtifactError, match="not a segment"):
         Segment.open(tmp_path)
+
+
+def test_a_segment_whose_creation_was_killed_is_created_again(tmp_path: Path) -> None:
+    """What a writer killed mid-create leaves (shards/, a hidden segment.json temp) is no refusal: parts of a
+    backfill starting together, or a run killed at its first step, must be able to go on."""
+    folder = tmp_path / "seg"
+    (folder / SHARDS).mkdir(parents=True)
+    (folder / ".segment.json.4242.tmp").write_text('{"format_ver', encoding="utf-8")
+    create_segment(folder, MODEL, GALLERY)
+    assert read_segment_meta(folder).gallery == GALLERY
+    create_segment(folder, MODEL, GALLERY)  # and again: it exists and matches
+    (tmp_path / "other").mkdir()
+    (tmp_path / "other" / "notes.txt").write_text("mine", encoding="utf-8")
+    with pytest.raises(InputError, match="not a segment"):
+        create_segment(tmp_path / "other", MODEL, GALLERY)
