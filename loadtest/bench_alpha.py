@@ -40,6 +40,7 @@ sys.path.insert(0, str(ROOT))
 
 from service.compat import evaluation, selection  # noqa: E402
 from service.compat.arcsearch import summarise_blends  # noqa: E402
+from service.compat.fit_options import FitOptions  # noqa: E402
 from service.compat.io import Split, default_ids, load_split  # noqa: E402
 from service.compat.metrics import KS, recall_at_k, relevance  # noqa: E402
 from service.compat.procrustes import normalize_rows  # noqa: E402
@@ -146,7 +147,7 @@ def one_upgrade(
     for label, folds, gallery in (SCHEMES[s] for s in schemes):
         for seed in range(seeds):
             fitted = selection.fit_modalities(
-                {"text": support}, folds=folds, seed=seed, max_eval_queries=eval_queries, eval_gallery=gallery
+                {"text": support}, FitOptions(folds=folds, seed=seed, eval_queries=eval_queries, eval_gallery=gallery)
             )
             if curves is None:
                 curves = test_curves(test, fitted.rotation)

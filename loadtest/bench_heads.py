@@ -34,6 +34,7 @@ sys.path.insert(0, str(ROOT))
 from service.compat import selection  # noqa: E402
 from service.compat.adapter import AdapterConfig, TrainedAdapter, train_adapter  # noqa: E402
 from service.compat.evaluation import evaluate  # noqa: E402
+from service.compat.fit_options import FitOptions  # noqa: E402
 from service.compat.io import load_split  # noqa: E402
 from service.compat.profile import CompatProfile  # noqa: E402
 
@@ -88,7 +89,7 @@ def one_pair(seed: int, epochs: int, folds: int, root: Path) -> dict[str, dict[s
         "fit_on": "both",
         "folds": folds,
     }
-    fitted = selection.fit(sup_split, folds=folds, seed=seed)
+    fitted = selection.fit(sup_split, FitOptions(folds=folds, seed=seed))
     procrustes = CompatProfile(
         head="slerp",
         alphas={"text": fitted.params["slerp"]["alpha"]},
@@ -102,7 +103,7 @@ def one_pair(seed: int, epochs: int, folds: int, root: Path) -> dict[str, dict[s
     def fit_map(new: np.ndarray, old: np.ndarray) -> TrainedAdapter:
         return train_adapter(new, old, config, progress=False)
 
-    mapped = selection.fit_mapped_slerp(sup_split, fit_map, folds=folds, seed=seed)
+    mapped = selection.fit_mapped_slerp(sup_split, fit_map, FitOptions(folds=folds, seed=seed))
     blended = CompatProfile(
         head="adapter+slerp",
         alphas={"text": mapped.alpha},

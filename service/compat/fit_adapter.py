@@ -82,19 +82,7 @@ def fit_adapter(split: Split, supports: dict[str, Path], head: Head, ids: ModelI
             alphas: dict[str, float] = {modality: 1.0}
             params: dict[str, dict[str, dict[str, float]]] = {}
         else:
-            result = selection.fit_mapped_slerp(
-                split,
-                fit_map,
-                mode=head.value,
-                fit_on=fit_on,
-                folds=folds,
-                same_set=same_set,
-                max_eval_queries=options.eval_queries,
-                seed=options.seed,
-                criterion=options.criterion,
-                early_stop=not same_set,
-                eval_gallery=options.eval_gallery,
-            )
+            result = selection.fit_mapped_slerp(split, fit_map, options, mode=head.value, early_stop=not same_set)
             adapter, report = result.mapper, result.report
             alphas = {modality: result.alpha}
             params = {modality: {head.value: {"alpha": result.alpha}}}

@@ -56,6 +56,7 @@ import numpy.typing as npt
 
 from service.compat.arcsearch import PathSummary, summarise_blends, summarise_path
 from service.compat.crossfit import MAX_EVAL_GALLERY, CrossFitPlan, FoldRows
+from service.compat.fit_options import FitOptions
 from service.compat.io import Split
 from service.compat.metrics import KS, ranks, relevance
 from service.compat.procrustes import (
@@ -73,6 +74,8 @@ DEFAULT_EVAL_GALLERY = EvalGallery.support
 ALPHA_GRID: tuple[float, ...] = tuple(round(0.1 * i, 1) for i in range(11))
 SLOPE_GRID: tuple[float, ...] = (-8.0, -4.0, -2.0, -1.0, 0.0, 1.0, 2.0, 4.0, 8.0)
 MAX_EVAL_QUERIES = 5000
+# `nobackfill fit`'s defaults: what a fit called without options selects with.
+DEFAULT_OPTIONS = FitOptions()
 _ONLY = "support"  # the one split's name in the cross-fit plan of fit_mapped_slerp
 
 
@@ -386,34 +389,30 @@ class MultiFit:
     reports: dict[str, dict[str, Any]]
 
 
-def fit(split: Split, **options: Any) -> FitResult:
+def fit(split: Split, options: FitOptions = DEFAULT_OPTIONS, query_pairs: Sequence[tuple[F32, F32]] = ()) -> FitResult:
     """Fit R on the support split and choose the SLERP / NLERP weights and the adaptive (a, b, c_ref).
 
-    fit_modalities for one split: `options` are its keyword arguments.
+    fit_modalities for one split.
     """
-    multi = fit_modalities({"text": split}, **options)
+    multi = fit_modalities({"text": split}, options, query_pairs)
     return FitResult(rotation=multi.rotation, params=multi.params["text"], report=multi.reports["text"])
 
 
 def fit_modalities(
     splits: Mapping[str, Split],
-    *,
-    fit_on: FitOn = FitOn.both,
-    folds: int = 5,
-    same_set: bool = False,
-    max_eval_queries: int = MAX_EVAL_QUERIES,
-    seed: int = 0,
-    criterion: str = DEFAULT_CRITERION,
-    eval_gallery: EvalGallery = DEFAULT_EVAL_GALLERY,
+    options: FitOptions = DEFAULT_OPTIONS,
     query_pairs: Sequence[tuple[F32, F32]] = (),
-    query_pairs_weight: float = 1.0,
 ) -> MultiFit:
     """Fit one R on the pairs of every modality's split; choose each modality's blend weights on its own folds.
 
     Folds are drawn per id over all splits together; fold f's R never sees fold f's rows of any split,
     and each modality is scored on its own held-out queries against its own held-out (or whole) gallery.
-    query_pairs: unlabelled (new, old) pairs added, times query_pairs_weight, to every R fit (never scored).
+    options: fit_on, folds, same_set, eval_queries (per fold), seed, criterion, eval_gallery and
+    query_pairs_weight are read; the rest (the head, the adapter's, the folders) is the caller's.
+    query_pairs: unlabelled (new, old) pairs added, times options.query_pairs_weight, to every R fit (never scored).
     """
+    fit_on, folds, same_set, seed = options.fit_on, options.folds, options.same_set, options.seed
+    criterion, eval_gallery, query_pairs_weight = options.criterion, options.eval_gallery, options.query_pairs_weight
     if not splits:
         raise InputError("no support set given")
     check_criterion(criterion)
@@ -423,7 +422,12 @@ def fit_modalities(
     for s in splits.values():
         _check_fit_args(s, fit_on, folds, same_set)
     plan = CrossFitPlan.draw(
-        splits, folds=folds, same_set=same_set, seed=seed, max_eval_queries=max_eval_queries, eval_gallery=eval_gallery
+        splits,
+        folds=folds,
+        same_set=same_set,
+        seed=seed,
+        max_eval_queries=options.eval_queries,
+        eval_gallery=eval_gallery,
     )
     blocks = {m: _fit_blocks(s, fit_on) for m, s in splits.items()}
     held: dict[str, list[_Held]] = {m: [] for m in names}
@@ -618,16 +622,10 @@ def _score_mapped(split: Split, mapper: RowMap, q_rows: I64, t_rows: I64) -> _He
 def fit_mapped_slerp(
     split: Split,
     fit_map: Callable[..., M],
+    options: FitOptions = DEFAULT_OPTIONS,
     *,
     mode: str = "adapter+slerp",
-    fit_on: FitOn = FitOn.both,
-    folds: int = 5,
-    same_set: bool = False,
-    max_eval_queries: int = MAX_EVAL_QUERIES,
-    seed: int = 0,
-    criterion: str = DEFAULT_CRITERION,
     early_stop: bool = False,
-    eval_gallery: EvalGallery = DEFAULT_EVAL_GALLERY,
 ) -> MappedFit[M]:
     """Choose SLERP's weight between u and a learnt map's output, cross-fitting the map like R above.
 
@@ -639,15 +637,23 @@ def fit_mapped_slerp(
     chosen, and the final map is trained for that many (adapter+slerp's weight is then chosen on the
     held-out scores of that epoch).  The report also scores Procrustes
     (R fitted on the same folds) on the same held-out queries, and says when the map loses to it.
+    options: as fit_modalities reads them, but query_pairs_weight (a learnt map takes no query pairs).
     """
+    fit_on, folds, same_set, criterion, eval_gallery = (
+        options.fit_on,
+        options.folds,
+        options.same_set,
+        options.criterion,
+        options.eval_gallery,
+    )
     _check_fit_args(split, fit_on, folds, same_set)
     check_criterion(criterion)
     plan = CrossFitPlan.draw(
         {_ONLY: split},
         folds=folds,
         same_set=same_set,
-        seed=seed,
-        max_eval_queries=max_eval_queries,
+        seed=options.seed,
+        max_eval_queries=options.eval_queries,
         eval_gallery=eval_gallery,
     )
     blocks = _fit_blocks(split, fit_on)

@@ -320,6 +320,7 @@ def test_a_run_stopped_at_epoch_e_equals_the_first_e_epochs_of_a_full_run() -> N
 
 def test_early_stopping_on_the_folds_and_the_comparison_with_procrustes(tmp_path: Path) -> None:
     from service.compat import selection
+    from service.compat.fit_options import FitOptions
     from service.compat.io import load_split
     from tests.support.upgrade_standin import make_world, write_split
 
@@ -333,7 +334,7 @@ def test_early_stopping_on_the_folds_and_the_comparison_with_procrustes(tmp_path
         calls.append(stop_after)
         return train_adapter(new, old, cfg, progress=False, on_epoch=on_epoch, stop_after=stop_after)  # type: ignore[arg-type]
 
-    fitted = selection.fit_mapped_slerp(split, fit_map, mode="adapter", folds=3, early_stop=True)
+    fitted = selection.fit_mapped_slerp(split, fit_map, FitOptions(folds=3), mode="adapter", early_stop=True)
     stop = fitted.report["early_stopping"]
     assert stop["max_epochs"] == 6 and [r["epoch"] for r in stop["curve"]] == list(range(1, 7))
     best = max(r[stop["score"]] for r in stop["curve"])

@@ -10,6 +10,7 @@ import pytest
 
 from service.compat import crossfit, selection
 from service.compat.arcsearch import summarise_blends
+from service.compat.fit_options import FitOptions
 from service.compat.io import Split, load_split
 from service.compat.metrics import KS, recall_at_k, relevance
 from service.compat.procrustes import normalize_rows
@@ -84,7 +85,7 @@ def test_head_choice_needs_more_than_one_standard_error() -> None:
 
 def test_report_carries_the_curve_with_standard_errors(tmp_path: Path) -> None:
     split = load_split(write_split(tmp_path / "s", 400, make_world(8, 12, 6), seed=1))
-    rep = selection.fit(split, folds=4).report
+    rep = selection.fit(split, FitOptions(folds=4)).report
     assert rep["criterion"] == selection.DEFAULT_CRITERION and rep["criterion_text"]
     for row in rep["support_recall"]["slerp"]:
         assert {"se@1", "mrr@10", "mean@1-10", "se_mean@1-10"} <= set(row)
@@ -109,7 +110,7 @@ def test_small_noisy_upgrade_never_falls_below_old(tmp_path: Path, seed: int) ->
     world = make_world(16, 24, 8, seed=seed, view_noise=0.8)
     support = load_split(write_split(tmp_path / "support", 120, world, seed=10 + seed))
     test = load_split(write_split(tmp_path / "test", 600, world, seed=20 + seed))
-    fitted = selection.fit(support, folds=5, seed=seed)
+    fitted = selection.fit(support, FitOptions(folds=5, seed=seed))
     assert _test_r1(test, fitted, fitted.params["slerp"]["alpha"]) >= _test_r1(test, fitted, 0.0)
 
 
@@ -123,7 +124,7 @@ def test_a_useless_new_model_keeps_weight_zero(tmp_path: Path, seed: int) -> Non
         for name in ("new_query.npy", "new_target.npy"):
             np.save(folder / name, rng.standard_normal(np.load(folder / name).shape).astype(np.float32))
     support, test = load_split(folders["s"]), load_split(folders["t"])
-    fitted = selection.fit(support, folds=5, seed=seed)
+    fitted = selection.fit(support, FitOptions(folds=5, seed=seed))
     assert _test_r1(test, fitted, fitted.params["slerp"]["alpha"]) >= _test_r1(test, fitted, 0.0)
 
 
@@ -132,7 +133,7 @@ def test_several_modalities_share_one_r_and_draw_folds_per_id_over_all(two_modal
     joint = crossfit.assign_joint([text, image], 4, np.random.default_rng(0))
     (tq, _), (iq, it) = joint
     assert np.array_equal(tq[:200], iq) and np.array_equal(iq, it)  # one id, one fold, whatever the split
-    fitted = selection.fit_modalities({"text": text, "image": image}, folds=4)
+    fitted = selection.fit_modalities({"text": text, "image": image}, FitOptions(folds=4))
     assert set(fitted.params) == set(fitted.reports) == {"text", "image"}
     assert fitted.reports["image"]["support_queries"] == 200
     assert fitted.reports["text"]["fit_rows_all_modalities"] == 2 * 300 + 2 * 200
