@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from safetensors.numpy import save_file
 
-from service.compat import crossfit, selection
+from service.compat import criteria, crossfit, curves, selection
 from service.compat.fit_options import FitOptions
 from service.compat.heads import transform
 from service.compat.interpolation import nlerp, slerp
@@ -52,13 +52,13 @@ def _profile(support: Split, fitted: selection.FitResult, head: str = "slerp") -
 def test_fit_report_contents(fitted: selection.FitResult, support: Split) -> None:
     rep = fitted.report
     assert rep["selection"] == "cross-fit" and rep["fit_blocks"] == ["query", "target"]
-    assert [r["alpha"] for r in rep["support_recall"]["slerp"]] == list(selection.ALPHA_GRID)
+    assert [r["alpha"] for r in rep["support_recall"]["slerp"]] == list(curves.ALPHA_GRID)
     assert rep["eval_queries"] == len(support.old_query)
     assert set(rep["residual_angle_deg"]) == {"mean", "median", "p5", "p95"}
     assert (
         0 < rep["residual_angle_deg"]["p5"] <= rep["residual_angle_deg"]["median"] <= rep["residual_angle_deg"]["p95"]
     )
-    assert rep["chosen"]["slerp"] == selection.choose(rep["support_recall"]["slerp"], rep["criterion"])
+    assert rep["chosen"]["slerp"] == criteria.choose(rep["support_recall"]["slerp"], rep["criterion"])
     assert fitted.rotation.shape == (12, 12)
 
 
