@@ -17,6 +17,11 @@ from service.compat.adapter import (
     AdapterConfig,
     AdapterMLP,
     TrainedAdapter,
+    load_adapter,
+    train_adapter,
+)
+from service.compat.metrics import default_ids, relevance, search_recall
+from service.compat.mkp_loss import (
     angle_cosines,
     base_loss,
     batch_index,
@@ -25,7 +30,6 @@ from service.compat.adapter import (
     focal_mean,
     focal_weights,
     gram,
-    load_adapter,
     local_pairs,
     local_triplets,
     mkp_loss,
@@ -33,9 +37,7 @@ from service.compat.adapter import (
     point_errors,
     sample_pairs,
     sample_triplets,
-    train_adapter,
 )
-from service.compat.metrics import default_ids, relevance, search_recall
 from service.compat.procrustes import normalize_rows
 
 FAST = settings(max_examples=40, deadline=None)
