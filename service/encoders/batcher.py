@@ -129,8 +129,8 @@ class MicroBatcher:
         self._restarts: deque[float] = deque()
         self._queue = BatchQueue(batching=batching, max_wait_s=self.max_wait_s, on_depth=self._depth_changed)
         self._pool = ReplicaPool(
-            replicas,
-            name,
+            replicas=replicas,
+            name=name,
             timeout_s=timeout_s,
             stuck_threads=stuck_threads,
             rate=self.rate,

@@ -15,7 +15,7 @@ import logging
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -43,43 +43,35 @@ class Lease:
     returned: bool = False
 
 
+@dataclass(eq=False)
 class ReplicaPool:
     """The replicas of one encoder and their worker threads: which are idle or stuck, and running a batch on one.
 
     queue: where the calls of a failed batch go back to run alone.  on_back: called with a stuck replica
     once its call has returned (the batcher puts it back in rotation while it is serving).
+    stuck_threads: hung calls that may keep running on a thread of their own while a fresh thread takes
+    their replica's place (threads cannot be interrupted); past it, a replica is set aside until its call
+    returns.
     """
 
-    def __init__(
-        self,
-        replicas: Sequence[Encoder],
-        name: str,
-        *,
-        timeout_s: float,
-        stuck_threads: int,
-        rate: ServiceRate,
-        poison: PoisonMemory,
-        queue: BatchQueue,
-        on_back: Callable[[int], None],
-    ) -> None:
-        self.replicas = replicas
-        self.name = name
-        self.timeout_s = timeout_s
-        self.rate = rate
-        self.poison = poison
-        self.queue = queue
-        self.on_back = on_back
-        # Hung calls that may keep running on a thread of their own while a fresh thread takes their
-        # replica's place (threads cannot be interrupted); past it, a replica is set aside until its call returns.
-        self.stuck_threads = stuck_threads
-        self._abandoned = 0  # hung calls still running on an abandoned thread
-        self._replacements = 0
-        self.stuck: set[int] = set()  # replicas whose call outlived timeout_s and has not returned yet
-        self._stuck_since: dict[int, float] = {}
+    replicas: Sequence[Encoder]
+    name: str
+    timeout_s: float
+    stuck_threads: int
+    rate: ServiceRate
+    poison: PoisonMemory
+    queue: BatchQueue
+    on_back: Callable[[int], None]
+    stuck: set[int] = field(default_factory=set)  # replicas whose call outlived timeout_s and has not returned yet
+    idle: asyncio.Queue[int] = field(default_factory=asyncio.Queue)
+    _abandoned: int = 0  # hung calls still running on an abandoned thread
+    _replacements: int = 0
+    _stuck_since: dict[int, float] = field(default_factory=dict)
+    _executors: list[ThreadPoolExecutor] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
         # How long a replica set aside stays stuck (moving average; a child process: until it is replaced).
-        self._stuck_s = timeout_s
-        self._executors: list[ThreadPoolExecutor] = []
-        self.idle: asyncio.Queue[int] = asyncio.Queue()
+        self._stuck_s = self.timeout_s
 
     def start(self) -> None:
         """A worker thread per replica, every replica idle (fresh primitives: they bind to the running loop)."""
