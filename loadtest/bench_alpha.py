@@ -5,7 +5,7 @@
 For every upgrade (a support folder and a test folder, as `nobackfill fit` / `nobackfill eval` read
 them; `--digits` adds the digits pair built in-process, see `digits_splits`), every selection scheme
 -- (folds, held-out gallery) in SCHEMES -- runs selection.fit_modalities once per fold seed; every
-criterion of selection.CRITERIA then picks its SLERP weight from the same cross-fitted curves, so
+criterion of criteria.CRITERIA then picks its SLERP weight from the same cross-fitted curves, so
 the criteria are compared on identical data.  The final R (the same for every scheme: it is fitted
 on all support rows) scores SLERP at every grid weight on the test split: the best of these is the
 oracle (as `nobackfill eval` computes it), old->old is weight 0.  Printed per upgrade and criterion:
@@ -38,14 +38,16 @@ ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "loadtest" / "results"
 sys.path.insert(0, str(ROOT))
 
-from service.compat import evaluation, selection  # noqa: E402
+from service.compat import criteria, curves, evaluation, selection  # noqa: E402
 from service.compat.arcsearch import summarise_blends  # noqa: E402
+from service.compat.fit_options import FitOptions  # noqa: E402
 from service.compat.io import Split, default_ids, load_split  # noqa: E402
 from service.compat.metrics import KS, recall_at_k, relevance  # noqa: E402
 from service.compat.procrustes import normalize_rows  # noqa: E402
+from service.vocabulary import EvalGallery  # noqa: E402
 
 # (label, folds, held-out gallery): the fold count sets how large a held-out gallery can be.
-SCHEMES: dict[str, tuple[str, int, selection.EvalGallery]] = {
+SCHEMES: dict[str, tuple[str, int, EvalGallery]] = {
     "fold": ("5 folds", 5, "fold"),
     "fold2": ("2 folds", 2, "fold"),
     "support": ("5 folds, all targets", 5, "support"),
@@ -76,7 +78,7 @@ def test_curves(test: Split, rotation: npt.NDArray[np.float32]) -> TestCurves:
     full = evaluation.slerp_curve(rotation, test, targets)
     slerp = {a: rec[1] for a, rec in full.items()}
     summary, theta, cos = summarise_blends(test.old_query, test.new_query, rotation, targets, rel, k=max(KS))
-    nlerp = {a: recall_at_k(summary.ranks(np.full(len(theta), a)), KS)[1] for a in selection.ALPHA_GRID}
+    nlerp = {a: recall_at_k(summary.ranks(np.full(len(theta), a)), KS)[1] for a in curves.ALPHA_GRID}
     return TestCurves(slerp, nlerp, summary, cos, evaluation.oracle_alpha(full))
 
 
@@ -146,14 +148,14 @@ def one_upgrade(
     for label, folds, gallery in (SCHEMES[s] for s in schemes):
         for seed in range(seeds):
             fitted = selection.fit_modalities(
-                {"text": support}, folds=folds, seed=seed, max_eval_queries=eval_queries, eval_gallery=gallery
+                {"text": support}, FitOptions(folds=folds, seed=seed, eval_queries=eval_queries, eval_gallery=gallery)
             )
             if curves is None:
                 curves = test_curves(test, fitted.rotation)
             rep = fitted.reports["text"]
             support_curves.append({"scheme": label, "seed": seed, "slerp": rep["support_recall"]["slerp"]})
-            for criterion in selection.CRITERIA:
-                alpha = selection.choose(rep["support_recall"]["slerp"], criterion)["alpha"]
+            for criterion in criteria.CRITERIA:
+                alpha = criteria.choose(rep["support_recall"]["slerp"], criterion)["alpha"]
                 picks.setdefault(f"{label} | {criterion}", []).append({"seed": seed, "alpha": alpha})
             if (folds, gallery) == (5, selection.DEFAULT_EVAL_GALLERY):
                 heads.append(_head_row(rep, curves, seed))

@@ -5,7 +5,7 @@
 For each of `--pairs` digits model pairs (tests/support/digits_models.py: OLD 5 classes, NEW 10 classes), the
 penultimate features (new 64-d -> old 32-d) of the support split (all classes; even rows as queries,
 odd rows as targets, both through both models, ids = class labels) feed the same library calls as
-`nobackfill fit` (selection.fit for the slerp head, selection.fit_mapped_slerp with train_adapter for
+`nobackfill fit` (selection.fit for the slerp head, mapped_selection.fit_mapped_slerp with train_adapter for
 adapter+slerp), and `nobackfill eval`'s evaluation.evaluate scores them on held-out queries against a
 held-out old-model gallery of the old classes 0-4 (class-label relevance).  Because the ids are
 labels, cross-fitting folds are drawn per class: every fold's map has never seen that fold's classes.
@@ -31,9 +31,10 @@ ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "loadtest" / "results"
 sys.path.insert(0, str(ROOT))
 
-from service.compat import selection  # noqa: E402
+from service.compat import mapped_selection, selection  # noqa: E402
 from service.compat.adapter import AdapterConfig, TrainedAdapter, train_adapter  # noqa: E402
 from service.compat.evaluation import evaluate  # noqa: E402
+from service.compat.fit_options import FitOptions  # noqa: E402
 from service.compat.io import load_split  # noqa: E402
 from service.compat.profile import CompatProfile  # noqa: E402
 
@@ -88,7 +89,7 @@ def one_pair(seed: int, epochs: int, folds: int, root: Path) -> dict[str, dict[s
         "fit_on": "both",
         "folds": folds,
     }
-    fitted = selection.fit(sup_split, folds=folds, seed=seed)
+    fitted = selection.fit(sup_split, FitOptions(folds=folds, seed=seed))
     procrustes = CompatProfile(
         head="slerp",
         alphas={"text": fitted.params["slerp"]["alpha"]},
@@ -102,7 +103,7 @@ def one_pair(seed: int, epochs: int, folds: int, root: Path) -> dict[str, dict[s
     def fit_map(new: np.ndarray, old: np.ndarray) -> TrainedAdapter:
         return train_adapter(new, old, config, progress=False)
 
-    mapped = selection.fit_mapped_slerp(sup_split, fit_map, folds=folds, seed=seed)
+    mapped = mapped_selection.fit_mapped_slerp(sup_split, fit_map, FitOptions(folds=folds, seed=seed))
     blended = CompatProfile(
         head="adapter+slerp",
         alphas={"text": mapped.alpha},

@@ -35,6 +35,7 @@ sys.path.insert(0, str(ROOT))
 
 from service.compat import selection  # noqa: E402
 from service.compat.evaluation import slerp_curve  # noqa: E402
+from service.compat.fit_options import FitOptions  # noqa: E402
 from service.compat.io import Split  # noqa: E402
 from service.compat.procrustes import normalize_rows  # noqa: E402
 
@@ -45,7 +46,7 @@ def score(
     labelled: Split, traffic: list[Pairs], test: Split, targets: np.ndarray, weight: float, seed: int
 ) -> dict[str, Any]:
     """Fit as `fit --add-query-pairs` does, then test R@1 of old, aligned and SLERP at the chosen alpha."""
-    result = selection.fit(labelled, seed=seed, query_pairs=traffic, query_pairs_weight=weight)
+    result = selection.fit(labelled, FitOptions(seed=seed, query_pairs_weight=weight), traffic)
     curve = slerp_curve(result.rotation, test, targets)
     alpha = float(result.params["slerp"]["alpha"])
     return {

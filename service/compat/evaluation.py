@@ -33,13 +33,13 @@ import numpy.typing as npt
 
 from service.compat import psp
 from service.compat.arcsearch import summarise_blends
+from service.compat.curves import ALPHA_GRID, slerp_lambda
 from service.compat.heads import transform_in_chunks
 from service.compat.hubness import augmented, item_bias
 from service.compat.io import Split
 from service.compat.metrics import KS, flip_rates, ranks, recall_at_k, relevance
 from service.compat.procrustes import normalize_rows
 from service.compat.profile import CompatProfile
-from service.compat.selection import ALPHA_GRID, slerp_lambda
 from service.compat.uncertainty import METRICS, paired_differences, per_query, retention, summary
 from service.errors import InputError
 from service.rows import F32

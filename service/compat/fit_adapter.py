@@ -1,7 +1,7 @@
 """Fitting the adapter heads: the MKP adapter (adapter), and SLERP between the old query and its output (adapter+slerp).
 
 Cross-fitted (the default): one adapter per fold on the other folds, scored on its held-out fold
-after every epoch; the epochs are chosen by early stopping there (selection.fit_mapped_slerp), the
+after every epoch; the epochs are chosen by early stopping there (mapped_selection.fit_mapped_slerp), the
 final adapter trains for that many, and adapter+slerp's alpha is chosen at that epoch.  The report
 compares the adapter with Procrustes on the same held-out folds.  --same-set trains once, all epochs.
 """
@@ -14,7 +14,7 @@ from typing import Any
 
 import torch
 
-from service.compat import selection
+from service.compat import mapped_selection, support_blocks
 from service.compat.adapter import AdapterConfig, EpochHook, TrainedAdapter, train_adapter
 from service.compat.fit_inputs import ModelIds
 from service.compat.fit_options import FitOptions, FitOutcome, PlotPanel
@@ -42,7 +42,7 @@ def adapter_config(split: Split, options: FitOptions) -> AdapterConfig:
     try:
         config = AdapterConfig(**{**options.adapter, "seed": options.seed})
         if "epochs" not in options.adapter and not options.same_set:
-            rows = len(selection.support_pairs(split, options.fit_on)[0])
+            rows = len(support_blocks.support_pairs(split, options.fit_on)[0])
             config = replace(config, epochs=max_epochs(rows, config.batch_size, config.epochs))
     except ValueError as exc:
         raise InputError(f"adapter options: {exc}") from exc
@@ -68,7 +68,7 @@ def fit_adapter(split: Split, supports: dict[str, Path], head: Head, ids: ModelI
         torch.set_num_threads(options.threads)
     try:
         if head is Head.adapter and same_set:
-            new, old, blocks = selection.support_pairs(split, fit_on)
+            new, old, blocks = support_blocks.support_pairs(split, fit_on)
             adapter = fit_map(new, old)
             report: dict[str, Any] = {
                 "selection": "none (the adapter head has no weight to choose)",
@@ -82,18 +82,8 @@ def fit_adapter(split: Split, supports: dict[str, Path], head: Head, ids: ModelI
             alphas: dict[str, float] = {modality: 1.0}
             params: dict[str, dict[str, dict[str, float]]] = {}
         else:
-            result = selection.fit_mapped_slerp(
-                split,
-                fit_map,
-                mode=head.value,
-                fit_on=fit_on,
-                folds=folds,
-                same_set=same_set,
-                max_eval_queries=options.eval_queries,
-                seed=options.seed,
-                criterion=options.criterion,
-                early_stop=not same_set,
-                eval_gallery=options.eval_gallery,
+            result = mapped_selection.fit_mapped_slerp(
+                split, fit_map, options, mode=head.value, early_stop=not same_set
             )
             adapter, report = result.mapper, result.report
             alphas = {modality: result.alpha}

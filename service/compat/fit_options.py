@@ -66,6 +66,10 @@ class FitOptions:
         return self.head or Head.slerp
 
 
+# `nobackfill fit`'s defaults: what a fit called without options (selection.fit, ...) selects with.
+DEFAULT_OPTIONS = FitOptions()
+
+
 @dataclass(frozen=True, eq=False)
 class FitOutcome:
     """A fitted profile, not yet saved, and what a report of the fit needs.

@@ -177,24 +177,9 @@ def _head_alpha(head: Head, params: dict[str, dict[str, float]]) -> float:
     return 1.0 if head is Head.aligned else params[head.value].get("alpha", params["adaptive"]["a"])
 
 
-def _selection_options(options: FitOptions, pairs: list[tuple[F32, F32]]) -> dict[str, Any]:
-    """The keyword arguments selection.fit and selection.fit_modalities take from FitOptions."""
-    return {
-        "fit_on": options.fit_on,
-        "folds": options.folds,
-        "same_set": options.same_set,
-        "max_eval_queries": options.eval_queries,
-        "seed": options.seed,
-        "criterion": options.criterion,
-        "eval_gallery": options.eval_gallery,
-        "query_pairs": pairs,
-        "query_pairs_weight": options.query_pairs_weight,
-    }
-
-
 def _fit_procrustes(split: Split, modality: str, support_dir: Path, ids: ModelIds, options: FitOptions) -> FitOutcome:
     """One support folder, a Procrustes head: R and every blend weight, cross-fitted (or same-set)."""
-    result = selection.fit(split, **_selection_options(options, query_pairs(options.query_pairs, split, ids)))
+    result = selection.fit(split, options, query_pairs(options.query_pairs, split, ids))
     head, why = options.chosen_head, None
     if options.head is None:
         head, why = Head(result.report["best_head"]["head"]), result.report["best_head"]["why"]
@@ -252,7 +237,7 @@ def _fit_modalities(dirs: dict[str, Path], options: FitOptions, warn: Warn) -> F
                 f"{ids[first].new}; one profile serves one model pair"
             )
     pairs = query_pairs(options.query_pairs, splits[first], ids[first])
-    fitted = selection.fit_modalities(splits, **_selection_options(options, pairs))
+    fitted = selection.fit_modalities(splits, options, pairs)
     why = None
     if head is None:
         favoured = {fitted.reports[m]["best_head"]["head"] for m in splits}

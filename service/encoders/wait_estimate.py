@@ -1,7 +1,7 @@
 """What a call can expect to wait in a batcher's queue, and how large a batch may grow: what admission reads.
 
-Cut out of the batcher (encoders/batcher.py) so the queue and the replicas' work stay there and the
-arithmetic admission relies on is one small unit.  The batcher hands in what it sees at the moment
+Cut out of the batcher (encoders/batcher.py) beside its queue (batch_queue.py) and its replicas (replicas.py),
+so the arithmetic admission relies on is one small unit.  The batcher hands in what it sees at the moment
 (`QueueState`: items queued, replicas idle and answering, when a stuck one is expected back); the
 estimator adds what it keeps itself: the measured cost per batch (service_rate.py) and the items
 admitted searches reserved and have not queued yet (encoders/ticket.py).

@@ -39,12 +39,12 @@ import numpy as np
 import numpy.typing as npt
 import torch
 
+from service.compat.curves import angle_stats
 from service.compat.heads import transform_in_chunks
 from service.compat.io import Split
 from service.compat.metrics import KS, flip_rates, ranks, recall_at_k, relevance
 from service.compat.procrustes import normalize_rows
 from service.compat.profile import CompatProfile
-from service.compat.selection import angle_stats
 from service.compat.uncertainty import describe, few_queries_line, paired_differences, summary
 from service.errors import InputError
 from service.rows import F32

@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from service.compat import selection
+from service.compat import criteria
 from service.compat.profile import load_profile
 from tests.support.upgrade_standin import make_world, write_split
 
@@ -188,7 +188,7 @@ def test_fit_report_shows_the_curve_with_standard_errors_and_why_the_head(world:
     assert rep["chosen"]["slerp"]["alpha"] == best["alpha"]  # the arg-max rule, as before
     # The default one-SE rule picks from the same curve, inside the plateau of the best.
     default = json.loads((world["profile"] / "profile.json").read_text())["fit_report"]
-    assert default["criterion"] == selection.DEFAULT_CRITERION
+    assert default["criterion"] == criteria.DEFAULT_CRITERION
     assert default["eval_gallery"].startswith("old targets of every fold")
     done = nobackfill("fit", world["support"], "--out", world["root"] / "bad-criterion", "--criterion", "best")
     assert done.returncode == 2

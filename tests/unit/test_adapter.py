@@ -17,6 +17,11 @@ from service.compat.adapter import (
     AdapterConfig,
     AdapterMLP,
     TrainedAdapter,
+    load_adapter,
+    train_adapter,
+)
+from service.compat.metrics import default_ids, relevance, search_recall
+from service.compat.mkp_loss import (
     angle_cosines,
     base_loss,
     batch_index,
@@ -25,7 +30,6 @@ from service.compat.adapter import (
     focal_mean,
     focal_weights,
     gram,
-    load_adapter,
     local_pairs,
     local_triplets,
     mkp_loss,
@@ -33,9 +37,7 @@ from service.compat.adapter import (
     point_errors,
     sample_pairs,
     sample_triplets,
-    train_adapter,
 )
-from service.compat.metrics import default_ids, relevance, search_recall
 from service.compat.procrustes import normalize_rows
 
 FAST = settings(max_examples=40, deadline=None)
@@ -319,7 +321,8 @@ def test_a_run_stopped_at_epoch_e_equals_the_first_e_epochs_of_a_full_run() -> N
 
 
 def test_early_stopping_on_the_folds_and_the_comparison_with_procrustes(tmp_path: Path) -> None:
-    from service.compat import selection
+    from service.compat import criteria, mapped_selection
+    from service.compat.fit_options import FitOptions
     from service.compat.io import load_split
     from tests.support.upgrade_standin import make_world, write_split
 
@@ -333,13 +336,13 @@ def test_early_stopping_on_the_folds_and_the_comparison_with_procrustes(tmp_path
         calls.append(stop_after)
         return train_adapter(new, old, cfg, progress=False, on_epoch=on_epoch, stop_after=stop_after)  # type: ignore[arg-type]
 
-    fitted = selection.fit_mapped_slerp(split, fit_map, mode="adapter", folds=3, early_stop=True)
+    fitted = mapped_selection.fit_mapped_slerp(split, fit_map, FitOptions(folds=3), mode="adapter", early_stop=True)
     stop = fitted.report["early_stopping"]
     assert stop["max_epochs"] == 6 and [r["epoch"] for r in stop["curve"]] == list(range(1, 7))
     best = max(r[stop["score"]] for r in stop["curve"])
     chosen = stop["curve"][stop["epochs"] - 1]
     # The fewest epochs within one standard error of the best held-out epoch.
-    assert chosen[stop["score"]] >= best - selection.curve_se(stop["curve"], selection.DEFAULT_CRITERION)
+    assert chosen[stop["score"]] >= best - criteria.curve_se(stop["curve"], criteria.DEFAULT_CRITERION)
     assert calls == [None, None, None, stop["epochs"]] and fitted.mapper.report["epochs"] == stop["epochs"]
     vs = fitted.report["versus_procrustes"]
     assert vs["adapter_loses"] == (vs["adapter_alone_r1"] < vs["procrustes_alone_r1"])

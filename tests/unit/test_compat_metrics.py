@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 
 from service.compat.arcsearch import summarise_path
+from service.compat.curves import slerp_lambda
 from service.compat.interpolation import nlerp, slerp
 from service.compat.metrics import (
     default_ids,
@@ -17,7 +18,6 @@ from service.compat.metrics import (
     search_recall,
 )
 from service.compat.procrustes import normalize_rows
-from service.compat.selection import slerp_lambda
 
 E = np.eye(4, dtype=np.float32)
 

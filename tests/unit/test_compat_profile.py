@@ -9,7 +9,8 @@ import numpy as np
 import pytest
 from safetensors.numpy import save_file
 
-from service.compat import crossfit, selection
+from service.compat import criteria, crossfit, curves, selection
+from service.compat.fit_options import FitOptions
 from service.compat.heads import transform
 from service.compat.interpolation import nlerp, slerp
 from service.compat.io import Split, load_split
@@ -18,6 +19,7 @@ from service.compat.procrustes import align, normalize_rows, pad
 from service.compat.profile import FORMAT_VERSION, TENSORS, CompatProfile, load_profile, save_profile
 from service.errors import ArtifactError, InputError, UnsupportedMode
 from service.manifest import MANIFEST_NAME, write_manifest
+from service.vocabulary import FitOn
 from tests.support.upgrade_standin import make_world, write_split
 
 
@@ -28,7 +30,7 @@ def support(tmp_path_factory: pytest.TempPathFactory) -> Split:
 
 @pytest.fixture(scope="module")
 def fitted(support: Split) -> selection.FitResult:
-    return selection.fit(support, folds=3)
+    return selection.fit(support, FitOptions(folds=3))
 
 
 def _profile(support: Split, fitted: selection.FitResult, head: str = "slerp") -> CompatProfile:
@@ -50,26 +52,26 @@ def _profile(support: Split, fitted: selection.FitResult, head: str = "slerp") -
 def test_fit_report_contents(fitted: selection.FitResult, support: Split) -> None:
     rep = fitted.report
     assert rep["selection"] == "cross-fit" and rep["fit_blocks"] == ["query", "target"]
-    assert [r["alpha"] for r in rep["support_recall"]["slerp"]] == list(selection.ALPHA_GRID)
+    assert [r["alpha"] for r in rep["support_recall"]["slerp"]] == list(curves.ALPHA_GRID)
     assert rep["eval_queries"] == len(support.old_query)
     assert set(rep["residual_angle_deg"]) == {"mean", "median", "p5", "p95"}
     assert (
         0 < rep["residual_angle_deg"]["p5"] <= rep["residual_angle_deg"]["median"] <= rep["residual_angle_deg"]["p95"]
     )
-    assert rep["chosen"]["slerp"] == selection.choose(rep["support_recall"]["slerp"], rep["criterion"])
+    assert rep["chosen"]["slerp"] == criteria.choose(rep["support_recall"]["slerp"], rep["criterion"])
     assert fitted.rotation.shape == (12, 12)
 
 
 def test_same_set_and_fit_on_options(support: Split) -> None:
-    same = selection.fit(support, same_set=True, fit_on="query")
+    same = selection.fit(support, FitOptions(same_set=True, fit_on=FitOn.query))
     assert same.report["selection"] == "same-set" and same.report["fit_blocks"] == ["query"]
     assert "residual_angle_deg_out_of_fold" not in same.report
     with pytest.raises(InputError, match="folds"):
-        selection.fit(support, folds=1)
+        selection.fit(support, FitOptions(folds=1))
 
 
 def test_the_same_set_report_carries_new_to_new_on_the_scored_rows(support: Split) -> None:
-    same = selection.fit(support, same_set=True, fit_on="query")
+    same = selection.fit(support, FitOptions(same_set=True, fit_on=FitOn.query))
     rank = ranks(normalize_rows(support.new_query), normalize_rows(support.new_target), relevance(
         support.query_ids, support.target_ids))  # fmt: skip
     assert same.report["new_to_new"]["recall@1"] == pytest.approx(recall_at_k(rank)[1])
@@ -283,7 +285,7 @@ def test_transform_errors(profile: CompatProfile, support: Split) -> None:
 def test_cross_fit_with_ids_and_distractors(crossfit_split: Split) -> None:
     # Two captions per item: queries 2i and 2i+1 both belong to item i; targets 100.. are distractors.
     split = crossfit_split
-    result = selection.fit(split, folds=4)
+    result = selection.fit(split, FitOptions(folds=4))
     assert result.report["eval_queries"] == 200
     assert all(0 <= r["recall@1"] <= 1 for r in result.report["support_recall"]["slerp"])
     q_fold, t_fold = crossfit.assign_joint([split], 4, np.random.default_rng(1))[0]
