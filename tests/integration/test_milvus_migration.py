@@ -265,3 +265,31 @@ async def test_the_cascade_writes_what_it_encodes_into_the_collection(world: Wor
     written = entities(env, "v2_cascade", ["title"])
     assert len(written) >= info["segment"]["moved"]  # (it may have written more since)
     assert all(e["title"] == f"item {i}" for i, e in written.items())  # each row carries its item's fields
+
+
+def test_the_cut_over_switches_the_alias_an_application_already_reads(server: MilvusLite) -> None:
+    """NOBACKFILL_INDEX__MILVUS_COLLECTION is an alias: the cut-over re-points it (alter_alias), once."""
+    from service.backfill.milvus_cutover import apply_cutover, plan_cutover
+    from service.encoders.identity import ModelIdentity
+    from service.errors import InputError
+    from service.segment.milvus_rows import MilvusNewRows
+
+    rows = np.eye(4, 8, dtype=np.float32)
+    new_rows = MilvusNewRows(
+        IndexSettings(backend="milvus", milvus_uri=server.uri, milvus_collection="shop"), "tiny_v2"
+    )
+    with opened(server.uri) as client:
+        user_collection(client, "tiny", rows, primary=PRIMARY, field=FIELD)
+        client.create_alias("tiny", "shop")  # what the application reads
+        new_rows.add(client, ModelIdentity("synthetic-new", "tiny-new", None, 8), "milvus:shop@unknown")
+        new_rows.write(client, np.arange(3, dtype=np.int64), rows[:3])
+        with pytest.raises(InputError, match=r"holds 3 of 4 rows \(75.0%\)"):
+            plan_cutover(new_rows, client, None)
+        new_rows.write(client, np.arange(4, dtype=np.int64), rows)  # the fourth; the three others stay
+        assert new_rows.count(client) == 4
+        planned = plan_cutover(new_rows, client, None)
+        assert planned.call == ("alter_alias", "tiny_v2", "shop")
+        assert planned.after.startswith("the application reads alias shop as before")
+        apply_cutover(client, planned)
+        assert client.describe_alias("shop")["collection_name"] == "tiny_v2"
+        assert plan_cutover(new_rows, client, None).call is None  # done: nothing left to run
