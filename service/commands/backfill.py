@@ -344,7 +344,12 @@ def _check_profile(profile_dir: Path, identity: Any) -> None:
 
 @app.command("status")
 def status(
-    segment: Path = typer.Argument(..., help="Segment folder, or pgvector:COLUMN.", metavar="SEGMENT"),
+    segment: Path = typer.Argument(
+        ...,
+        help="Segment folder, pgvector:COLUMN, pgvector-table:TABLE, qdrant:VECTOR, qdrant-collection:NAME or "
+        "milvus-collection:NAME.",
+        metavar="SEGMENT",
+    ),
     hits: str | None = typer.Option(
         None,
         "--hits",
@@ -411,7 +416,12 @@ def status(
 
 @app.command("index")
 def index(
-    segment: Path = typer.Argument(..., help="Segment folder, or pgvector:COLUMN.", metavar="SEGMENT"),
+    segment: Path = typer.Argument(
+        ...,
+        help="Segment folder, pgvector:COLUMN, pgvector-table:TABLE, qdrant:VECTOR, qdrant-collection:NAME or "
+        "milvus-collection:NAME.",
+        metavar="SEGMENT",
+    ),
     m: int = typer.Option(16, "--m", min=2, help="pgvector:COLUMN: the HNSW index's m (pgvector's default)."),
     ef_construction: int = typer.Option(
         64, "--ef-construction", min=4, help="pgvector:COLUMN: its ef_construction (pgvector's default)."
