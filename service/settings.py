@@ -193,6 +193,11 @@ class IndexSettings(Section):
     # Every Milvus call (search, readiness probe) fails after this long: 503 gallery_unavailable, never a hang.
     milvus_timeout_s: float = Field(2.0, gt=0)
     """backend milvus: a call past this fails (503 gallery_unavailable)."""
+    # The migration beside the collection (segment/milvus_collection.py): the new model's rows in a second
+    # collection of nobackfill's own, same primary keys, created by `backfill run --add-collection`; the
+    # user's collection is never written.  Set, the default mode is hybrid.
+    milvus_new_collection: str | None = None
+    """backend milvus: the new model's rows in a collection of nobackfill's own (the segment), e.g. items_v2."""
     # "pgvector": the user's PostgreSQL table of old-model vectors, searched read-only (index/pgvector.py).
     pgvector_dsn: SecretStr | None = None
     """backend pgvector: the connection string, postgresql://user:password@host:5432/db."""
@@ -581,7 +586,18 @@ def _contradictions(settings: Settings) -> list[str]:
             f"{env_name('index', 'qdrant_new_collection')} is the old model's collection "
             f"({env_name('index', 'qdrant_collection')}): the new rows go into a collection of their own"
         )
-    named = [*in_database, *in_qdrant, *(["segment_dir"] if index.segment_dir is not None else [])]
+    if index.milvus_new_collection is not None and index.backend != "milvus":
+        problems.append(
+            f"{env_name('index', 'milvus_new_collection')} is beside the Milvus gallery's collection: "
+            f"it needs {env_name('index', 'backend')}=milvus"
+        )
+    if index.milvus_new_collection is not None and index.milvus_new_collection == index.milvus_collection:
+        problems.append(
+            f"{env_name('index', 'milvus_new_collection')} is the old model's collection "
+            f"({env_name('index', 'milvus_collection')}): the new rows go into a collection of their own"
+        )
+    in_milvus = ["milvus_new_collection"] if index.milvus_new_collection is not None else []
+    named = [*in_database, *in_qdrant, *in_milvus, *(["segment_dir"] if index.segment_dir is not None else [])]
     if len(named) > 1:
         problems.append(f"{' and '.join(env_name('index', n) for n in named)} each name a segment: set one")
     if index.pgvector_new_column is not None and index.pgvector_new_column == index.pgvector_column:
@@ -619,13 +635,16 @@ def _cut_over_contradictions(settings: Settings) -> list[str]:
     if not settings.cut_over:
         return problems
     index = settings.index
-    stores = ("segment_dir", "pgvector_new_column", "pgvector_new_table", "qdrant_new_vector", "qdrant_new_collection")
+    stores = (
+        "segment_dir", "pgvector_new_column", "pgvector_new_table", "qdrant_new_vector", "qdrant_new_collection",
+        "milvus_new_collection",
+    )  # fmt: skip
     if all(getattr(index, name) is None for name in stores):
         problems.append(
             f"{env_name('old', 'backend')}={NO_MODEL} (the cut-over) needs {env_name('index', 'segment_dir')} "
             f"(or {env_name('index', 'pgvector_new_column')} / {env_name('index', 'pgvector_new_table')}, "
-            f"{env_name('index', 'qdrant_new_vector')} / {env_name('index', 'qdrant_new_collection')}): "
-            "the finished segment is the only gallery then"
+            f"{env_name('index', 'qdrant_new_vector')} / {env_name('index', 'qdrant_new_collection')}, "
+            f"{env_name('index', 'milvus_new_collection')}): the finished segment is the only gallery then"
         )
     if settings.compat.default_mode not in (None, Mode.new):
         problems.append(

@@ -2,9 +2,11 @@
 
     BackfillTarget (protocol)
     ├── FolderTarget           a segment folder: shards, sealed at the end (segment/layout.py, sealed.py)
-    └── PgvectorColumnTarget   the new column of the pgvector table (backfill/pgvector_target.py)
+    ├── PgvectorColumnTarget   the new column of the pgvector table (backfill/pgvector_target.py)
+    ├── QdrantVectorTarget     a named vector or second collection in Qdrant (backfill/qdrant_target.py)
+    └── MilvusCollectionTarget a second collection beside the Milvus gallery (backfill/milvus_target.py)
 
-run.py's loop (plan, skip what moved, encode, publish, throttle) is the same for both; a target owns
+run.py's loop (plan, skip what moved, encode, publish, throttle) is the same for every one; a target owns
 creation, the run lock, "what has moved" and the write.
 """
 

@@ -35,7 +35,8 @@ def run(
         "--segment",
         help="Segment folder (created on the first run), pgvector:COLUMN (a new column of the pgvector "
         "table the NOBACKFILL_INDEX__PGVECTOR_* settings name) or pgvector-table:TABLE (a side table beside it); "
-        "qdrant:VECTOR (a named vector of the NOBACKFILL_INDEX__QDRANT_* collection) or qdrant-collection:NAME.",
+        "qdrant:VECTOR (a named vector of the NOBACKFILL_INDEX__QDRANT_* collection) or qdrant-collection:NAME; "
+        "milvus-collection:NAME (a collection beside the NOBACKFILL_INDEX__MILVUS_* one).",
     ),
     add_column: bool = typer.Option(
         False,
@@ -44,7 +45,8 @@ def run(
         "--add-vector",
         "--add-collection",
         help="pgvector:COLUMN: add the column when it is not there (ALTER TABLE, no rewrite); pgvector-table:TABLE: "
-        "create the side table; qdrant:VECTOR (--add-vector): add the named vector; qdrant-collection:NAME: create it.",
+        "create the side table; qdrant:VECTOR (--add-vector): add the named vector; qdrant-collection:NAME, "
+        "milvus-collection:NAME: create it.",
     ),
     input_path: Path = typer.Option(
         ..., "--input", help="The gallery's items: an item store, or a file / image folder as `encode` reads it."
@@ -242,15 +244,16 @@ class _ColumnSegment:
 
 
 def _pgvector_column(segment: Path) -> Any:
-    """What `pgvector:COLUMN` / `pgvector-table:TABLE` / `qdrant:VECTOR` / `qdrant-collection:NAME` names (None
-    for a folder); InputError without a name."""
+    """What `pgvector:COLUMN` / `pgvector-table:TABLE` / `qdrant:VECTOR` / `qdrant-collection:NAME` /
+    `milvus-collection:NAME` names (None for a folder); InputError without a name."""
+    from service.commands.milvus_segment import milvus_segment
     from service.commands.qdrant_segment import qdrant_segment
     from service.errors import InputError
 
     text = str(segment)
-    in_qdrant = qdrant_segment(text)
-    if in_qdrant is not None:
-        return in_qdrant
+    in_store = qdrant_segment(text) or milvus_segment(text)
+    if in_store is not None:
+        return in_store
     for prefix, side in ((PGVECTOR_PREFIX, False), (PGVECTOR_TABLE_PREFIX, True)):
         if text.startswith(prefix):
             name = text.removeprefix(prefix)
@@ -341,7 +344,12 @@ def _check_profile(profile_dir: Path, identity: Any) -> None:
 
 @app.command("status")
 def status(
-    segment: Path = typer.Argument(..., help="Segment folder, or pgvector:COLUMN.", metavar="SEGMENT"),
+    segment: Path = typer.Argument(
+        ...,
+        help="Segment folder, pgvector:COLUMN, pgvector-table:TABLE, qdrant:VECTOR, qdrant-collection:NAME or "
+        "milvus-collection:NAME.",
+        metavar="SEGMENT",
+    ),
     hits: str | None = typer.Option(
         None,
         "--hits",
@@ -408,7 +416,12 @@ def status(
 
 @app.command("index")
 def index(
-    segment: Path = typer.Argument(..., help="Segment folder, or pgvector:COLUMN.", metavar="SEGMENT"),
+    segment: Path = typer.Argument(
+        ...,
+        help="Segment folder, pgvector:COLUMN, pgvector-table:TABLE, qdrant:VECTOR, qdrant-collection:NAME or "
+        "milvus-collection:NAME.",
+        metavar="SEGMENT",
+    ),
     m: int = typer.Option(16, "--m", min=2, help="pgvector:COLUMN: the HNSW index's m (pgvector's default)."),
     ef_construction: int = typer.Option(
         64, "--ef-construction", min=4, help="pgvector:COLUMN: its ef_construction (pgvector's default)."
@@ -419,7 +432,7 @@ def index(
     For pgvector:COLUMN: CREATE INDEX CONCURRENTLY on the column (HNSW, inner product), never implicitly.
     """
     column = _pgvector_column(segment)
-    if column is not None and column.noun == "vector":  # Qdrant indexes its vectors itself
+    if column is not None and not isinstance(column, _ColumnSegment):  # Qdrant and Milvus index by themselves
         typer.echo(column.index_line())
         return
     if column is not None:
@@ -455,14 +468,18 @@ def index(
 def cutover(
     segment: Path = typer.Argument(
         ...,
-        help="pgvector:COLUMN (the new column of the settings' table), qdrant:VECTOR or qdrant-collection:NAME.",
+        help="pgvector:COLUMN (the new column of the settings' table), qdrant:VECTOR, qdrant-collection:NAME or "
+        "milvus-collection:NAME.",
         metavar="SEGMENT",
     ),
     how: str = typer.Option("view", "--how", help="view (a view reads the new column under the old name) or rename."),
     view: str | None = typer.Option(None, "--view", help="--how view: the view's name.", show_default="TABLE_COLUMN"),
     apply: bool = typer.Option(False, "--apply", help="Run the statements (one transaction); else print them."),
     alias: str | None = typer.Option(
-        None, "--alias", help="qdrant-collection:NAME: the alias to create on it.", show_default="COLLECTION_current"
+        None,
+        "--alias",
+        help="qdrant-collection:NAME, milvus-collection:NAME: the alias to create on it.",
+        show_default="COLLECTION_current",
     ),
 ) -> None:
     """Print (or --apply) the SQL after which your application reads the new model's column natively."""
@@ -475,7 +492,7 @@ def cutover(
             f"{segment}: a segment folder is cut over by serving it alone (NOBACKFILL_OLD__BACKEND=none, "
             "docs/backfill.md); `backfill cutover` writes a pgvector table's SQL (pgvector:COLUMN)"
         )
-    if column.noun == "vector":  # Qdrant: the vector's name to query, or an alias to the second collection
+    if not isinstance(column, _ColumnSegment):  # Qdrant: the vector's name, or an alias; Milvus: an alias
         for line in column.cutover(apply, alias):
             typer.echo(line)
         return

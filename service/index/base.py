@@ -108,15 +108,19 @@ class _Selector:
     data: np.ndarray  # what the inner selector was built from (a bitmap is read in place, not copied)
 
 
-def excluding_by_overfetch(search: Any, queries: Queries, k: int, nprobe: int, exclusion: Exclusion) -> Hits:
+def excluding_by_overfetch(
+    search: Any, queries: Queries, k: int, nprobe: int, exclusion: Exclusion, max_fetch: int | None = None
+) -> Hits:
     """search(queries, k', nprobe) with the excluded ids filtered out, fetching more until k remain (or none are left).
 
     For backends without a native id filter (Milvus, a GPU index): exact as long as the list can grow.
+    max_fetch: the backend's own bound on one search's list (Milvus's topk); a row whose k unexcluded hits
+    lie beyond it comes back short (hybrid fills it from the segment).
     """
     scores = np.full((len(queries), k), -np.inf, dtype=np.float32)
     ids = np.full((len(queries), k), -1, dtype=np.int64)
     todo = np.arange(len(queries))
-    fetch = 2 * k
+    fetch = 2 * k if max_fetch is None else max(k, min(2 * k, max_fetch))
     for _ in range(_OVERFETCH_ROUNDS):
         if not len(todo):
             break
@@ -130,7 +134,9 @@ def excluding_by_overfetch(search: Any, queries: Queries, k: int, nprobe: int, e
             if len(picked) < k and got_i[row, -1] >= 0:  # the list was full: more may lie beyond it
                 short.append(q)
         todo = np.array(short, dtype=np.int64)
-        fetch *= 4
+        if max_fetch is not None and fetch >= max_fetch:
+            break
+        fetch = fetch * 4 if max_fetch is None else min(fetch * 4, max(k, max_fetch))
     return scores, ids
 
 

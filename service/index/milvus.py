@@ -9,6 +9,10 @@ The contract with the collection (checked once at open, each failure one line na
   and the model identity `nobackfill gallery build --backend milvus` stored in the collection's
   properties (IDENTITY_KEY, the same block gallery.json holds) with theirs.
 
+Hybrid (segment/milvus_collection.py) leaves the moved ids out by over-fetching, up to Milvus's topk
+bound (MILVUS_MAX_TOPK): an `id not in [...]` filter of up to millions of ids is no query to send.
+With every row moved the old search is skipped: nothing in it could be answered.
+
 Searching: `nprobe` becomes the index's `nprobe` search parameter where it has one (IVF_*); flat and
 graph indexes take none (max_nprobe None).  Every call carries `timeout=index.milvus_timeout_s`, so an
 unreachable or stalled Milvus costs a request at most that long and is answered 503
@@ -44,6 +48,8 @@ RANKING_METRICS = ("IP", "COSINE")
 MILVUS_MAX_NPROBE = 65536
 # A graph index needs ef >= k; below this floor its recall drops for small k.
 HNSW_MIN_EF = 64
+# Milvus's bound on one search's list (its topk): hybrid's over-fetch past the moved ids stops there.
+MILVUS_MAX_TOPK = 16384
 # Loading an embedded milvus-lite file reads all its segments: more than a search's deadline.
 EMBEDDED_LOAD_TIMEOUT_S = 120.0
 # After a failed search, searches fail at once for this long (then one tries Milvus again); a /readyz
@@ -76,6 +82,9 @@ def connect(uri: str, token: str | None, timeout_s: float) -> Any:
     # pymilvus logs every failed call with a full traceback; during an outage that is one per request.
     # The failure is logged here once per call, in one line (_unavailable), and counted as a 503.
     logging.getLogger("pymilvus.decorators").setLevel(logging.CRITICAL)
+    # milvus-lite answers a key listing (query_iterator) without a server timestamp, and pymilvus says so in a
+    # WARNING per listing, that is per segment refresh; it then uses its own clock, which is what we want.
+    logging.getLogger("pymilvus.client.iterator.query_iterator").setLevel(logging.ERROR)
     try:
         return MilvusClient(uri=uri, token=token or "", timeout=timeout_s)
     except milvus_errors() as exc:
@@ -120,6 +129,16 @@ def index_of(client: Any, collection: str, field: str, timeout_s: float) -> dict
 def state_name(state: Any) -> str:
     """A load state's name ("Loaded", "NotLoad", ...), whether pymilvus gives an enum or a string."""
     return str(getattr(state, "name", state))
+
+
+def search_params(index_type: str, metric: str, k: int, nprobe: int) -> dict[str, Any]:
+    """One search's parameters for an index: nprobe for IVF, ef >= k for HNSW, none otherwise."""
+    params: dict[str, Any] = {}
+    if index_type.startswith("IVF"):
+        params["nprobe"] = nprobe
+    elif index_type.startswith("HNSW"):
+        params["ef"] = max(k, HNSW_MIN_EF)
+    return {"metric_type": metric, "params": params}
 
 
 def read_identity(properties: dict[str, Any]) -> dict[str, Any]:
@@ -230,23 +249,20 @@ class MilvusGallery:
 
     def search_params(self, k: int, nprobe: int) -> dict[str, Any]:
         """The per-search parameters: nprobe for IVF, ef >= k for HNSW, none otherwise."""
-        params: dict[str, Any] = {}
-        if self.index_type.startswith("IVF"):
-            params["nprobe"] = nprobe
-        elif self.index_type.startswith("HNSW"):
-            params["ef"] = max(k, HNSW_MIN_EF)
-        return {"metric_type": self.metric, "params": params}
+        return search_params(self.index_type, self.metric, k, nprobe)
 
     def search(
         self, queries: npt.ArrayLike, k: int, nprobe: int, exclude: Exclusion | None = None
     ) -> tuple[npt.NDArray[np.float32], npt.NDArray[np.int64]]:
         """Top-k of queries [b, d] by the collection's IP / COSINE, skipping `exclude` (over-fetched): -1 pads."""
         q = checked_queries(queries, self.dim, k, nprobe, self.max_nprobe)
-        if exclude is not None and len(exclude.ids):
-            # An `id not in [...]` filter of up to millions of ids is no query to send: fetch more, drop locally.
-            return excluding_by_overfetch(self.search, q, k, nprobe, exclude)
         scores = np.full((q.shape[0], k), PAD_SCORE, dtype=np.float32)
         ids = np.full((q.shape[0], k), -1, dtype=np.int64)
+        if exclude is not None and len(exclude.ids) >= self.ntotal:
+            return scores, ids  # every row moved: nothing here may answer (hybrid is the new search alone)
+        if exclude is not None and len(exclude.ids):
+            # An `id not in [...]` filter of up to millions of ids is no query to send: fetch more, drop locally.
+            return excluding_by_overfetch(self.search, q, k, nprobe, exclude, max_fetch=MILVUS_MAX_TOPK)
         if q.shape[0] == 0:
             return scores, ids
         if self._problem is not None and time.monotonic() - self._failed_at < FAIL_FAST_S:
@@ -269,9 +285,15 @@ class MilvusGallery:
         self._problem = None
         for row, found in enumerate(hits):
             n = min(len(found), k)
-            ids[row, :n] = [hit["id"] for hit in found[:n]]
+            # A hit carries its key under the primary field's own name ("id" only when the field is so named).
+            ids[row, :n] = [hit[self.primary] for hit in found[:n]]
             scores[row, :n] = [hit["distance"] for hit in found[:n]]
         return scores, ids
+
+    @property
+    def client(self) -> Any:
+        """The open client: a segment beside this collection shares its channel."""
+        return self._client
 
     def _failed(self, call: str, exc: BaseException) -> None:
         """Remember the outage for /readyz, count it and log its cause (a response names no internals)."""

@@ -1,8 +1,10 @@
 """The segment interface: the new-model rows of the items moved so far, wherever a store keeps them.
 
     SegmentStore (protocol)
-    ├── Segment                segment/reader.py           a folder of shards (and sealed indexes), in memory
-    └── PgvectorColumnSegment  segment/pgvector_column.py  a second vector column of the user's pgvector table
+    ├── Segment                  segment/reader.py             a folder of shards (and sealed indexes), in memory
+    ├── PgvectorColumnSegment    segment/pgvector_column.py    a second vector column (or side table) of pgvector
+    ├── QdrantVectorSegment      segment/qdrant_vector.py      a named vector (or second collection) in Qdrant
+    └── MilvusCollectionSegment  segment/milvus_collection.py  a second collection beside the Milvus gallery
 
 `segment/factory.py` opens the configured one.  The query path (hybrid, `new`, the cascade), the
 cascade's writer and the metrics see only this interface, so a store adds one module here and its

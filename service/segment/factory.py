@@ -5,6 +5,7 @@ index.pgvector_new_column       a second column of the pgvector gallery's own ta
 index.pgvector_new_table        a side table in the pgvector gallery's database (same module)
 index.qdrant_new_vector         a named vector of the Qdrant gallery's own collection (segment/qdrant_vector.py)
 index.qdrant_new_collection     a second collection beside it, same point ids (same module)
+index.milvus_new_collection     a second collection beside the Milvus gallery, same keys (segment/milvus_collection.py)
 
 `finished_in_store` opens a store's finished segment for the cut-over (NOBACKFILL_OLD__BACKEND=none).
 """
@@ -26,9 +27,10 @@ def indexing_of(index: IndexSettings) -> Indexing:
 
 
 def segment_configured(index: IndexSettings) -> bool:
-    """Whether the settings name a segment (a folder, or new rows in the pgvector or Qdrant store)."""
+    """Whether the settings name a segment (a folder, or new rows in the pgvector, Qdrant or Milvus store)."""
     named = (index.segment_dir, index.pgvector_new_column, index.pgvector_new_table)
-    return any(n is not None for n in (*named, index.qdrant_new_vector, index.qdrant_new_collection))
+    in_store = (index.qdrant_new_vector, index.qdrant_new_collection, index.milvus_new_collection)
+    return any(n is not None for n in (*named, *in_store))
 
 
 def open_segment(index: IndexSettings, model: ModelIdentity, gallery: GalleryBackend) -> SegmentStore | None:
@@ -49,6 +51,8 @@ def open_segment(index: IndexSettings, model: ModelIdentity, gallery: GalleryBac
         return PgvectorColumnSegment.open(new_rows, model, gallery.fingerprint, gallery.ntotal)
     if index.qdrant_new_vector is not None or index.qdrant_new_collection is not None:
         return _qdrant_segment(index, model, gallery)
+    if index.milvus_new_collection is not None:
+        return _milvus_segment(index, model, gallery)
     if index.segment_dir is None:
         return None
     beside = GalleryRef(gallery.fingerprint, gallery.ntotal)
@@ -73,12 +77,30 @@ def _qdrant_segment(index: IndexSettings, model: ModelIdentity, gallery: Gallery
     )  # local mode: one client per folder, so the gallery's
 
 
+def _milvus_segment(index: IndexSettings, model: ModelIdentity, gallery: GalleryBackend) -> SegmentStore:
+    """The second collection beside the Milvus gallery, on the gallery's own client."""
+    from service.index.milvus import MilvusGallery
+    from service.segment.milvus_collection import MilvusCollectionSegment
+    from service.segment.milvus_rows import new_rows_of
+
+    if not isinstance(gallery, MilvusGallery):  # its moved ids are left out by the collection's over-fetch
+        raise SettingsError(
+            "NOBACKFILL_INDEX__MILVUS_NEW_COLLECTION is beside the Milvus gallery's collection: "
+            f"it needs NOBACKFILL_INDEX__BACKEND=milvus (the gallery is {gallery.backend})"
+        )
+    new_rows = new_rows_of(index)
+    assert new_rows is not None
+    return MilvusCollectionSegment.open(
+        new_rows, model, gallery.fingerprint, gallery.ntotal, gallery.client, owned=False
+    )  # one gRPC channel for both (an embedded ./x.db is this process's own server)
+
+
 def finished_in_store(index: IndexSettings, model: ModelIdentity) -> tuple[SegmentStore, str] | None:
     """After the cut-over: the store's finished segment and the gallery it replaced; None for a segment folder.
 
     Refused in one line (ArtifactError) unless it is `model`'s and every item has its new row.
     """
-    from service.segment import pgvector_column, qdrant_rows
+    from service.segment import milvus_rows, pgvector_column, qdrant_rows
 
     pgvector = pgvector_column.new_rows_of(index)  # a column or side table of the pgvector database
     if pgvector is not None:
@@ -90,4 +112,10 @@ def finished_in_store(index: IndexSettings, model: ModelIdentity) -> tuple[Segme
 
         finished = QdrantVectorSegment.finished(qdrant, model)
         return finished, finished.replaced
+    milvus = milvus_rows.new_rows_of(index) if index.backend == "milvus" else None
+    if milvus is not None:  # the second collection
+        from service.segment.milvus_collection import MilvusCollectionSegment
+
+        whole = MilvusCollectionSegment.finished(milvus, model)
+        return whole, whole.replaced
     return None

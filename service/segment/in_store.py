@@ -1,14 +1,17 @@
 """What every segment kept in the user's own store says of itself: a pgvector column or side table, a Qdrant
-named vector or collection.
+named vector or collection, a Milvus collection.
 
 Such a segment is one part (the column, the vector), refused whole at open when it is another model's,
 and counts its moved rows in the store at each refresh; the model, the gallery it sits beside and the
 gallery's size are fixed when it opens.  Each store's module keeps only what differs: how it checks,
-counts, searches and writes (segment/pgvector_column.py, segment/qdrant_vector.py).
+counts, searches and writes (segment/pgvector_column.py, segment/qdrant_vector.py,
+segment/milvus_collection.py).  A Qdrant or Milvus segment records whose rows it holds in a StoreLabel
+(the collection's metadata or properties), so another model's rows are refused in one line.
 """
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
@@ -19,6 +22,31 @@ from service.encoders.identity import ModelIdentity
 from service.index.base import Exclusion, Hits
 from service.rows import F32, I64
 from service.segment.base import SegmentView
+
+
+@dataclass(frozen=True)
+class StoreLabel:
+    """What a store's metadata records of the new rows: the new model, and the gallery (old rows) they sit beside."""
+
+    model: ModelIdentity
+    gallery: str  # the gallery's fingerprint
+
+    def value(self) -> dict[str, Any]:
+        """The metadata value (JSON)."""
+        return {"model": self.model.as_dict(), "gallery": self.gallery}
+
+    @classmethod
+    def parse(cls, value: Any, where: str) -> StoreLabel | None:
+        """The label in a metadata value; None when it is not nobackfill's."""
+        if isinstance(value, str):  # a label written as text (Milvus's properties are strings; or by hand)
+            try:
+                value = json.loads(value)
+            except ValueError:
+                return None
+        if not isinstance(value, dict) or not isinstance(value.get("model"), dict):
+            return None
+        return cls(ModelIdentity.from_dict(value["model"], where), str(value.get("gallery", "")))
+
 
 S = TypeVar("S")  # the store's description of the part (its dim, label, index), None until it exists
 

@@ -25,7 +25,6 @@ re-run re-sends nothing that landed.
 
 from __future__ import annotations
 
-import json
 import logging
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -37,6 +36,7 @@ from service.encoders.identity import ModelIdentity
 from service.errors import ArtifactError, InputError
 from service.index.base import Hits, InTable, cosine_of_l2
 from service.rows import F32, I64
+from service.segment.in_store import StoreLabel
 
 if TYPE_CHECKING:
     from service.settings import IndexSettings
@@ -50,35 +50,11 @@ TIMEOUT_S = 5
 
 
 @dataclass(frozen=True)
-class VectorLabel:
-    """What the metadata records: the new model, and the gallery (old vector) it sits beside."""
-
-    model: ModelIdentity
-    gallery: str  # the gallery's fingerprint
-
-    def value(self) -> dict[str, Any]:
-        """The metadata value (JSON)."""
-        return {"model": self.model.as_dict(), "gallery": self.gallery}
-
-    @classmethod
-    def parse(cls, value: Any, where: str) -> VectorLabel | None:
-        """The label in a metadata value; None when it is not nobackfill's."""
-        if isinstance(value, str):  # a label written as text by hand
-            try:
-                value = json.loads(value)
-            except ValueError:
-                return None
-        if not isinstance(value, dict) or not isinstance(value.get("model"), dict):
-            return None
-        return cls(ModelIdentity.from_dict(value["model"], where), str(value.get("gallery", "")))
-
-
-@dataclass(frozen=True)
 class VectorState:
     """The new vector as the collection describes it: its dim, label and distance."""
 
     dim: int
-    label: VectorLabel | None
+    label: StoreLabel | None
     metric: str
 
 
@@ -145,7 +121,7 @@ class QdrantNewRows:
         distance = str(getattr(params.distance, "value", params.distance))
         if distance not in DISTANCES:
             raise ArtifactError(f"{self.where}: distance {distance}; the new rows rank by Cosine, Dot or Euclid")
-        label = VectorLabel.parse((config.metadata or {}).get(self.key), self.where)
+        label = StoreLabel.parse((config.metadata or {}).get(self.key), self.where)
         return VectorState(int(params.size), label, DISTANCES[distance])
 
     def checked(self, client: Any, model: ModelIdentity, gallery: str) -> VectorState | None:
@@ -176,7 +152,7 @@ class QdrantNewRows:
 
         if self.checked(client, model, gallery) is not None:
             return
-        label = {self.key: VectorLabel(model, gallery).value()}
+        label = {self.key: StoreLabel(model, gallery).value()}
         if self.side:
             params = models.VectorParams(size=model.dim, distance=models.Distance.COSINE)
             client.create_collection(

@@ -51,3 +51,19 @@ def test_bitmap_and_hash_set_selectors_exclude_the_same_ids() -> None:
         assert hashed.outer.is_member(probe) == expected
         if probe < 2**40:
             assert bitmap.outer.is_member(probe) == expected, probe
+
+
+def test_overfetch_stops_at_the_backend_s_bound_on_one_list() -> None:
+    """Milvus takes at most topk hits per search: past the bound the row comes back short, never refused."""
+    asked: list[int] = []
+
+    def search(q: np.ndarray, k: int, _nprobe: int) -> tuple[np.ndarray, np.ndarray]:
+        asked.append(k)  # a gallery of 1,000 items ranked 0, 1, 2, ...
+        assert k <= 50, "asked past the bound"
+        ids = np.tile(np.arange(k), (len(q), 1))
+        return np.tile(-np.arange(k, dtype=np.float32), (len(q), 1)), ids
+
+    moved = Exclusion(np.arange(45))  # the first 45 moved: 5 of the top 10 lie within the bound of 50
+    scores, ids = excluding_by_overfetch(search, np.zeros((1, 3), np.float32), 10, 1, moved, max_fetch=50)
+    assert asked == [20, 50] and ids[0].tolist() == [45, 46, 47, 48, 49, -1, -1, -1, -1, -1]
+    assert np.isneginf(scores[0, 5:]).all()

@@ -16,9 +16,6 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-import subprocess
-import sys
-import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -29,7 +26,8 @@ import pytest
 
 from tests.support.app import Running, serving
 from tests.support.cli import cli
-from tests.support.servers import ServerProcess, free_port
+from tests.support.milvus import MilvusLite
+from tests.support.servers import free_port
 from tests.support.world import World
 
 pymilvus = pytest.importorskip("pymilvus", reason="pymilvus is not installed: pip install -e '.[milvus-lite]'")
@@ -48,37 +46,6 @@ WORLD_ITEMS = 20_000  # conftest.WORLD_GALLERY_SIZE: the same items as the FAISS
 WORLD_NLIST = 64  # the world gallery's nlist (conftest builds it with --nlist 64)
 EXACT_RANK_BOUND = 200  # 1% of the gallery; PQ64's worst seen here: 139
 CAPTIONS = [f"item-{i:010d} caption-1" for i in (3, 77, 512, 1999, 4242, 9001, 15000, 19998)]
-
-
-class MilvusLite(ServerProcess):
-    """A `milvus-lite server` process on a fixed port that a test may stop, freeze, resume and restart."""
-
-    def __init__(self, data_dir: Path) -> None:
-        self.data_dir = data_dir
-        self.port = free_port()
-
-    @property
-    def uri(self) -> str:
-        """http://127.0.0.1:PORT"""
-        return f"http://127.0.0.1:{self.port}"
-
-    def start(self) -> None:
-        """Start (again) on the same port and data folder; wait until it answers."""
-        args = [sys.executable, "-m", "milvus_lite", "server", "--data-dir", str(self.data_dir)]
-        args += ["--host", "127.0.0.1", "--port", str(self.port), "--max-workers", "4"]
-        self.process = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline:
-            if self.process.poll() is not None:
-                raise RuntimeError(f"milvus-lite server exited {self.process.returncode}")
-            try:
-                client = pymilvus.MilvusClient(uri=self.uri, timeout=1)
-                client.list_collections()
-                client.close()
-                return
-            except Exception:  # noqa: BLE001 (not up yet: connection refused or not serving)
-                time.sleep(0.05)
-        raise TimeoutError(f"milvus-lite did not answer on port {self.port}")
 
 
 @dataclass(frozen=True)
