@@ -99,10 +99,12 @@ chaos: $(STAMP) redis
 	$(BIN)/python loadtest/chaos.py --json loadtest/results/chaos.json
 
 # A backfill run killed with SIGKILL 20 times at random moments mid-run, resumed each time, against one
-# uninterrupted run (loadtest/backfill_faults.py; `make test` runs 3 kills over 3,000 items).
+# uninterrupted run (loadtest/backfill_faults.py; `make test` runs 3 kills over 3,000 items); then a backfill into
+# a pgvector column killed 10 times mid-transaction against an uninterrupted one (`make test`: 3 kills).
 backfill-faults: $(STAMP)
 	$(BIN)/python loadtest/backfill_faults.py --kills 20 --items 20000
 	$(BIN)/python loadtest/backfill_faults.py --kills 20 --items 20000 --parts 2
+	NOBACKFILL_TEST_PGVECTOR_KILLS=10 $(BIN)/pytest -q -p no:cacheprovider tests/integration/test_pgvector_migration.py -k killed
 
 # `make demo PORT=8300` serves on another port; without PORT, NOBACKFILL_API__PORT's (default 8000).
 demo: $(STAMP)
