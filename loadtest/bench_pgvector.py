@@ -12,6 +12,10 @@ indexed by `backfill index`.  Times, interleaved on the same one-query requests 
     pgvector bare     the table's own search of that row: one SQL statement, hnsw.ef_search 40
     faiss served      nobackfill over the adopted index, the profile's head (in-process Pipeline)
     pgvector served   nobackfill over the table, same head
+    ..., no window    the same with both batchers' 2 ms collection window at 0 (MAX_WAIT_MS=0: a lone
+                      query is encoded at once instead of waiting for company)
+    ..., embeddings given   the same service, the caller sending both embeddings (no encoder at all):
+                      what nobackfill itself adds over the store (the head, the search call, the merge)
     pgvector hybrid   nobackfill over both columns at --moved (the old one's search WHERE new IS NULL)
 
 served minus bare is what nobackfill adds over the store's own search (encoders, the head, the
@@ -37,7 +41,7 @@ import numpy as np  # noqa: E402
 from loadtest.benchlib import cli, interleave, percentiles, table  # noqa: E402
 from service.pipeline import Pipeline  # noqa: E402
 from service.query.job import Query  # noqa: E402
-from service.settings import CompatSettings, IndexSettings, Settings  # noqa: E402
+from service.settings import CompatSettings, EncoderSettings, IndexSettings, Settings  # noqa: E402
 from service.vocabulary import Modality  # noqa: E402
 
 CAPTION = "item-{:010d} caption-1"
@@ -102,8 +106,9 @@ def build(work: Path, items: int, moved: float) -> tuple[str, Any]:
     return dsn, server
 
 
-def settings(work: Path, dsn: str | None, new_column: str | None = None) -> Settings:
-    """Served over the adopted FAISS index (dsn None), or over the table (with its new column for hybrid)."""
+def settings(work: Path, dsn: str | None, new_column: str | None = None, window_ms: float | None = None) -> Settings:
+    """Served over the adopted FAISS index (dsn None), or over the table (with its new column for hybrid);
+    window_ms: both batchers' collection window (NOBACKFILL_OLD__MAX_WAIT_MS / NEW__, default 2 ms)."""
     index = (
         IndexSettings(gallery_dir=work / "adopted")
         if dsn is None
@@ -115,7 +120,12 @@ def settings(work: Path, dsn: str | None, new_column: str | None = None) -> Sett
             segment_refresh_s=3600,
         )  # fmt: skip
     )
-    return Settings(index=index, compat=CompatSettings(profile_dir=work / "profile"))
+    encoders = {}
+    if window_ms is not None:
+        encoders = {
+            side: EncoderSettings(backend=f"synthetic-{side}", max_wait_ms=window_ms) for side in ("old", "new")
+        }
+    return Settings(index=index, compat=CompatSettings(profile_dir=work / "profile"), **encoders)
 
 
 async def measure(work: Path, dsn: str, queries: int, items: int) -> list[dict[str, Any]]:
@@ -123,11 +133,12 @@ async def measure(work: Path, dsn: str, queries: int, items: int) -> list[dict[s
     import faiss
     import psycopg
 
-    from service.encoders.synthetic import SyntheticOldEncoder
+    from service.encoders.synthetic import SyntheticNewEncoder, SyntheticOldEncoder
     from service.index.pgvector import vector_text
 
     texts = [CAPTION.format((i * 7919) % items) for i in range(queries)]
     old_rows = SyntheticOldEncoder().encode(texts, Modality.text)
+    new_rows = SyntheticNewEncoder().encode(texts, Modality.text)
     index = faiss.read_index(str(work / "hnsw.faiss"))
     index.hnsw.efSearch = 40
     conn = psycopg.connect(dsn, autocommit=True)
@@ -136,6 +147,7 @@ async def measure(work: Path, dsn: str, queries: int, items: int) -> list[dict[s
     served = {
         "faiss served": await Pipeline.build(settings(work, None)),
         "pgvector served": await Pipeline.build(settings(work, dsn)),
+        "pgvector served, no window": await Pipeline.build(settings(work, dsn, window_ms=0.0)),
         "pgvector hybrid": await Pipeline.build(settings(work, dsn, NEW)),
     }
 
@@ -149,6 +161,10 @@ async def measure(work: Path, dsn: str, queries: int, items: int) -> list[dict[s
     calls = {"faiss bare": faiss_bare, "pgvector bare": pg_bare}
     for name, pipeline in served.items():
         calls[name] = lambda i, p=pipeline: p.search([Query(Modality.text, texts[i])], k=10)
+    given = served["pgvector served"]  # the caller sends both embeddings: no encoder, no batcher
+    calls["pgvector served, embeddings given"] = lambda i: given.search(
+        [Query(Modality.text, old_embedding=old_rows[i], new_embedding=new_rows[i])], k=10
+    )
     try:
         for i in range(20):  # warm: caches, threads, connections
             for call in calls.values():
@@ -159,7 +175,8 @@ async def measure(work: Path, dsn: str, queries: int, items: int) -> list[dict[s
             await pipeline.aclose()
         conn.close()
     stats = {name: percentiles(times) for name, times in samples.items()}
-    bare = {"faiss served": "faiss bare", "pgvector served": "pgvector bare", "pgvector hybrid": "pgvector bare"}
+    bare = {"faiss served": "faiss bare", "pgvector hybrid": "pgvector bare"}
+    bare |= {name: "pgvector bare" for name in calls if name.startswith("pgvector served")}
     return [
         {"variant": name, **s, "added_p50_ms": s["p50_ms"] - stats[bare[name]]["p50_ms"] if name in bare else 0.0}
         for name, s in stats.items()
