@@ -7,7 +7,8 @@
     └── MilvusCollectionTarget a second collection beside the Milvus gallery (backfill/milvus_target.py)
 
 run.py's loop (plan, skip what moved, encode, publish, throttle) is the same for every one; a target owns
-creation, the run lock, "what has moved" and the write.
+creation, the run lock, "what has moved" and the write.  The Qdrant and Milvus targets share ClientTarget:
+one client, one call per publish, no lock, the client's errors as one GalleryUnavailable line.
 """
 
 from __future__ import annotations
@@ -15,12 +16,14 @@ from __future__ import annotations
 from collections.abc import Iterator
 from contextlib import AbstractContextManager, contextmanager
 from pathlib import Path
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
 import numpy as np
 import numpy.typing as npt
 
 from service.encoders.identity import ModelIdentity
+from service.errors import GalleryUnavailable, InputError, NobackfillError
+from service.index.base import first_line
 from service.rows import F32, I64
 from service.segment.catalog import MovedIds
 from service.segment.layout import GalleryRef, create_segment, remove_abandoned, write_shard
@@ -110,3 +113,75 @@ class FolderTarget:
 
     def close(self) -> None:
         """Nothing to release."""
+
+
+class ClientTarget:
+    """A part in a store answered through one client (a Qdrant vector or collection, a Milvus collection).
+
+    Each publish is one call that writes the batch's rows where they are not written yet, so a run killed
+    at any moment loses at most the batch in flight and a re-run skips what is there (resumable and
+    idempotent, like a folder's shards).  Such stores have no lock a run could hold: two runs at once each
+    skip what the other wrote and only repeat the batch in flight.  A subclass names its store and says
+    how it refuses to create the part without the operator's flag (`refusal`).  `rows` is the store's
+    new-rows object (segment/qdrant_rows.py, segment/milvus_rows.py).
+    """
+
+    unit = "batch"
+    store: ClassVar[str]  # in messages: "Qdrant", "Milvus"
+
+    def __init__(self, new_rows: Any, client: Any, *, add: bool) -> None:
+        self.rows = new_rows
+        self.where: str = new_rows.where
+        self.add = add
+        self._client = client
+        self._written = 0
+
+    def refusal(self, model: ModelIdentity) -> str:
+        """The one line that says the part is missing and which flag creates it."""
+        raise NotImplementedError
+
+    def prepare(self, model: ModelIdentity, gallery: GalleryRef) -> None:
+        """Check the part is this model's beside this gallery; create it when the flag says so, else refuse."""
+        if self._call(self.rows.checked, model, gallery.fingerprint) is not None:
+            return
+        if not self.add:
+            raise InputError(self.refusal(model))
+        self._call(self.rows.add, model, gallery.fingerprint)
+
+    @contextmanager
+    def locked(self, part: Part | None) -> Iterator[None]:  # noqa: ARG002 (the protocol's)
+        """No lock to hold (class docstring): concurrent runs are safe, only wasteful."""
+        yield
+
+    def moved(self) -> I64:
+        """Every id that has its new row, sorted."""
+        moved: I64 = self._call(self.rows.moved)
+        return moved
+
+    def moved_among(self, ids: I64) -> npt.NDArray[np.bool_]:
+        """Which of `ids` have it by now (one read by id)."""
+        among: npt.NDArray[np.bool_] = self._call(self.rows.moved_among, ids)
+        return among
+
+    def write(self, ids: I64, rows: F32, model: ModelIdentity, writer: str) -> str:  # noqa: ARG002 (the protocol's)
+        """One call writing the rows of `ids` not written yet; a name for the report."""
+        self._call(self.rows.write, ids, rows)
+        self._written += 1
+        return f"batch-{self._written}"
+
+    def finish(self, seal_rows: int, writer: str) -> SealReport | None:  # noqa: ARG002 (the protocol's)
+        """Nothing: the store indexes the new rows by itself."""
+        return None
+
+    def close(self) -> None:
+        """Close the client."""
+        self._client.close()
+
+    def _call(self, work: Any, *args: Any) -> Any:
+        """work(client, *args); an unreachable store is one GalleryUnavailable line."""
+        try:
+            return work(self._client, *args)
+        except NobackfillError:
+            raise
+        except Exception as exc:  # the client's transport and server errors
+            raise GalleryUnavailable(f"{self.store} did not answer for {self.where}: {first_line(exc)}") from exc

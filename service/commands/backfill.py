@@ -21,13 +21,6 @@ app = typer.Typer(no_args_is_help=True)
 HITS_FOLDER = Path("artifacts/hits")
 
 
-# `--segment pgvector:COLUMN`: the segment is that column of the pgvector table the settings name
-# (NOBACKFILL_INDEX__PGVECTOR_DSN, NOBACKFILL_INDEX__PGVECTOR_TABLE), not a folder; `pgvector-table:TABLE`
-# a side table of nobackfill's own in that database.
-PGVECTOR_PREFIX = "pgvector:"
-PGVECTOR_TABLE_PREFIX = "pgvector-table:"
-
-
 @app.command("run")
 def run(
     segment: Path = typer.Option(
@@ -133,7 +126,7 @@ def run(
     if fraction is not None and limit is not None:  # before the model loads: a typo fails at once
         raise InputError("give --fraction or --limit, not both")
     my_part = Part.parse(part) if part is not None else None  # before the model loads: a typo fails at once
-    column = _pgvector_column(segment)
+    column = _store_segment(segment)
     if column is None:
         _need_a_model_reference(segment, profile, new_model_id)
     elif profile is None and new_model_id is None and not column.exists():
@@ -198,69 +191,11 @@ def run(
         raise typer.Exit(143 if report.interrupted == "SIGTERM" else 130)
 
 
-class _ColumnSegment:
-    """`--segment pgvector:COLUMN` or `pgvector-table:TABLE` for the CLI: the table, its gallery, the target."""
+def _store_segment(segment: Path) -> Any:
+    """The store face `--segment` names (commands/store_segment.py), or None for a folder."""
+    from service.commands.store_segment import store_segment
 
-    def __init__(self, name: str, side: bool) -> None:
-        from service.segment.pgvector_column import PgvectorColumn
-        from service.settings import Settings
-
-        self.settings = Settings().index  # NOBACKFILL_INDEX__PGVECTOR_DSN and _TABLE, as the service reads them
-        self.column = PgvectorColumn(self.settings, name, side=side)
-        self.where = self.column.where
-
-    def exists(self) -> bool:
-        """Whether the column (side table) is there."""
-        with self.column.connect() as conn:
-            return self.column.state(conn) is not None
-
-    def gallery_ref(self) -> Any:
-        """The table's old column as the gallery the segment sits beside (opened as the service opens it)."""
-        from service.index.pgvector import PgvectorGallery
-        from service.segment.layout import GalleryRef
-
-        gallery = PgvectorGallery.open(self.settings)
-        gallery.close()
-        return GalleryRef(gallery.fingerprint, gallery.ntotal)
-
-    def target(self, add: bool) -> Any:
-        """backfill run's target."""
-        from service.backfill.pgvector_target import PgvectorColumnTarget
-
-        return PgvectorColumnTarget(self.column, add=add)
-
-    def moved(self) -> int:
-        """Rows moved now."""
-        with self.column.connect() as conn:
-            return self.column.count(conn) if self.column.state(conn) is not None else 0
-
-    noun = "column"
-
-    def status(self, hits: Any) -> dict[str, Any]:
-        """`backfill status`'s report."""
-        from service.backfill.status import column_status
-
-        return column_status(self.column, hits)
-
-
-def _pgvector_column(segment: Path) -> Any:
-    """What `pgvector:COLUMN` / `pgvector-table:TABLE` / `qdrant:VECTOR` / `qdrant-collection:NAME` /
-    `milvus-collection:NAME` names (None for a folder); InputError without a name."""
-    from service.commands.milvus_segment import milvus_segment
-    from service.commands.qdrant_segment import qdrant_segment
-    from service.errors import InputError
-
-    text = str(segment)
-    in_store = qdrant_segment(text) or milvus_segment(text)
-    if in_store is not None:
-        return in_store
-    for prefix, side in ((PGVECTOR_PREFIX, False), (PGVECTOR_TABLE_PREFIX, True)):
-        if text.startswith(prefix):
-            name = text.removeprefix(prefix)
-            if not name:
-                raise InputError(f"--segment {prefix}NAME needs a name, e.g. {prefix}embedding_v2")
-            return _ColumnSegment(name, side)
-    return None
+    return store_segment(str(segment))
 
 
 def _need_a_model_reference(segment: Path, profile: Path | None, new_model_id: str | None) -> None:
@@ -361,7 +296,7 @@ def status(
     """Share of items moved, share of recent hits on moved items, and the shards with their models."""
     from service.errors import InputError
 
-    column = _pgvector_column(segment)
+    column = _store_segment(segment)
     if column is None and not segment.is_dir():  # said before the heavy imports, not as "no segment.json"
         raise InputError(f"{segment}: no such folder (`backfill run --segment {segment} --gallery ...` creates it)")
     from service.backfill.status import segment_status
@@ -431,24 +366,9 @@ def index(
 
     For pgvector:COLUMN: CREATE INDEX CONCURRENTLY on the column (HNSW, inner product), never implicitly.
     """
-    column = _pgvector_column(segment)
-    if column is not None and not isinstance(column, _ColumnSegment):  # Qdrant and Milvus index by themselves
-        typer.echo(column.index_line())
-        return
-    if column is not None:
-        import time
-
-        started = time.perf_counter()
-        with column.column.connect(read_only=False) as conn:
-            if column.column.state(conn) is None:
-                from service.errors import InputError
-
-                raise InputError(f"{column.where}: no such column (`backfill run --add-column` adds it)")
-            name = column.column.create_index(conn, m, ef_construction)
-        typer.echo(
-            f"index {name} on {column.where}: HNSW (m {m}, ef_construction {ef_construction}, inner product), "
-            f"built concurrently in {time.perf_counter() - started:.1f} s; the service uses it from its next refresh"
-        )
+    column = _store_segment(segment)
+    if column is not None:  # pgvector builds an index on the column; Qdrant and Milvus index by themselves
+        typer.echo(column.index(m, ef_construction))
         return
     from service.segment.layout import read_segment_meta
     from service.segment.sealed import seal
@@ -483,31 +403,16 @@ def cutover(
     ),
 ) -> None:
     """Print (or --apply) the SQL after which your application reads the new model's column natively."""
-    from service.backfill.pgvector_cutover import apply_cutover, plan_cutover
     from service.errors import InputError
 
-    column = _pgvector_column(segment)
+    column = _store_segment(segment)
     if column is None:
         raise InputError(
             f"{segment}: a segment folder is cut over by serving it alone (NOBACKFILL_OLD__BACKEND=none, "
             "docs/backfill.md); `backfill cutover` writes a pgvector table's SQL (pgvector:COLUMN)"
         )
-    if not isinstance(column, _ColumnSegment):  # Qdrant: the vector's name, or an alias; Milvus: an alias
-        for line in column.cutover(apply, alias):
-            typer.echo(line)
-        return
-    with column.column.connect(read_only=not apply) as conn:
-        planned = plan_cutover(column.column, conn, how, view)
-        if apply:
-            apply_cutover(conn, planned)
-    verb = "applied, in one transaction" if apply else "to run in one transaction (--apply runs it)"
-    typer.echo(f"-- {column.where}: the cut-over, {verb}")
-    typer.echo("BEGIN;")
-    for statement in planned.statements:
-        typer.echo(f"{statement};")
-    typer.echo("COMMIT;")
-    typer.echo(f"-- then {planned.after}")
-    typer.echo(f"-- the old vectors stay until you drop them: {planned.drop_later};")
+    for line in column.cutover(apply, how, view, alias):
+        typer.echo(line)
 
 
 @app.command("repair")

@@ -1,27 +1,28 @@
 """`--segment qdrant:VECTOR` / `qdrant-collection:NAME` for `backfill run|status|index|cutover` (commands/backfill.py).
 
-The same face as pgvector's column for the CLI (where, exists, gallery_ref, target, moved, status), over
-the collection the NOBACKFILL_INDEX__QDRANT_* settings name, as the service reads them.  Each call opens
-its own client and closes it: qdrant-client's local mode lets one client at a time open a folder, so a
-command never holds it longer than its work.
+A named vector of the collection the NOBACKFILL_INDEX__QDRANT_* settings name, or a second collection
+beside it, as the service reads them (commands/store_segment.py's ClientSegmentCli: each call opens its
+own client and closes it).
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from contextlib import contextmanager
 from typing import Any
 
-from service.errors import GalleryUnavailable, InputError, NobackfillError
+from service.commands.store_segment import ClientSegmentCli, named
+from service.errors import InputError
 
 QDRANT_PREFIX = "qdrant:"
 QDRANT_COLLECTION_PREFIX = "qdrant-collection:"
 
 
-class QdrantSegmentCli:
+class QdrantSegmentCli(ClientSegmentCli):
     """The new rows in Qdrant as the backfill commands see them."""
 
+    store = "Qdrant"
     noun = "vector"
+    leftover = "the old vectors stay until you delete them"
+    nothing_to_run = "in the application"
 
     def __init__(self, name: str, side: bool) -> None:
         from service.segment.qdrant_rows import QdrantNewRows
@@ -36,112 +37,62 @@ class QdrantSegmentCli:
         self.rows = QdrantNewRows(self.settings, name, side=side)
         self.where = self.rows.where
 
-    @contextmanager
-    def client(self) -> Iterator[Any]:
-        """A client for one piece of work; an unreachable (or locked) store is one GalleryUnavailable line."""
-        from service.index.base import first_line, setting_line
+    def connect(self) -> Any:
+        """A client (a local folder: this process's lock on it)."""
         from service.index.qdrant import client_of
 
-        try:
-            client = client_of(self.settings)
-        except Exception as exc:  # a server's transport error, or a local folder another process holds
-            raise GalleryUnavailable(f"cannot open Qdrant ({setting_line(self.settings)}): {first_line(exc)}") from exc
-        try:
-            yield client
-        except NobackfillError:
-            raise
-        except Exception as exc:  # the client's transport and server errors
-            raise GalleryUnavailable(f"Qdrant did not answer for {self.where}: {first_line(exc)}") from exc
-        finally:
-            client.close()
+        return client_of(self.settings)
 
-    def exists(self) -> bool:
-        """Whether the vector (collection) is there."""
-        with self.client() as client:
-            return self.rows.state(client) is not None
-
-    def gallery_ref(self) -> Any:
-        """The collection's old vector as the gallery the segment sits beside (opened as the service opens it)."""
+    def gallery_class(self) -> Any:
+        """The collection's old vector."""
         from service.index.qdrant import QdrantGallery
-        from service.segment.layout import GalleryRef
 
-        gallery = QdrantGallery.open(self.settings)
-        gallery.close()
-        return GalleryRef(gallery.fingerprint, gallery.ntotal)
+        return QdrantGallery
 
-    def target(self, add: bool) -> Any:
-        """backfill run's target (it holds its client until the run ends)."""
+    def new_target(self, client: Any, add: bool) -> Any:
+        """The named vector or second collection as backfill run's target."""
         from service.backfill.qdrant_target import QdrantVectorTarget
-        from service.index.qdrant import client_of
 
-        return QdrantVectorTarget(self.rows, client_of(self.settings), add=add)
+        return QdrantVectorTarget(self.rows, client, add=add)
 
-    def moved(self) -> int:
-        """Points moved now."""
-        with self.client() as client:
-            return self.rows.count(client) if self.rows.state(client) is not None else 0
+    def missing(self) -> str:
+        """--add-vector (--add-collection) adds it."""
+        flag = "--add-collection" if self.rows.side else "--add-vector"
+        return f"{self.where}: not there yet (`backfill run --segment {self.rows.spec} {flag} ...` adds it)"
 
-    def status(self, hits: Any) -> dict[str, Any]:
-        """`backfill status`'s report (the folder's shape, no shards), coverage read from Qdrant."""
-        from service.backfill.status import hit_share
+    def unlabelled(self) -> str:
+        """No label in the collection's metadata."""
+        return f"{self.where}: not added by nobackfill (no {self.rows.key!r} in the metadata)"
 
-        with self.client() as client:
-            state = self.rows.state(client)
-            flag = "--add-collection" if self.rows.side else "--add-vector"
-            if state is None:
-                raise InputError(f"{self.where}: not there yet (`backfill run --segment {self.rows.spec} {flag} ...` "
-                                 "adds it)")  # fmt: skip
-            if state.label is None:
-                raise InputError(f"{self.where}: not added by nobackfill (no {self.rows.key!r} in the metadata)")
-            total = self.rows.rows(client)
-            moved = self.rows.moved(client)
-        out: dict[str, Any] = {
-            "segment": self.rows.spec,
+    def status_fields(self, state: Any) -> dict[str, Any]:  # noqa: ARG002 (Milvus's)
+        """The collection holding the rows and how it is searched."""
+        return {
             "collection": self.rows.rows_collection,
-            "model": state.label.model.as_dict(),
-            "gallery": {"fingerprint": state.label.gallery, "ntotal": total},
-            "moved": int(len(moved)),
-            "coverage": len(moved) / total if total else 0.0,
             "index": "exact (local mode)" if self.settings.qdrant_path else "Qdrant's HNSW (built by its optimizer)",
-            "moved_by_writer": {},  # a point does not record who set its vector
-            "shards": [],
-            "damaged_shards": 0,
         }
-        if hits is not None:
-            out["hits"] = hit_share(moved, *hits)
-        return out
 
-    def index_line(self) -> str:
+    def index(self, m: int, ef_construction: int) -> str:  # noqa: ARG002 (pgvector's)
         """`backfill index`: Qdrant indexes a vector by itself; nothing to build."""
         return (
             f"{self.where}: Qdrant's optimizer builds the vector's HNSW index by itself once its segments pass "
             "indexing_threshold; nothing to build (local mode searches exactly)"
         )
 
-    def cutover(self, apply: bool, alias: str | None) -> list[str]:
-        """The cut-over's lines (--apply runs the alias operations)."""
-        from service.backfill.qdrant_cutover import apply_cutover, plan_cutover
+    def plan(self, client: Any, alias: str | None) -> tuple[Any, bool]:
+        """The alias operations (a second collection), or the `using` change in the application (a named vector)."""
+        from service.backfill.qdrant_cutover import plan_cutover
 
-        with self.client() as client:
-            planned = plan_cutover(self.rows, client, alias)
-            if apply:
-                apply_cutover(client, planned)
-        ran = planned.actions and apply
-        verb = "applied" if ran else ("to run (--apply runs it)" if planned.actions else "in the application")
-        return [
-            f"# {self.where}: the cut-over, {verb}",
-            *planned.lines,
-            f"# then {planned.after}",
-            f"# the old vectors stay until you delete them: {planned.drop_later}",
-        ]
+        planned = plan_cutover(self.rows, client, alias)
+        return planned, bool(planned.actions)
+
+    def apply(self, client: Any, planned: Any) -> None:
+        """The alias operations in one call."""
+        from service.backfill.qdrant_cutover import apply_cutover
+
+        apply_cutover(client, planned)
 
 
 def qdrant_segment(text: str) -> QdrantSegmentCli | None:
     """What `qdrant:VECTOR` / `qdrant-collection:NAME` names (None otherwise); InputError without a name."""
-    for prefix, side in ((QDRANT_COLLECTION_PREFIX, True), (QDRANT_PREFIX, False)):
-        if text.startswith(prefix):
-            name = text.removeprefix(prefix)
-            if not name:
-                raise InputError(f"--segment {prefix}NAME needs a name, e.g. {prefix}embedding_v2")
-            return QdrantSegmentCli(name, side)
-    return None
+    found = named(text, ((QDRANT_COLLECTION_PREFIX, True), (QDRANT_PREFIX, False)), "embedding_v2")
+    return None if found is None else QdrantSegmentCli(*found)

@@ -6,20 +6,24 @@ and counts its moved rows in the store at each refresh; the model, the gallery i
 gallery's size are fixed when it opens.  Each store's module keeps only what differs: how it checks,
 counts, searches and writes (segment/pgvector_column.py, segment/qdrant_vector.py,
 segment/milvus_collection.py).  A Qdrant or Milvus segment records whose rows it holds in a StoreLabel
-(the collection's metadata or properties), so another model's rows are refused in one line.
+(the collection's metadata or properties), so another model's rows are refused in one line, and
+answers through one client object: ClientSegment holds it, and turns the client's errors into 503s.
 """
 
 from __future__ import annotations
 
 import json
+import logging
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Generic, TypeVar
+from typing import Any, ClassVar, Generic, Self, TypeVar
 
 import numpy as np
 import numpy.typing as npt
 
 from service.encoders.identity import ModelIdentity
-from service.index.base import Exclusion, Hits
+from service.errors import ArtifactError, GalleryUnavailable, NobackfillError
+from service.index.base import Exclusion, Hits, first_line
 from service.rows import F32, I64
 from service.segment.base import SegmentView
 
@@ -48,7 +52,10 @@ class StoreLabel:
         return cls(ModelIdentity.from_dict(value["model"], where), str(value.get("gallery", "")))
 
 
+log = logging.getLogger("nobackfill.segment")
+
 S = TypeVar("S")  # the store's description of the part (its dim, label, index), None until it exists
+T = TypeVar("T")
 
 
 class InStoreSegment(Generic[S]):
@@ -139,3 +146,111 @@ class InStoreView:
             lambda store, conn, _: store.rows_of(conn, ids, dim), empty=nothing
         )
         return rows
+
+
+class ClientSegment(InStoreSegment[S]):
+    """A segment in a store answered through one client object (Qdrant, Milvus): opening it, the cut-over's check
+    that every row has moved, a call on the client with its errors as 503s, the cascade's write, closing.
+
+    A subclass names its store and the unit of its rows, says how to connect (`connect`) and how to refresh
+    (`refresh`: check the part, count or list what moved, set `snapshot`).  `rows` is the store's new-rows
+    object (segment/qdrant_rows.py, segment/milvus_rows.py): `where`, `name`, `settings`, `state`, `rows`,
+    `checked`, `write`.
+    """
+
+    store: ClassVar[str]  # in messages: "Qdrant", "Milvus"
+    unit: ClassVar[str] = "rows"  # what the store calls a row, in messages
+
+    def __init__(self, new_rows: Any, model: ModelIdentity, gallery: str, ntotal: int, client: Any, *, owned: bool):
+        self.rows = new_rows
+        self._client = client
+        self._owned = owned  # closed here only when not the gallery's
+        super().__init__(model, gallery, ntotal)
+        self.snapshot = InStoreView(self, 0, None)
+
+    @staticmethod
+    def connect(settings: Any) -> Any:
+        """A client of its own, for the cut-over (before it, the segment shares the gallery's)."""
+        raise NotImplementedError
+
+    def refresh(self) -> list[str]:
+        """Check the part (it may have been created since) and read what moved; [name] when rows arrived."""
+        raise NotImplementedError
+
+    @classmethod
+    def open(cls, new_rows: Any, model: ModelIdentity, gallery: str, ntotal: int, client: Any, *, owned: bool) -> Self:
+        """The new rows beside the gallery, refreshed once; one ArtifactError line for another model's."""
+        segment = cls(new_rows, model, gallery, ntotal, client, owned=owned)
+        try:
+            segment.refresh()
+        except BaseException:
+            segment.close()
+            raise
+        return segment
+
+    @classmethod
+    def finished(cls, new_rows: Any, model: ModelIdentity) -> Self:
+        """After the cut-over: `model`'s rows for every item of the user's collection, else one ArtifactError line.
+
+        The gallery it sat beside is not checked (it is retired): the model and the count are.
+        """
+        client = cls.connect(new_rows.settings)
+        try:
+            state = new_rows.state(client)
+            if state is None or state.label is None:
+                raise ArtifactError(f"{new_rows.where}: no nobackfill segment to cut over to")
+            ntotal = new_rows.rows(client)
+        except NobackfillError:
+            client.close()
+            raise
+        except Exception as exc:  # the client's transport errors: the server is not there
+            client.close()
+            raise GalleryUnavailable(f"cannot reach {cls.store} for {new_rows.where}: {first_line(exc)}") from exc
+        segment = cls.open(new_rows, model, state.label.gallery, ntotal, client, owned=True)
+        moved = segment.snapshot.count
+        if moved < ntotal:
+            segment.close()
+            raise ArtifactError(
+                f"{new_rows.where} holds {moved:,} of the collection's {ntotal:,} {cls.unit} ({moved / ntotal:.1%}); "
+                "cut over (NOBACKFILL_OLD__BACKEND=none) once `nobackfill backfill status` says 100 %"
+            )
+        return segment
+
+    @property
+    def where(self) -> str:
+        """The collection (and vector); never a token."""
+        where: str = self.rows.where
+        return where
+
+    @property
+    def create_flag(self) -> str:
+        """The `backfill run` flag that creates the part."""
+        return "--add-collection"
+
+    def unavailable(self, exc: Exception) -> GalleryUnavailable:
+        """One 503 line for an error of the client."""
+        return GalleryUnavailable(f"the {self.store} segment did not answer ({self.where}): {first_line(exc)}")
+
+    def run(self, work: Callable[[Any, Any, S], T], empty: T) -> T:
+        """work(rows, client, state); 503 (GalleryUnavailable) when the store does not answer."""
+        state = self._state
+        if state is None:  # not created yet: nothing has moved
+            return empty
+        try:
+            return work(self.rows, self._client, state)
+        except NobackfillError:
+            raise
+        except Exception as exc:  # the client's transport and server errors alike
+            raise self.unavailable(exc) from exc
+
+    def write(self, ids: I64, rows: F32, writer: str) -> None:
+        """The cascade's rows; the service never creates the part (no change without the operator's consent)."""
+        if self._state is None:
+            raise ArtifactError(f"{self.where}: not there yet; `nobackfill backfill run {self.create_flag}` adds it")
+        self.rows.write(self._client, ids, rows)
+        log.debug("%s: %d rows written by %s", self.where, len(ids), writer)
+
+    def close(self) -> None:
+        """Close the client when it is this segment's own (after the cut-over); the gallery closes a shared one."""
+        if self._owned:
+            self._client.close()

@@ -22,93 +22,38 @@ until `backfill run --add-collection` creates it the segment serves as empty, an
 
 from __future__ import annotations
 
-import logging
-from collections.abc import Callable
-from typing import Any, TypeVar
+from typing import Any
 
 import numpy as np
 
 from service.encoders.identity import ModelIdentity
-from service.errors import ArtifactError, GalleryUnavailable, NobackfillError
-from service.index.base import Exclusion, first_line
-from service.rows import F32, I64
-from service.segment.in_store import InStoreSegment, InStoreView
+from service.errors import NobackfillError
+from service.index.base import Exclusion
+from service.segment.in_store import ClientSegment, InStoreView
 from service.segment.milvus_rows import CollectionState, MilvusNewRows
 
-log = logging.getLogger("nobackfill.segment")
 
-T = TypeVar("T")
-
-
-class MilvusView(InStoreView):
-    """The collection as one request reads it: live calls, the count and moved ids of the last refresh."""
-
-
-class MilvusCollectionSegment(InStoreSegment[CollectionState]):
+class MilvusCollectionSegment(ClientSegment[CollectionState]):
     """A second Milvus collection as the service's segment (segment/base.py's SegmentStore)."""
 
     backend = "milvus-collection"
+    store = "Milvus"
+    rows: MilvusNewRows
 
     def __init__(
         self, new_rows: MilvusNewRows, model: ModelIdentity, gallery: str, ntotal: int, client: Any, *, owned: bool
     ) -> None:
-        self.rows = new_rows
         # The lists an IVF index probes (capped at its nlist), as for the gallery's default; HNSW takes ef >= k.
         self.search_ef: int | None = new_rows.settings.nprobe
-        self._client = client
-        self._owned = owned  # closed here only when not the gallery's
-        super().__init__(model, gallery, ntotal)
-        self.snapshot: MilvusView = MilvusView(self, 0, None)
+        super().__init__(new_rows, model, gallery, ntotal, client, owned=owned)
 
-    @classmethod
-    def open(
-        cls, new_rows: MilvusNewRows, model: ModelIdentity, gallery: str, ntotal: int, client: Any, *, owned: bool
-    ) -> MilvusCollectionSegment:
-        """The new collection beside the user's, refreshed once; one ArtifactError line for another model's."""
-        segment = cls(new_rows, model, gallery, ntotal, client, owned=owned)
-        try:
-            segment.refresh()
-        except BaseException:
-            segment.close()
-            raise
-        return segment
-
-    @classmethod
-    def finished(cls, new_rows: MilvusNewRows, model: ModelIdentity) -> MilvusCollectionSegment:
-        """After the cut-over: `model`'s rows for every item of the user's collection, else one ArtifactError line.
-
-        The gallery it sat beside is not checked (it is retired): the model and the count are.
-        """
+    @staticmethod
+    def connect(settings: Any) -> Any:
+        """A client of the cut-over's own."""
         from service.index.milvus import connect
 
-        settings = new_rows.settings
         token = settings.milvus_token.get_secret_value() if settings.milvus_token else None
-        client = connect(str(settings.milvus_uri), token, settings.milvus_timeout_s)
-        try:
-            state = new_rows.state(client)
-            if state is None or state.label is None:
-                raise ArtifactError(f"{new_rows.where}: no nobackfill segment to cut over to")
-            ntotal = new_rows.rows(client)
-        except NobackfillError:
-            client.close()
-            raise
-        except Exception as exc:  # pymilvus's and grpc's errors: the server is not there
-            client.close()
-            raise GalleryUnavailable(f"cannot reach Milvus for {new_rows.where}: {first_line(exc)}") from exc
-        segment = cls.open(new_rows, model, state.label.gallery, ntotal, client, owned=True)
-        moved = segment.snapshot.count
-        if moved < ntotal:
-            segment.close()
-            raise ArtifactError(
-                f"{new_rows.where} holds {moved:,} of the collection's {ntotal:,} rows ({moved / ntotal:.1%}); "
-                "cut over (NOBACKFILL_OLD__BACKEND=none) once `nobackfill backfill status` says 100 %"
-            )
-        return segment
-
-    @property
-    def where(self) -> str:
-        """The two collections (never the token)."""
-        return self.rows.where
+        return connect(str(settings.milvus_uri), token, settings.milvus_timeout_s)
 
     def refresh(self) -> list[str]:
         """Check the collection (it may have been created since) and list its keys; [name] when rows arrived."""
@@ -118,30 +63,11 @@ class MilvusCollectionSegment(InStoreSegment[CollectionState]):
         except NobackfillError:
             raise
         except Exception as exc:  # pymilvus's and grpc's errors
-            raise GalleryUnavailable(f"the Milvus segment did not answer ({self.where}): {first_line(exc)}") from exc
+            raise self.unavailable(exc) from exc
         before = self.snapshot.count
         count = len(listed)  # the count and the exclusion from one listing: they never disagree
-        self.snapshot = MilvusView(self, count, Exclusion(listed) if count else None)
+        self.snapshot = InStoreView(self, count, Exclusion(listed) if count else None)
         return [self.rows.name] if count != before else []
-
-    def run(self, work: Callable[[MilvusNewRows, Any, CollectionState], T], empty: T) -> T:
-        """work(rows, client, state); 503 (GalleryUnavailable) when Milvus does not answer."""
-        state = self._state
-        if state is None:  # not created yet: nothing has moved
-            return empty
-        try:
-            return work(self.rows, self._client, state)
-        except NobackfillError:
-            raise
-        except Exception as exc:  # pymilvus's and grpc's errors alike
-            raise GalleryUnavailable(f"the Milvus segment did not answer ({self.where}): {first_line(exc)}") from exc
-
-    def write(self, ids: I64, rows: F32, writer: str) -> None:
-        """The cascade's rows into the collection; the service never creates it (no change without consent)."""
-        if self._state is None:
-            raise ArtifactError(f"{self.where}: not there yet; `nobackfill backfill run --add-collection` creates it")
-        self.rows.write(self._client, ids, rows)
-        log.debug("%s: %d rows written by %s", self.where, len(ids), writer)
 
     def describe(self) -> dict[str, Any]:
         """What /v1/info reports: the collection, the model and the coverage."""
@@ -157,8 +83,3 @@ class MilvusCollectionSegment(InStoreSegment[CollectionState]):
             "coverage": round(self.coverage, 6),
             "index": None if state is None else state.layout.index_type,
         }
-
-    def close(self) -> None:
-        """Close the client when it is this segment's own (after the cut-over); the gallery closes a shared one."""
-        if self._owned:
-            self._client.close()
