@@ -25,7 +25,7 @@ def test_docs_settings_md_is_the_models_reference() -> None:
 def test_every_setting_has_one_line_of_meaning() -> None:
     assert len(SETTINGS) > 100  # every leaf of every section, old and new each in full
     for setting in SETTINGS:
-        assert setting.meaning.strip(), f"{setting.env}: no docstring line under its field in service/settings.py"
+        assert setting.meaning.strip(), f"{setting.env}: no docstring line under its field (settings/sections.py)"
         assert "\n" not in setting.meaning, setting.env
 
 
