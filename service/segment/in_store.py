@@ -54,6 +54,26 @@ class StoreLabel:
 
 log = logging.getLogger("nobackfill.segment")
 
+
+def refuse_unless_ours(
+    where: str, label: Any, dim: int, model: ModelIdentity, gallery: str, *, unlabelled: str, noun: str, shape: str = ""
+) -> None:
+    """One ArtifactError line unless the part holds `model`'s rows beside `gallery`: its label (a StoreLabel, or
+    pgvector's ColumnLabel: both have `model` and `gallery`; None: `unlabelled`, not nobackfill's) and its width.
+    `noun` names the part ("column", "vector", "collection"), `shape` how the store words its width."""
+    if label is None:
+        raise ArtifactError(unlabelled)
+    if not label.model.same_model(model):
+        raise ArtifactError(
+            f"{where} holds rows of {label.model.model_id} (dim {label.model.dim}), "
+            f"not of the new model {model.model_id} (dim {model.dim}); name another {noun} for this model"
+        )
+    if label.gallery != gallery:
+        raise ArtifactError(f"{where} was filled beside another gallery ({label.gallery[:12]}...)")
+    if dim != model.dim:
+        raise ArtifactError(f"{where} {shape or f'has dim {dim}'}, but the new model's dim is {model.dim}")
+
+
 S = TypeVar("S")  # the store's description of the part (its dim, label, index), None until it exists
 T = TypeVar("T")
 

@@ -38,7 +38,7 @@ from service.errors import ArtifactError, InputError
 from service.index.base import Hits
 from service.index.milvus import RANKING_METRICS, index_of, search_params, state_name, vector_field
 from service.rows import F32, I64
-from service.segment.in_store import StoreLabel
+from service.segment.in_store import StoreLabel, refuse_unless_ours
 
 if TYPE_CHECKING:
     from service.settings import IndexSettings
@@ -142,20 +142,11 @@ class MilvusNewRows:
         state = self.state(client)
         if state is None:
             return None
-        if state.label is None:
-            raise ArtifactError(
-                f"{self.where}: the collection exists but was not created by nobackfill (no {LABEL_KEY!r} "
-                "property); name a new collection in NOBACKFILL_INDEX__MILVUS_NEW_COLLECTION"
-            )
-        if not state.label.model.same_model(model):
-            raise ArtifactError(
-                f"{self.where} holds rows of {state.label.model.model_id} (dim {state.label.model.dim}), "
-                f"not of the new model {model.model_id} (dim {model.dim}); name another collection for this model"
-            )
-        if state.label.gallery != gallery:
-            raise ArtifactError(f"{self.where} was filled beside another gallery ({state.label.gallery[:24]}...)")
-        if state.dim != model.dim:
-            raise ArtifactError(f"{self.where} has dim {state.dim}, but the new model's dim is {model.dim}")
+        unlabelled = (
+            f"{self.where}: the collection exists but was not created by nobackfill (no {LABEL_KEY!r} "
+            "property); name a new collection in NOBACKFILL_INDEX__MILVUS_NEW_COLLECTION"
+        )
+        refuse_unless_ours(self.where, state.label, state.dim, model, gallery, unlabelled=unlabelled, noun="collection")
         if state_name(client.get_load_state(self.name, timeout=self.timeout_s).get("state")) != "Loaded":
             client.load_collection(self.name, timeout=max(self.timeout_s, CREATE_TIMEOUT_S))
         return state

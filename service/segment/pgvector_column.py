@@ -46,7 +46,7 @@ from service.index.pgvector import (
     table_identifier,
 )
 from service.rows import F32, I64
-from service.segment.in_store import InStoreSegment, InStoreView
+from service.segment.in_store import InStoreSegment, InStoreView, refuse_unless_ours
 
 if TYPE_CHECKING:
     from service.settings import IndexSettings
@@ -159,20 +159,14 @@ class PgvectorColumn:
         state = self.state(conn)
         if state is None:
             return None
-        if state.label is None:
-            raise ArtifactError(
-                f"{self.where}: the column exists but was not added by nobackfill (no label in its comment); "
-                "name a new column in NOBACKFILL_INDEX__PGVECTOR_NEW_COLUMN"
-            )
-        if not state.label.model.same_model(model):
-            raise ArtifactError(
-                f"{self.where} holds rows of {state.label.model.model_id} (dim {state.label.model.dim}), "
-                f"not of the new model {model.model_id} (dim {model.dim}); name another column for this model"
-            )
-        if state.label.gallery != gallery:
-            raise ArtifactError(f"{self.where} was filled beside another gallery ({state.label.gallery[:12]}...)")
-        if state.dim != model.dim:
-            raise ArtifactError(f"{self.where} is vector({state.dim}), but the new model's dim is {model.dim}")
+        unlabelled = (
+            f"{self.where}: the column exists but was not added by nobackfill (no label in its comment); "
+            "name a new column in NOBACKFILL_INDEX__PGVECTOR_NEW_COLUMN"
+        )
+        refuse_unless_ours(
+            self.where, state.label, state.dim, model, gallery,
+            unlabelled=unlabelled, noun="column", shape=f"is vector({state.dim})",
+        )  # fmt: skip
         return state
 
     def add(self, conn: Any, model: ModelIdentity, gallery: str) -> None:

@@ -36,7 +36,7 @@ from service.encoders.identity import ModelIdentity
 from service.errors import ArtifactError, InputError
 from service.index.base import Hits, InTable, cosine_of_l2
 from service.rows import F32, I64
-from service.segment.in_store import StoreLabel
+from service.segment.in_store import StoreLabel, refuse_unless_ours
 
 if TYPE_CHECKING:
     from service.settings import IndexSettings
@@ -130,20 +130,11 @@ class QdrantNewRows:
         if state is None:
             return None
         what = "collection" if self.side else "vector"
-        if state.label is None:
-            raise ArtifactError(
-                f"{self.where}: the {what} exists but was not added by nobackfill (no {self.key!r} in the "
-                f"collection's metadata); name a new {what} in NOBACKFILL_INDEX__QDRANT_NEW_{what.upper()}"
-            )
-        if not state.label.model.same_model(model):
-            raise ArtifactError(
-                f"{self.where} holds rows of {state.label.model.model_id} (dim {state.label.model.dim}), "
-                f"not of the new model {model.model_id} (dim {model.dim}); name another {what} for this model"
-            )
-        if state.label.gallery != gallery:
-            raise ArtifactError(f"{self.where} was filled beside another gallery ({state.label.gallery[:12]}...)")
-        if state.dim != model.dim:
-            raise ArtifactError(f"{self.where} has dim {state.dim}, but the new model's dim is {model.dim}")
+        unlabelled = (
+            f"{self.where}: the {what} exists but was not added by nobackfill (no {self.key!r} in the "
+            f"collection's metadata); name a new {what} in NOBACKFILL_INDEX__QDRANT_NEW_{what.upper()}"
+        )
+        refuse_unless_ours(self.where, state.label, state.dim, model, gallery, unlabelled=unlabelled, noun=what)
         return state
 
     def add(self, client: Any, model: ModelIdentity, gallery: str) -> None:
