@@ -242,6 +242,16 @@ async def info_once_moved_past(service: Running, moved: int) -> dict[str, Any]:
     return info
 
 
+async def assert_the_cascade_writes(settings: Any, captions: Captions) -> dict[str, Any]:
+    """Served with an item store, the cascade re-ranks every search and writes what it encodes into the segment;
+    /v1/info once the segment holds more than the one row the run put there."""
+    async with serving(settings) as service:
+        await assert_searches_are_reranked(service, captions)
+        info = await info_once_moved_past(service, 1)
+    assert info["segment"]["moved"] > 1 and info["cascade"]["writes_segment"] is True
+    return info
+
+
 async def what_anyone_sees(service: Running) -> list[str]:
     """What the service shows anyone, where a secret must never be: a search's answer, an error answer,
     /v1/info and /metrics."""
