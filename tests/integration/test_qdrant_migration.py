@@ -300,10 +300,7 @@ async def test_the_cascade_writes_what_it_encodes_into_the_vector(world: World, 
     done = backfill(world, items, named("v2_cascade"), "--limit", 1, "--add-vector")
     assert done.returncode == 0, done.stderr
     serve = settings(env, world, qdrant_new_vector="v2_cascade", item_store=items, segment_refresh_s=0.2)
-    async with serving(serve) as service:
-        await stores.assert_searches_are_reranked(service, CAPTIONS)
-        info = await stores.info_once_moved_past(service, 1)
-    assert info["segment"]["moved"] > 1 and info["cascade"]["writes_segment"] is True
+    info = await stores.assert_the_cascade_writes(serve, CAPTIONS)
     assert len(scrolled(env, "v2_cascade")) >= info["segment"]["moved"]  # (it may have written more since)
 
 
