@@ -12,7 +12,6 @@ import time
 from pathlib import Path
 
 import numpy as np
-import pytest
 
 from service.backfill.run import one_run_at_a_time
 from service.segment.catalog import moved_ids
@@ -20,15 +19,10 @@ from service.segment.layout import SHARDS, VECTORS, shard_names
 from service.segment.reader import Segment
 from service.segment.sealed import sealed_names
 from tests.support.cli import NOBACKFILL, cli
+from tests.support.stores import items_fixture
 from tests.support.world import WORLD_GALLERY_SIZE, World
 
-
-@pytest.fixture(scope="module")
-def items(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    out = tmp_path_factory.mktemp("items") / "store"
-    done = cli("synth", "items", "--size", WORLD_GALLERY_SIZE, "--out", out)
-    assert done.returncode == 0, done.stderr
-    return out
+items = items_fixture(WORLD_GALLERY_SIZE)  # the world gallery's item store (what backfill re-encodes)
 
 
 def _run_args(world: World, items: Path, segment: Path, *extra: str | int | Path) -> list[str | int | Path]:

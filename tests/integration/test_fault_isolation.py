@@ -30,6 +30,7 @@ from tests.support.world import CAPTION, World
 install()
 HANG_S = 1.2  # past each encoder's 0.5 s timeout; short, so no hung thread outlives the test by much
 CLEAN = 3  # clean requests sent beside each bad one
+TIMED_OUT, FAILED = (504, "encoder_timeout"), (500, "encoder_failed")  # a hung call's answer, a raising one's
 
 
 def isolating_settings(world: World, **api: Any) -> Settings:
@@ -65,6 +66,24 @@ def assert_served(answers: list[httpx.Response], k: int = 10) -> None:
         assert len(response.json()["results"][0]["ids"]) == k
 
 
+async def assert_only_the_bad_one_fails(
+    running: Running,
+    bad: dict[str, Any],
+    clean: list[dict[str, Any]],
+    error: tuple[int, str],
+    split: tuple[str, str] | None,
+    **body: Any,
+) -> None:
+    """The bad query sent beside clean ones: it alone gets `error` (status, code), each clean one is served, and
+    where `split` (encoder, cause) is given, its batch was split: the bad call had batch-mates and cost them nothing."""
+    split_before = splits(*split) if split else 0.0
+    failed, served = await beside_clean(running, bad, clean, **body)
+    assert_error(failed, *error)
+    assert_served(served)
+    if split:
+        assert splits(*split) > split_before
+
+
 def texts(start: int) -> list[dict[str, Any]]:
     return [{"text": CAPTION.format(start + i)} for i in range(CLEAN)]
 
@@ -90,11 +109,8 @@ async def test_an_input_that_hangs_the_old_encoder_costs_only_its_request_and_it
     world: World,
 ) -> None:
     async with serving(isolating_settings(world)) as running:
-        bad, split_before = {"text": CAPTION.format(100) + " !hang-old"}, splits("old", "timeout")
-        hung, clean = await beside_clean(running, bad, texts(101), mode="old")
-        assert_error(hung, 504, "encoder_timeout")
-        assert_served(clean)
-        assert splits("old", "timeout") > split_before
+        bad = {"text": CAPTION.format(100) + " !hang-old"}
+        await assert_only_the_bad_one_fails(running, bad, texts(101), TIMED_OUT, ("old", "timeout"), mode="old")
         before = sample("nobackfill_poison_refusals_total", encoder="old")
         started = time.perf_counter()
         retry = await running.search(queries=[bad], mode="old")
@@ -109,12 +125,10 @@ async def test_an_input_that_hangs_the_old_encoder_costs_only_its_request_and_it
 @pytest.mark.parametrize("fault", ["raise", "nan"])
 async def test_an_input_that_fails_the_old_encoder_costs_only_its_request(world: World, fault: str) -> None:
     async with serving(isolating_settings(world)) as running:
-        bad, split_before = {"text": CAPTION.format(120) + f" !{fault}-old"}, splits("old", "raised")
-        failed, clean = await beside_clean(running, bad, texts(121), mode="old")
-        assert_error(failed, 500, "encoder_failed")
-        assert_served(clean)
-        if fault == "raise":  # its batch was split and each call re-run alone (a NaN row fails only its own call)
-            assert splits("old", "raised") > split_before
+        bad = {"text": CAPTION.format(120) + f" !{fault}-old"}
+        # A raise splits its batch and re-runs each call alone (a NaN row fails only its own call: no split).
+        split = ("old", "raised") if fault == "raise" else None
+        await assert_only_the_bad_one_fails(running, bad, texts(121), FAILED, split, mode="old")
         # A failure is not a hang: the same input is tried again, not refused.
         assert_error(await running.search(queries=[bad], mode="old"), 500, "encoder_failed")
 
@@ -122,11 +136,8 @@ async def test_an_input_that_fails_the_old_encoder_costs_only_its_request(world:
 async def test_a_hang_on_the_old_side_of_a_blending_mode_costs_only_its_request(world: World) -> None:
     # Both encoders run for slerp; only the old one hangs.  The new encoder's answer is not enough alone.
     async with serving(isolating_settings(world)) as running:
-        bad, split_before = {"text": CAPTION.format(130) + " !hang-old"}, splits("old", "timeout")
-        hung, clean = await beside_clean(running, bad, texts(131), mode="slerp")
-        assert_error(hung, 504, "encoder_timeout")
-        assert_served(clean)
-        assert splits("old", "timeout") > split_before
+        bad = {"text": CAPTION.format(130) + " !hang-old"}
+        await assert_only_the_bad_one_fails(running, bad, texts(131), TIMED_OUT, ("old", "timeout"), mode="slerp")
         assert_error(await running.search(queries=[bad], mode="slerp"), 422, "poison_input")
 
 
@@ -139,11 +150,10 @@ async def test_an_image_that_hangs_an_encoder_costs_only_its_request_and_its_ret
     world: World, role: str
 ) -> None:
     async with serving(isolating_settings(world)) as running:
-        bad, split_before = {"image_b64": faulty_image(f"!hang-{role}")}, splits(role, "timeout")
-        hung, clean = await beside_clean(running, bad, images(10), mode="slerp", alpha=0.5)
-        assert_error(hung, 504, "encoder_timeout")
-        assert_served(clean)
-        assert splits(role, "timeout") > split_before
+        bad = {"image_b64": faulty_image(f"!hang-{role}")}
+        await assert_only_the_bad_one_fails(
+            running, bad, images(10), TIMED_OUT, (role, "timeout"), mode="slerp", alpha=0.5
+        )
         assert_error(await running.search(queries=[bad], mode="slerp", alpha=0.5), 422, "poison_input")
         # The poison memory keys the image itself: another image is served.
         assert_served([await running.search(queries=images(20)[:1], mode="slerp", alpha=0.5)])
@@ -152,11 +162,8 @@ async def test_an_image_that_hangs_an_encoder_costs_only_its_request_and_its_ret
 @pytest.mark.parametrize("role", ["old", "new"])
 async def test_an_image_that_fails_an_encoder_costs_only_its_request(world: World, role: str) -> None:
     async with serving(isolating_settings(world)) as running:
-        bad, split_before = {"image_b64": faulty_image(f"!raise-{role}")}, splits(role, "raised")
-        failed, clean = await beside_clean(running, bad, images(30), mode="slerp", alpha=0.5)
-        assert_error(failed, 500, "encoder_failed")
-        assert_served(clean)
-        assert splits(role, "raised") > split_before
+        bad = {"image_b64": faulty_image(f"!raise-{role}")}
+        await assert_only_the_bad_one_fails(running, bad, images(30), FAILED, (role, "raised"), mode="slerp", alpha=0.5)
 
 
 def truncated_jpeg() -> str:

@@ -23,6 +23,7 @@ from service.segment.reader import Segment
 from service.settings import ApiSettings, CompatSettings, EncoderSettings, IndexSettings, Settings
 from tests.support.app import Running, serving
 from tests.support.cli import cli
+from tests.support.stores import items_fixture
 from tests.support.world import WORLD_GALLERY_SIZE, World
 
 CAPTION = "item-{:010d} caption-1"
@@ -41,13 +42,7 @@ def queries() -> list[dict[str, str]]:
     return [{"text": CAPTION.format(i)} for i in QUERY_ITEMS]
 
 
-@pytest.fixture(scope="module")
-def items(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The world gallery's item store (what backfill re-encodes)."""
-    out = tmp_path_factory.mktemp("items") / "store"
-    done = cli("synth", "items", "--size", WORLD_GALLERY_SIZE, "--out", out)
-    assert done.returncode == 0, done.stderr
-    return out
+items = items_fixture(WORLD_GALLERY_SIZE)  # the world gallery's item store (what backfill re-encodes)
 
 
 def backfill(world: World, items: Path, segment: Path, *args: str | int) -> dict[str, Any]:

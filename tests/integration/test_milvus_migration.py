@@ -14,9 +14,9 @@ The user's collection names its key `item_id` and its vector `embedding` (not no
 
 from __future__ import annotations
 
-import asyncio
 import hashlib
 from collections.abc import Iterator
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +24,7 @@ import numpy as np
 import pytest
 
 from service.settings import CompatSettings, EncoderSettings, IndexSettings, Settings
+from tests.support import stores
 from tests.support.app import serving
 from tests.support.cli import cli
 from tests.support.milvus import MilvusLite, user_collection
@@ -38,38 +39,27 @@ NEW = "catalogue_v2"
 SPEC = f"milvus-collection:{NEW}"
 WHERE = f"Milvus collection {NEW} (beside {COLLECTION})"
 ALIAS = f"{COLLECTION}_current"
-QUERY_ITEMS = [3, 77, 512, 901, 999]
-CAPTION = "item-{:010d} caption-1"
+CAPTIONS = stores.Captions((3, 77, 512, 901, 999))
 
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[MilvusLite]:
     """One milvus-lite server holding the user's collection: keys, the old model's rows, a title per item."""
-    from service.encoders.synthetic import SyntheticOldEncoder
-
     milvus = MilvusLite(tmp_path_factory.mktemp("milvus") / "data")
     milvus.start()
     with opened(milvus.uri) as client:
-        rows = SyntheticOldEncoder().encode_items(np.arange(N, dtype=np.int64))
-        user_collection(client, COLLECTION, rows, primary=PRIMARY, field=FIELD)
+        user_collection(client, COLLECTION, stores.old_model_rows(N), primary=PRIMARY, field=FIELD)
     yield milvus
     milvus.stop()
 
 
-@pytest.fixture(scope="module")
-def items(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The collection's items (what backfill re-encodes): the world's first N."""
-    out = tmp_path_factory.mktemp("items") / "store"
-    done = cli("synth", "items", "--size", N, "--out", out)
-    assert done.returncode == 0, done.stderr
-    return out
+items = stores.items_fixture(N)  # the collection's items: the world's first N
 
 
 @pytest.fixture
 def env(server: MilvusLite, monkeypatch: pytest.MonkeyPatch) -> str:
     """The settings a user exports for both the service and `backfill run`; the server's URI."""
-    for name, value in (("BACKEND", "milvus"), ("MILVUS_URI", server.uri), ("MILVUS_COLLECTION", COLLECTION)):
-        monkeypatch.setenv(f"NOBACKFILL_INDEX__{name}", value)
+    stores.export_index(monkeypatch, backend="milvus", milvus_uri=server.uri, milvus_collection=COLLECTION)
     return server.uri
 
 
@@ -109,78 +99,44 @@ def old_digest(uri: str) -> str:
 
 
 def backfill(world: World, items: Path, *args: str | int, segment: str = SPEC) -> Any:
-    return cli(
-        "backfill", "run", "--segment", segment, "--input", items,
-        "--backend", "synthetic-new", "--profile", world.profile_dir, *args,
-    )  # fmt: skip
-
-
-async def search(service: Any, mode: str, k: int = 10) -> list[dict[str, Any]]:
-    response = await service.search(queries=[{"text": CAPTION.format(i)} for i in QUERY_ITEMS], k=k, mode=mode)
-    assert response.status_code == 200, response.text
-    return list(response.json()["results"])
+    return stores.backfill(world, items, segment, *args)
 
 
 async def test_the_migration_fills_the_second_collection_and_hybrid_rises_from_compat_to_reindexed(
     world: World, items: Path, env: str
 ) -> None:
-    from service.encoders.synthetic import SyntheticNewEncoder, SyntheticOldEncoder
     from service.index.base import Exclusion
     from service.index.milvus import MilvusGallery
-    from service.vocabulary import Modality
 
     before = old_digest(env)
-    refused = backfill(world, items, "--fraction", 0.5)
-    assert refused.returncode == 2 and "--add-collection" in refused.stderr and refused.stderr.count("\n") == 1
-
+    stores.assert_refused_without_consent(world, items, SPEC, "--add-collection")
     # Day 0: the collection named, not there yet: hybrid serves the old collection's compatible answers.
-    async with serving(settings(env, world, milvus_new_collection=NEW)) as service:
-        info = (await service.client.get("/v1/info")).json()
-        assert info["default_mode"] == "hybrid" and info["segment"]["created"] is False
-        hybrid, slerp = await search(service, "hybrid"), await search(service, "slerp")
-        assert [h["ids"] for h in hybrid] == [s["ids"] for s in slerp]
-        assert all(len(h["ids"]) == 10 for h in slerp)  # read under item_id, not a hard-coded "id"
-
-    half = backfill(world, items, "--fraction", 0.5, "--add-collection", "--batch-size", 100)
-    assert half.returncode == 0, half.stderr
-    assert f"into {WHERE}" in half.stdout and "500 of 1,000 (50.0%)" in half.stdout
-    again = backfill(world, items, "--fraction", 0.5, "--json")
-    assert again.returncode == 0 and '"moved": 0' in again.stdout  # resumable: nothing is encoded twice
-    status = cli("backfill", "status", SPEC)
-    assert status.returncode == 0 and "moved 500 of 1,000 items (50.0%)" in status.stdout, status.stderr
-    early = cli("backfill", "cutover", SPEC)
-    assert early.returncode == 2 and "holds 500 of 1,000 rows (50.0%)" in early.stderr
-
-    async with serving(settings(env, world, milvus_new_collection=NEW, segment_refresh_s=0.2)) as service:
-        info = (await service.client.get("/v1/info")).json()["segment"]
-        assert (info["backend"], info["moved"], info["coverage"]) == ("milvus-collection", 500, 0.5)
-        results = await search(service, "hybrid")
-        assert all(len(set(r["ids"])) == len(r["ids"]) == 10 for r in results)
-        assert 0 < sum(r["segment_hits"] for r in results) < 10 * len(results)  # both collections answer
+    slerp = await stores.assert_hybrid_is_compat_before_anything_moved(
+        settings(env, world, milvus_new_collection=NEW), CAPTIONS
+    )
+    assert all(len(h["ids"]) == 10 for h in slerp)  # read under item_id, not a hard-coded "id"
+    first = ("--add-collection", "--batch-size", 100)
+    stores.assert_half_moves_resumably(world, items, SPEC, N, where=WHERE, unit="rows", first=first)
+    at_half = settings(env, world, milvus_new_collection=NEW, segment_refresh_s=0.2)
+    await stores.assert_both_answer_at_half(at_half, CAPTIONS, "milvus-collection", 500)
     moved = set(entities(env, NEW, [PRIMARY]))
     assert len(moved) == 500
     gallery = MilvusGallery.open(index_settings(env))
-    queries = SyntheticOldEncoder().encode_items(np.array(QUERY_ITEMS))
-    _, old_ids = gallery.search(queries, 50, nprobe=1, exclude=Exclusion(np.array(sorted(moved), dtype=np.int64)))
-    _, all_ids = gallery.search(queries, 50, nprobe=1)
-    assert not set(old_ids.ravel().tolist()) & moved  # the old search left the moved items out
-    assert set(all_ids.ravel().tolist()) & moved  # (which it would have found)
+    queries = CAPTIONS.old_item_rows()
+    by_ids = Exclusion(np.array(sorted(moved), dtype=np.int64))
+    old_ids = stores.assert_the_old_search_leaves_moved_out(gallery, queries, by_ids, moved)
     assert (old_ids >= 0).all()  # and still found k of the others
 
-    rest = backfill(world, items)
-    assert rest.returncode == 0 and "1,000 of 1,000 (100.0%)" in rest.stdout, rest.stderr
+    stores.assert_the_rest_moves(world, items, SPEC, N)
     _, none_left = gallery.search(queries, 10, nprobe=1, exclude=Exclusion(np.arange(N, dtype=np.int64)))
     gallery.close()
     assert (none_left == -1).all()  # every row moved: the old search answers nothing (and is not sent)
-    async with serving(settings(env, world, milvus_new_collection=NEW)) as service:
-        hybrid, new = await search(service, "hybrid"), await search(service, "new")
     got = entities(env, NEW, [FIELD])
     ids = np.array(sorted(got))
     rows = np.array([got[i][FIELD] for i in ids], dtype=np.float32)
-    queries = SyntheticNewEncoder().encode([CAPTION.format(i) for i in QUERY_ITEMS], Modality.text)
-    want = ids[np.argsort(-(queries @ rows.T), axis=1, kind="stable")[:, :10]].tolist()
-    assert [r["ids"] for r in new] == want  # the new model over the new collection, exactly (FLAT)
-    assert [r["ids"] for r in hybrid] == want  # everything moved: hybrid is the re-indexed search
+    want = await stores.assert_new_and_hybrid_are_exact(
+        settings(env, world, milvus_new_collection=NEW), CAPTIONS, ids, rows
+    )
 
     printed = cli("backfill", "cutover", SPEC)
     assert printed.returncode == 0, printed.stderr
@@ -192,17 +148,19 @@ async def test_the_migration_fills_the_second_collection_and_hybrid_rises_from_c
     assert applied.returncode == 0 and "applied" in applied.stdout, applied.stderr
     with opened(env) as client:  # the user's application, reading natively through the alias
         native = client.search(
-            ALIAS, data=[queries[0].tolist()], limit=10, anns_field=FIELD, output_fields=[PRIMARY, "title"]
+            ALIAS,
+            data=[CAPTIONS.new_queries()[0].tolist()],
+            limit=10,
+            anns_field=FIELD,
+            output_fields=[PRIMARY, "title"],
         )[0]
     assert [int(hit[PRIMARY]) for hit in native] == want[0]
     assert all(hit["entity"]["title"] == f"item {hit[PRIMARY]}" for hit in native)  # whole entities, titles too
 
     cut_over = Settings(old=EncoderSettings(backend="none"), index=index_settings(env, milvus_new_collection=NEW))
-    async with serving(cut_over) as service:
-        info = (await service.client.get("/v1/info")).json()
-        alone = await search(service, "new")
+    info, alone = await stores.served_alone(cut_over, CAPTIONS)
     assert info["modes"] == ["new"] and info["gallery"]["backend"] == "milvus-collection"
-    assert [r["ids"] for r in alone] == [r["ids"] for r in hybrid]  # the cut-over answers what hybrid answered
+    assert stores.ids_of(alone) == want  # the cut-over answers what hybrid answered (want, asserted above)
     assert old_digest(env) == before  # the user's old rows and titles were never written
 
 
@@ -230,19 +188,12 @@ async def test_a_wrong_model_s_collection_and_a_foreign_one_are_refused_in_one_l
 
 
 def test_contradicting_settings_are_refused_in_one_line() -> None:
-    from service.errors import SettingsError
-
-    uri = "http://127.0.0.1:1"
-    for index, message in (
+    cases = [
         ({"milvus_new_collection": COLLECTION}, "is the old model's collection"),
         ({"milvus_new_collection": "c2", "segment_dir": Path("seg")}, "each name a segment: set one"),
-    ):
-        with pytest.raises(SettingsError) as refused:
-            Settings(index=index_settings(uri, **index))
-        assert message in refused.value.message and "\n" not in refused.value.message
-    with pytest.raises(SettingsError) as refused:
-        Settings(index=IndexSettings(milvus_new_collection="c2"))
-    assert "needs NOBACKFILL_INDEX__BACKEND=milvus" in refused.value.message
+    ]
+    index = partial(index_settings, "http://127.0.0.1:1")
+    stores.assert_contradicting_settings_refused(index, cases, "milvus", milvus_new_collection="c2")
     elsewhere = cli("backfill", "status", "milvus-collection:c2")  # no Milvus gallery configured
     assert elsewhere.returncode == 2 and "set NOBACKFILL_INDEX__BACKEND=milvus" in elsewhere.stderr
 
@@ -252,16 +203,7 @@ async def test_the_cascade_writes_what_it_encodes_into_the_collection(world: Wor
     done = backfill(world, items, "--limit", 1, "--add-collection", segment=spec)
     assert done.returncode == 0, done.stderr
     serve = settings(env, world, milvus_new_collection="v2_cascade", item_store=items, segment_refresh_s=0.2)
-    async with serving(serve) as service:
-        response = await service.search(queries=[{"text": CAPTION.format(i)} for i in QUERY_ITEMS], k=5)
-        assert response.status_code == 200, response.text
-        assert all(r["reranked"] for r in response.json()["results"])
-        for _ in range(2400):  # the writer's flush, then a refresh: waited for, never timed
-            info = (await service.client.get("/v1/info")).json()
-            if info["segment"]["moved"] > 1:
-                break
-            await asyncio.sleep(0.05)
-    assert info["segment"]["moved"] > 1 and info["cascade"]["writes_segment"] is True
+    info = await stores.assert_the_cascade_writes(serve, CAPTIONS)
     written = entities(env, "v2_cascade", ["title"])
     assert len(written) >= info["segment"]["moved"]  # (it may have written more since)
     assert all(e["title"] == f"item {i}" for i, e in written.items())  # each row carries its item's fields

@@ -17,9 +17,10 @@ import pytest
 
 from service.errors import ArtifactError, GalleryUnavailable, InputError
 from service.index.base import Exclusion
-from service.settings import CompatSettings, EncoderSettings, IndexSettings, Settings
+from service.settings import CompatSettings, IndexSettings, Settings
 from tests.support.app import serving
 from tests.support.postgres import started, user_table
+from tests.support.stores import Captions, assert_old_rows_are_served_exactly
 from tests.support.world import World
 
 psycopg = pytest.importorskip("psycopg")
@@ -154,29 +155,14 @@ def test_a_search_behind_a_held_lock_answers_503_within_its_timeout_and_then_ser
 
 async def test_the_service_serves_a_pgvector_table_of_the_old_models_rows(world: World, dsn: str) -> None:
     from service.encoders.synthetic import SyntheticOldEncoder
-    from service.vocabulary import Modality
 
-    encoder = SyntheticOldEncoder()
     items = np.arange(0, 20_000, 4, dtype=np.int64)  # 5,000 of the world's items, as a user's table
-    rows = encoder.encode_items(items)
+    rows = SyntheticOldEncoder().encode_items(items)
     with psycopg.connect(dsn, autocommit=True) as conn:
         _copy(conn, "world_items", items, rows, rows.shape[1])
-    settings = Settings(
-        old=EncoderSettings(backend="synthetic-old"),
-        index=IndexSettings(backend="pgvector", pgvector_dsn=dsn, pgvector_table="world_items"),
-        compat=CompatSettings(profile_dir=world.profile_dir),
-    )
-    texts = [f"item-{i:010d} caption-1" for i in (4, 400, 4_000, 12_000)]
-    async with serving(settings) as service:
-        response = await service.search(queries=[{"text": t} for t in texts], k=5, mode="old")
-        assert response.status_code == 200, response.text
-        got = [r["ids"] for r in response.json()["results"]]
-        info = (await service.client.get("/v1/info")).json()
-        slerp = await service.search(queries=[{"text": t} for t in texts], k=5, mode="slerp")
-        assert slerp.status_code == 200 and all(len(r["ids"]) == 5 for r in slerp.json()["results"])
-    queries = encoder.encode(texts, Modality.text)
-    want = items[np.argsort(-(queries @ rows.T), axis=1, kind="stable")[:, :5]]
-    assert got == want.tolist()  # the old model's own query over the table, exactly
+    index = IndexSettings(backend="pgvector", pgvector_dsn=dsn, pgvector_table="world_items")
+    captions = Captions((4, 400, 4_000, 12_000))
+    info = await assert_old_rows_are_served_exactly(world, index, captions, items, rows)  # the table, exactly
     assert info["gallery"]["backend"] == "pgvector" and info["gallery"]["ntotal"] == 5000
 
 

@@ -15,8 +15,8 @@ import pytest
 
 from service.errors import ArtifactError
 from service.index.base import Exclusion
-from service.settings import CompatSettings, EncoderSettings, IndexSettings, Settings
-from tests.support.app import serving
+from service.settings import IndexSettings
+from tests.support.stores import Captions, assert_old_rows_are_served_exactly
 from tests.support.world import World
 
 qdrant_client = pytest.importorskip("qdrant_client")
@@ -111,11 +111,9 @@ def test_what_cannot_be_served_is_refused_in_one_line(tmp_path: Path) -> None:
 
 async def test_the_service_serves_a_qdrant_collection_of_the_old_models_rows(world: World, tmp_path: Path) -> None:
     from service.encoders.synthetic import SyntheticOldEncoder
-    from service.vocabulary import Modality
 
-    encoder = SyntheticOldEncoder()
     items = np.arange(0, 20_000, 8, dtype=np.int64)  # 2,500 of the world's items
-    rows = encoder.encode_items(items)
+    rows = SyntheticOldEncoder().encode_items(items)
     client = qdrant_client.QdrantClient(path=str(tmp_path))
     client.create_collection(
         "world", vectors_config={"old": models.VectorParams(size=rows.shape[1], distance=models.Distance.COSINE)}
@@ -125,17 +123,7 @@ async def test_the_service_serves_a_qdrant_collection_of_the_old_models_rows(wor
         points=[models.PointStruct(id=int(i), vector={"old": r.tolist()}) for i, r in zip(items, rows, strict=True)],
     )
     client.close()
-    settings = Settings(
-        old=EncoderSettings(backend="synthetic-old"),
-        index=IndexSettings(backend="qdrant", qdrant_path=tmp_path, qdrant_collection="world", qdrant_vector="old"),
-        compat=CompatSettings(profile_dir=world.profile_dir),
-    )
-    texts = [f"item-{i:010d} caption-1" for i in (8, 800, 8_000, 16_000)]
-    async with serving(settings) as service:
-        response = await service.search(queries=[{"text": t} for t in texts], k=5, mode="old")
-        assert response.status_code == 200, response.text
-        got = [r["ids"] for r in response.json()["results"]]
-        info = (await service.client.get("/v1/info")).json()
-    want = items[np.argsort(-(encoder.encode(texts, Modality.text) @ rows.T), axis=1, kind="stable")[:, :5]]
-    assert got == want.tolist()
+    index = IndexSettings(backend="qdrant", qdrant_path=tmp_path, qdrant_collection="world", qdrant_vector="old")
+    captions = Captions((8, 800, 8_000, 16_000))
+    info = await assert_old_rows_are_served_exactly(world, index, captions, items, rows)
     assert info["gallery"]["backend"] == "qdrant" and info["gallery"]["ntotal"] == 2500

@@ -18,6 +18,7 @@ import shutil
 import tempfile
 from collections.abc import Iterator
 from dataclasses import dataclass, replace
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +26,7 @@ import numpy as np
 import pytest
 
 from service.settings import CompatSettings, EncoderSettings, IndexSettings, Settings
+from tests.support import stores
 from tests.support.app import serving
 from tests.support.cli import cli
 from tests.support.world import World
@@ -35,22 +37,19 @@ models = qdrant_client.models
 N = 1_000  # the collection: the synthetic world's items 0..N-1 with their old-model rows
 COLLECTION = "catalogue"
 OLD = "old"
-QUERY_ITEMS = [3, 77, 512, 901, 999]
-CAPTION = "item-{:010d} caption-1"
+CAPTIONS = stores.Captions((3, 77, 512, 901, 999))
 SHM = Path("/dev/shm")
 
 
 @pytest.fixture(scope="module")
 def store(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
     """A local-mode folder holding the user's collection: ids, the old model's rows (named vector), a title."""
-    from service.encoders.synthetic import SyntheticOldEncoder
-
     path = tmp_path_factory.mktemp("qdrant")
     if SHM.is_dir() and os.access(SHM, os.W_OK):
         # Local mode commits (fsyncs) every point it writes on its own: 10 ms each on this disk, 1,000
         # points a pass.  On tmpfs the same engine, the same files, without the wait.
         path = Path(tempfile.mkdtemp(prefix="nobackfill-qdrant-", dir=SHM))
-    rows = SyntheticOldEncoder().encode_items(np.arange(N, dtype=np.int64))
+    rows = stores.old_model_rows(N)
     client = qdrant_client.QdrantClient(path=str(path))
     try:
         params = models.VectorParams(size=rows.shape[1], distance=models.Distance.COSINE)
@@ -68,21 +67,15 @@ def store(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
     shutil.rmtree(path, ignore_errors=True)
 
 
-@pytest.fixture(scope="module")
-def items(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The collection's items (what backfill re-encodes): the world's first N."""
-    out = tmp_path_factory.mktemp("items") / "store"
-    done = cli("synth", "items", "--size", N, "--out", out)
-    assert done.returncode == 0, done.stderr
-    return out
+items = stores.items_fixture(N)  # the collection's items: the world's first N
 
 
 @pytest.fixture
 def env(store: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     """The settings a user exports for both the service and `backfill run`."""
-    for name, value in (("BACKEND", "qdrant"), ("QDRANT_PATH", str(store)), ("QDRANT_COLLECTION", COLLECTION),
-                        ("QDRANT_VECTOR", OLD)):  # fmt: skip
-        monkeypatch.setenv(f"NOBACKFILL_INDEX__{name}", value)
+    stores.export_index(
+        monkeypatch, backend="qdrant", qdrant_path=str(store), qdrant_collection=COLLECTION, qdrant_vector=OLD
+    )
     return store
 
 
@@ -157,54 +150,26 @@ SECOND = Layout(
 
 
 def backfill(world: World, items: Path, layout: Layout, *args: str | int) -> Any:
-    return cli(
-        "backfill", "run", "--segment", layout.spec, "--input", items,
-        "--backend", "synthetic-new", "--profile", world.profile_dir, *args,
-    )  # fmt: skip
-
-
-async def search(service: Any, mode: str, k: int = 10) -> list[dict[str, Any]]:
-    response = await service.search(queries=[{"text": CAPTION.format(i)} for i in QUERY_ITEMS], k=k, mode=mode)
-    assert response.status_code == 200, response.text
-    return list(response.json()["results"])
+    return stores.backfill(world, items, layout.spec, *args)
 
 
 @pytest.mark.parametrize("layout", [VECTOR, SECOND], ids=["named-vector", "second-collection"])
 async def test_the_migration_fills_the_new_vector_and_hybrid_rises_from_compat_to_reindexed(
     world: World, items: Path, env: Path, layout: Layout
 ) -> None:
-    from service.encoders.synthetic import SyntheticNewEncoder, SyntheticOldEncoder
     from service.index.base import Exclusion, InTable
     from service.index.qdrant import QdrantGallery
-    from service.vocabulary import Modality
 
     before = old_digest(env)
-    refused = backfill(world, items, layout, "--fraction", 0.5)
-    assert refused.returncode == 2 and layout.flag in refused.stderr and refused.stderr.count("\n") == 1
-
-    # Day 0: the vector named, not there yet: hybrid serves as the compatible search.
-    async with serving(layout.settings(env, world)) as service:
-        info = (await service.client.get("/v1/info")).json()
-        assert info["default_mode"] == "hybrid" and info["segment"]["created"] is False
-        hybrid, slerp = await search(service, "hybrid"), await search(service, "slerp")
-        assert [h["ids"] for h in hybrid] == [s["ids"] for s in slerp]
-
-    half = backfill(world, items, layout, "--fraction", 0.5, layout.flag, "--batch-size", 100, "--shard-size", 150)
-    assert half.returncode == 0, half.stderr
-    assert f"into {layout.where}" in half.stdout and "500 of 1,000 (50.0%)" in half.stdout
-    again = backfill(world, items, layout, "--fraction", 0.5, "--json")
-    assert again.returncode == 0 and '"moved": 0' in again.stdout  # resumable: nothing is encoded twice
-    status = cli("backfill", "status", layout.spec)
-    assert status.returncode == 0 and "moved 500 of 1,000 items (50.0%)" in status.stdout, status.stderr
-    early = cli("backfill", "cutover", layout.spec)
-    assert early.returncode == 2 and "holds 500 of 1,000 points (50.0%)" in early.stderr
-
-    async with serving(layout.settings(env, world, segment_refresh_s=0.2)) as service:
-        info = (await service.client.get("/v1/info")).json()["segment"]
-        assert (info["backend"], info["moved"], info["coverage"]) == ("qdrant-vector", 500, 0.5)
-        results = await search(service, "hybrid")
-        assert all(len(set(r["ids"])) == len(r["ids"]) == 10 for r in results)
-        assert 0 < sum(r["segment_hits"] for r in results) < 10 * len(results)  # both vectors answer
+    stores.assert_refused_without_consent(world, items, layout.spec, layout.flag)
+    await stores.assert_hybrid_is_compat_before_anything_moved(layout.settings(env, world), CAPTIONS)
+    sizes = ("--batch-size", 100, "--shard-size", 150)
+    stores.assert_half_moves_resumably(
+        world, items, layout.spec, N, where=layout.where, unit="points", first=(layout.flag, *sizes)
+    )
+    await stores.assert_both_answer_at_half(
+        layout.settings(env, world, segment_refresh_s=0.2), CAPTIONS, "qdrant-vector", 500
+    )
     moved = (
         set(scrolled(env, layout.vector, layout.collection))
         if layout is VECTOR
@@ -212,30 +177,22 @@ async def test_the_migration_fills_the_new_vector_and_hybrid_rises_from_compat_t
     )
     assert len(moved) == 500
     gallery = QdrantGallery.open(index_settings(env))
-    queries = SyntheticOldEncoder().encode_items(np.array(QUERY_ITEMS))
     exclusion = (
         Exclusion(np.zeros(0, np.int64), in_table=InTable("vector", layout.name))
         if layout is VECTOR
         else Exclusion(np.array(sorted(moved), dtype=np.int64))
     )
-    _, old_ids = gallery.search(queries, 50, nprobe=1, exclude=exclusion)
-    _, all_ids = gallery.search(queries, 50, nprobe=1)
+    old_ids = stores.assert_the_old_search_leaves_moved_out(gallery, CAPTIONS.old_item_rows(), exclusion, moved)
     gallery.close()
-    assert not set(old_ids.ravel().tolist()) & moved  # the old vector's search left the moved points out
-    assert set(all_ids.ravel().tolist()) & moved  # (which it would have found)
     assert (old_ids >= 0).all()  # and still found k of the others
 
-    rest = backfill(world, items, layout)
-    assert rest.returncode == 0 and "1,000 of 1,000 (100.0%)" in rest.stdout, rest.stderr
-    async with serving(layout.settings(env, world)) as service:
-        hybrid, new = await search(service, "hybrid"), await search(service, "new")
+    stores.assert_the_rest_moves(world, items, layout.spec, N)
     got = scrolled(env, layout.vector, layout.collection)
     ids = np.array(sorted(got))
     rows = np.array([got[i] for i in ids], dtype=np.float32)
-    queries = SyntheticNewEncoder().encode([CAPTION.format(i) for i in QUERY_ITEMS], Modality.text)
-    want = ids[np.argsort(-(queries @ rows.T), axis=1, kind="stable")[:, :10]].tolist()
-    assert [r["ids"] for r in new] == want  # the new model over the new vector, exactly (local mode)
-    assert [r["ids"] for r in hybrid] == want  # everything moved: hybrid is the re-indexed search
+    want = await stores.assert_new_and_hybrid_are_exact(
+        layout.settings(env, world), CAPTIONS, ids, rows
+    )  # (local mode)
 
     printed = cli("backfill", "cutover", layout.spec)
     assert printed.returncode == 0, printed.stderr
@@ -250,17 +207,15 @@ async def test_the_migration_fills_the_new_vector_and_hybrid_rises_from_compat_t
     with Opened(env) as client:  # the user's application, reading natively
         read = "catalogue_current" if layout is SECOND else COLLECTION
         native = client.query_points(
-            read, query=queries[0].tolist(), using=layout.vector, limit=10, with_payload=True
+            read, query=CAPTIONS.new_queries()[0].tolist(), using=layout.vector, limit=10, with_payload=True
         ).points
     assert [int(p.id) for p in native] == want[0]
     assert all(p.payload == {"title": f"item {p.id}"} for p in native)  # whole points, payloads too
 
     cut_over = Settings(old=EncoderSettings(backend="none"), index=index_settings(env, **{layout.setting: layout.name}))
-    async with serving(cut_over) as service:
-        info = (await service.client.get("/v1/info")).json()
-        alone = await search(service, "new")
+    info, alone = await stores.served_alone(cut_over, CAPTIONS)
     assert info["modes"] == ["new"] and info["gallery"]["backend"] == "qdrant-vector"
-    assert [r["ids"] for r in alone] == want  # the cut-over answers what mode new answered
+    assert stores.ids_of(alone) == want  # the cut-over answers what mode new answered
     assert old_digest(env) == before  # the user's old vectors and payloads were never written
 
 
@@ -292,19 +247,13 @@ async def test_a_wrong_model_s_vector_and_a_foreign_vector_are_refused_in_one_li
 
 
 def test_contradicting_settings_are_refused_in_one_line(store: Path) -> None:
-    from service.errors import SettingsError
-
-    for index, message in (
+    cases = [
         ({"qdrant_new_vector": OLD}, "is the old model's vector"),
         ({"qdrant_new_collection": COLLECTION}, "is the old model's collection"),
         ({"qdrant_new_vector": "v2", "qdrant_new_collection": "c2"}, "each name a segment: set one"),
-    ):
-        with pytest.raises(SettingsError) as refused:
-            Settings(index=index_settings(store, **index))
-        assert message in refused.value.message and "\n" not in refused.value.message
-    with pytest.raises(SettingsError) as refused:
-        Settings(index=IndexSettings(qdrant_new_vector="v2"))
-    assert "needs NOBACKFILL_INDEX__BACKEND=qdrant" in refused.value.message
+    ]
+    index = partial(index_settings, store)
+    stores.assert_contradicting_settings_refused(index, cases, "qdrant", qdrant_new_vector="v2")
 
 
 def storage_changes(store: Path) -> Iterator[int]:
@@ -322,21 +271,8 @@ def storage_changes(store: Path) -> Iterator[int]:
 def test_a_backfill_killed_mid_batch_and_rerun_ends_with_the_vector_of_an_uninterrupted_run(
     world: World, items: Path, env: Path
 ) -> None:
-    import os
     import signal
-    import subprocess
-    import sys
     import time
-
-    def run(vector: str, *args: str) -> subprocess.Popen[str]:
-        command = [
-            sys.executable, "-m", "service.cli", "backfill", "run", "--segment", f"qdrant:{vector}",
-            "--add-vector", "--input", str(items), "--backend", "synthetic-new", "--profile",
-            str(world.profile_dir), "--batch-size", "50", "--shard-size", "100", "--json", *args,
-        ]  # fmt: skip
-        return subprocess.Popen(
-            command, env=os.environ.copy(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
-        )
 
     whole = backfill(world, items, named("v2_whole"), "--add-vector", "--batch-size", 50, "--shard-size", 100)
     assert whole.returncode == 0, whole.stderr  # (in this process: only the victims need one of their own)
@@ -344,7 +280,7 @@ def test_a_backfill_killed_mid_batch_and_rerun_ends_with_the_vector_of_an_uninte
     for _ in range(3):  # killed once it has committed writes of its own, mid-run (the rate keeps it going)
         changes = storage_changes(env)
         start = next(changes)
-        victim = run("v2_killed", "--rate", "300")
+        victim = stores.backfill_process(world, items, "qdrant:v2_killed", "--add-vector", "--rate", "300")
         deadline = time.monotonic() + 120  # a generous bound: a busy box only makes it wait longer
         while next(changes) < start + 2:  # two commits: the first is surely durable
             assert victim.poll() is None, "the run ended before it was killed"
@@ -361,21 +297,10 @@ def test_a_backfill_killed_mid_batch_and_rerun_ends_with_the_vector_of_an_uninte
 
 
 async def test_the_cascade_writes_what_it_encodes_into_the_vector(world: World, items: Path, env: Path) -> None:
-    import asyncio
-
     done = backfill(world, items, named("v2_cascade"), "--limit", 1, "--add-vector")
     assert done.returncode == 0, done.stderr
     serve = settings(env, world, qdrant_new_vector="v2_cascade", item_store=items, segment_refresh_s=0.2)
-    async with serving(serve) as service:
-        response = await service.search(queries=[{"text": CAPTION.format(i)} for i in QUERY_ITEMS], k=5)
-        assert response.status_code == 200, response.text
-        assert all(r["reranked"] for r in response.json()["results"])
-        for _ in range(2400):  # the writer's flush, then a refresh: waited for, never timed
-            info = (await service.client.get("/v1/info")).json()
-            if info["segment"]["moved"] > 1:
-                break
-            await asyncio.sleep(0.05)
-    assert info["segment"]["moved"] > 1 and info["cascade"]["writes_segment"] is True
+    info = await stores.assert_the_cascade_writes(serve, CAPTIONS)
     assert len(scrolled(env, "v2_cascade")) >= info["segment"]["moved"]  # (it may have written more since)
 
 
@@ -387,16 +312,11 @@ async def test_the_api_key_never_appears_in_answers_logs_or_metrics(
     caplog.set_level("DEBUG")
     # Local mode takes no key: the service carries it everywhere here, and sends it nowhere.
     async with serving(settings(store, world, qdrant_new_vector="v2_secret", qdrant_api_key=secret)) as service:
-        seen = [
-            (await service.search(queries=[{"text": CAPTION.format(3)}], k=5)).text,
-            (await service.search(queries=[{"text": CAPTION.format(3)}], k=5, mode="nope")).text,
-            (await service.client.get("/v1/info")).text,
-            (await service.client.get("/metrics")).text,
-        ]
+        seen = await stores.what_anyone_sees(service)
     with pytest.MonkeyPatch.context() as env:  # a server that is not there, with the key
-        for name, value in (("BACKEND", "qdrant"), ("QDRANT_URL", "http://127.0.0.1:1"),
-                            ("QDRANT_COLLECTION", COLLECTION), ("QDRANT_API_KEY", secret)):  # fmt: skip
-            env.setenv(f"NOBACKFILL_INDEX__{name}", value)
+        stores.export_index(
+            env, backend="qdrant", qdrant_url="http://127.0.0.1:1", qdrant_collection=COLLECTION, qdrant_api_key=secret
+        )
         unreachable = cli("backfill", "status", "qdrant:v2_secret")
     assert unreachable.returncode == 2 and "Qdrant did not answer" in unreachable.stderr
     assert unreachable.stderr.splitlines()[-1].startswith("error: ")

@@ -4,6 +4,7 @@
 - world: the session's synthetic world (layout, sizes, settings) and the real world's vocabulary limit
 - app: the app started in process, with an httpx client over the ASGI transport
 - servers: free ports, a private redis-server, a real `nobackfill serve` process
+- stores: what the pgvector, Qdrant and Milvus tests share (the items, the backfill CLI, the migration's steps)
 - upgrade_standin: a small stand-in upgrade written as .npy splits (`python -m tests.support.upgrade_standin`)
 - digits_models: a real 5 -> 10 class upgrade on sklearn's digits
 - tiny_models: tiny random real models (CLIP, static) for the real backends' code paths

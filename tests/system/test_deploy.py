@@ -52,7 +52,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from service import cpu_limit
 from service.api.app import create_app
 from service.commands.serve import DEMO_DIR
-from service.settings import Settings
+from service.settings import IndexSettings, Settings
 from tests.support.servers import REDIS_SERVER, free_port, serve_process
 from tests.support.world import World
 
@@ -750,23 +750,32 @@ def test_k8s_milvus_overlay_points_the_service_at_a_collection(
     assert {"redis-password", "api-key"} <= set(secret["data"])
 
 
+def overlay_index_settings(
+    docs: list[dict[str, Any]], monkeypatch: pytest.MonkeyPatch, plain: tuple[str, ...], secret_setting: str, key: str
+) -> IndexSettings:
+    """The index settings the service reads from an overlay's Deployment: the `plain` NOBACKFILL_INDEX__ settings as
+    its env gives them, and `secret_setting` only from the overlay's Secret under `key` (never a value in the env),
+    a Secret that kept the base's keys beside it."""
+    container = container_of(one(docs, "Deployment", "nobackfill"))
+    env = {e["name"]: e for e in container["env"]}
+    for name in plain:
+        monkeypatch.setenv(f"NOBACKFILL_INDEX__{name}", env[f"NOBACKFILL_INDEX__{name}"]["value"])
+    (secret,) = [d for d in docs if d["kind"] == "Secret"]
+    entry = env[f"NOBACKFILL_INDEX__{secret_setting}"]
+    assert "value" not in entry
+    ref = entry["valueFrom"]["secretKeyRef"]
+    assert ref["name"] == secret["metadata"]["name"] and ref["key"] == key and ref["key"] in secret["data"]
+    assert {"redis-password", "api-key"} <= set(secret["data"])
+    monkeypatch.setenv(f"NOBACKFILL_INDEX__{secret_setting}", base64.b64decode(secret["data"][key]).decode())
+    return Settings().index
+
+
 def test_k8s_pgvector_overlay_points_the_service_at_a_table(
     rendered: dict[str, list[dict[str, Any]]], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    docs = rendered["pgvector"]
-    container = container_of(one(docs, "Deployment", "nobackfill"))
-    env = {e["name"]: e for e in container["env"]}
-    for name in ("BACKEND", "PGVECTOR_TABLE", "PGVECTOR_ID_COLUMN", "PGVECTOR_COLUMN"):
-        monkeypatch.setenv(f"NOBACKFILL_INDEX__{name}", env[f"NOBACKFILL_INDEX__{name}"]["value"])
-    # The DSN (it carries a password) only from the Secret, merged from pgvector.env; the base's keys survive.
-    (secret,) = [d for d in docs if d["kind"] == "Secret"]
-    dsn = env["NOBACKFILL_INDEX__PGVECTOR_DSN"]
-    assert "value" not in dsn
-    ref = dsn["valueFrom"]["secretKeyRef"]
-    assert ref["name"] == secret["metadata"]["name"] and ref["key"] == "pgvector-dsn" and ref["key"] in secret["data"]
-    assert {"redis-password", "api-key"} <= set(secret["data"])
-    monkeypatch.setenv("NOBACKFILL_INDEX__PGVECTOR_DSN", base64.b64decode(secret["data"]["pgvector-dsn"]).decode())
-    index = Settings().index
+    plain = ("BACKEND", "PGVECTOR_TABLE", "PGVECTOR_ID_COLUMN", "PGVECTOR_COLUMN")
+    # The DSN carries a password: only from the Secret, merged from pgvector.env.
+    index = overlay_index_settings(rendered["pgvector"], monkeypatch, plain, "PGVECTOR_DSN", "pgvector-dsn")
     assert index.backend == "pgvector" and index.pgvector_table and index.pgvector_dsn is not None
     assert urlsplit(index.pgvector_dsn.get_secret_value()).scheme == "postgresql"
 
@@ -774,20 +783,9 @@ def test_k8s_pgvector_overlay_points_the_service_at_a_table(
 def test_k8s_qdrant_overlay_points_the_service_at_a_collection(
     rendered: dict[str, list[dict[str, Any]]], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    docs = rendered["qdrant"]
-    container = container_of(one(docs, "Deployment", "nobackfill"))
-    env = {e["name"]: e for e in container["env"]}
-    for name in ("BACKEND", "QDRANT_URL", "QDRANT_COLLECTION", "QDRANT_VECTOR"):
-        monkeypatch.setenv(f"NOBACKFILL_INDEX__{name}", env[f"NOBACKFILL_INDEX__{name}"]["value"])
-    # The API key only from the Secret, merged from qdrant.env; the base's keys survive.
-    (secret,) = [d for d in docs if d["kind"] == "Secret"]
-    key = env["NOBACKFILL_INDEX__QDRANT_API_KEY"]
-    assert "value" not in key
-    ref = key["valueFrom"]["secretKeyRef"]
-    assert ref["name"] == secret["metadata"]["name"] and ref["key"] == "qdrant-api-key" and ref["key"] in secret["data"]
-    assert {"redis-password", "api-key"} <= set(secret["data"])
-    monkeypatch.setenv("NOBACKFILL_INDEX__QDRANT_API_KEY", base64.b64decode(secret["data"]["qdrant-api-key"]).decode())
-    index = Settings().index
+    plain = ("BACKEND", "QDRANT_URL", "QDRANT_COLLECTION", "QDRANT_VECTOR")
+    # The API key only from the Secret, merged from qdrant.env.
+    index = overlay_index_settings(rendered["qdrant"], monkeypatch, plain, "QDRANT_API_KEY", "qdrant-api-key")
     assert index.backend == "qdrant" and index.qdrant_collection and index.qdrant_api_key is not None
     assert urlsplit(index.qdrant_url or "").scheme == "http"
 

@@ -10,6 +10,7 @@ import asyncio
 import hashlib
 import threading
 import time
+from dataclasses import dataclass
 
 import numpy as np
 import pytest
@@ -307,38 +308,47 @@ async def test_cancelled_callers_are_not_encoded() -> None:
     assert encoder.calls[1] == ("text", ["kept"])
 
 
-async def test_stop_drains_pending_calls() -> None:
+@dataclass
+class Stopping:
+    """A batcher asked to stop while one call is inside its gated encoder and three more wait behind it."""
+
+    encoder: FakeEncoder
+    batcher: MicroBatcher
+    calls: list[asyncio.Task[Embeddings]]  # the one inside first, then the three waiting
+    stop: asyncio.Task[None]
+
+
+async def stopping_with_three_pending(drain: bool) -> Stopping:
+    """The stop begun (draining or not) with the gate still shut, so the waiting calls are still pending."""
     encoder = FakeEncoder(gated=True)
     batcher = await started(encoder)
     first = asyncio.create_task(batcher.encode(["first"], "text"))
     await wait_entered(encoder)
     pending = [asyncio.create_task(batcher.encode([f"q{i}"], "text")) for i in range(3)]
     await asyncio.sleep(0.01)
-    stopping = asyncio.create_task(batcher.stop())
+    stop = asyncio.create_task(batcher.stop(drain=drain))
     await asyncio.sleep(0.01)
+    return Stopping(encoder, batcher, [first, *pending], stop)
+
+
+async def test_stop_drains_pending_calls() -> None:
+    stopping = await stopping_with_three_pending(drain=True)
     with pytest.raises(NotReady):
-        await batcher.encode(["late"], "text")  # stopping: no new work
-    encoder.gate.set()
-    await stopping
-    results = await asyncio.gather(first, *pending)
+        await stopping.batcher.encode(["late"], "text")  # stopping: no new work
+    stopping.encoder.gate.set()
+    await stopping.stop
+    results = await asyncio.gather(*stopping.calls)
     assert all(r.shape == (1, DIM) for r in results)
-    assert batcher.problem() == "stopped"
+    assert stopping.batcher.problem() == "stopped"
 
 
 async def test_stop_without_drain_fails_pending_calls() -> None:
-    encoder = FakeEncoder(gated=True)
-    batcher = await started(encoder)
-    first = asyncio.create_task(batcher.encode(["first"], "text"))
-    await wait_entered(encoder)
-    pending = [asyncio.create_task(batcher.encode([f"q{i}"], "text")) for i in range(3)]
-    await asyncio.sleep(0.01)
-    stopping = asyncio.create_task(batcher.stop(drain=False))
-    await asyncio.sleep(0.01)
-    encoder.gate.set()  # let the worker thread finish so the executor can join
-    await stopping
-    results = await asyncio.gather(first, *pending, return_exceptions=True)
+    stopping = await stopping_with_three_pending(drain=False)
+    stopping.encoder.gate.set()  # let the worker thread finish so the executor can join
+    await stopping.stop
+    results = await asyncio.gather(*stopping.calls, return_exceptions=True)
     assert all(isinstance(r, NotReady) for r in results)
-    assert queue_depth(batcher) == 0
+    assert queue_depth(stopping.batcher) == 0
 
 
 async def test_encode_before_start_is_not_ready() -> None:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -24,23 +25,27 @@ from tests.support.upgrade_standin import make_world, write_split
 pytestmark = pytest.mark.usefixtures("torch_one_thread")
 
 
+def profile_of(head: str, old_dim: int, new_dim: int, tensors: dict[str, Any], **fields: Any) -> CompatProfile:
+    """A profile of `head` from model o to model n holding `tensors`; unless `fields` say otherwise, one fitted on
+    nothing (no alphas, no parameters, no folds, an empty report), as the checks on tensors need no more."""
+    unfitted: dict[str, Any] = {"alphas": {}, "params": {}, "fit_on": "none", "folds": 0, "fit_report": {}}
+    return CompatProfile(head, "o", "n", old_dim, new_dim, tensors=tensors, **(unfitted | fields))
+
+
 def test_trained_adapter_round_trips_bit_exactly(tmp_path: Path) -> None:
     split = load_split(write_split(tmp_path / "s", 300, make_world(8, 12, 6), seed=3))
     adapter = train_adapter(
         split.new_query, split.old_query, AdapterConfig(epochs=2, batch_size=64, m=16, precision="fp32"), progress=False
     )
-    profile = CompatProfile(
-        head="adapter+slerp",
-        old_model_id="o",
-        new_model_id="n",
-        old_dim=8,
-        new_dim=12,
+    profile = profile_of(
+        "adapter+slerp",
+        8,
+        12,
+        {k: v.numpy() for k, v in adapter.state_dict_tensors().items()},
         alphas={"text": 0.3},
         params={"text": {"adapter+slerp": {"alpha": 0.3}}},
         fit_on="query",
         folds=2,
-        fit_report={},
-        tensors={k: v.numpy() for k, v in adapter.state_dict_tensors().items()},
         adapter=adapter.meta(),
     )
     save_profile(profile, tmp_path / "p")
@@ -75,18 +80,11 @@ def test_trained_adapter_round_trips_bit_exactly(tmp_path: Path) -> None:
 
 
 def test_psp_profile_validation(tmp_path: Path) -> None:
-    good = CompatProfile(
-        head="psp",
-        old_model_id="o",
-        new_model_id="n",
-        old_dim=3,
-        new_dim=4,
-        alphas={},
-        params={},
-        fit_on="none",
-        folds=0,
-        fit_report={},
-        tensors={"P_tk": psp.correction_matrix(3, 4).astype(np.float32)},
+    good = profile_of(
+        "psp",
+        3,
+        4,
+        {"P_tk": psp.correction_matrix(3, 4).astype(np.float32)},
         classes={"old_classes": 3, "new_classes": 4, "top_k": None, "class_map": None},
     )
     save_profile(good, tmp_path / "ok")
