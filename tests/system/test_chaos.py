@@ -68,7 +68,8 @@ def test_encoder_faults_fail_only_the_affected_requests(results: dict[str, dict[
 def test_sigterm_answers_every_accepted_request(results: dict[str, dict[str, Any]]) -> None:
     run = results["sigterm"]
     assert run["sent_before_signal"] > 0 and run["accepted_but_unanswered"] == 0, run
-    assert run["answered_non_200"] == 0 and run["exit_seconds"] is not None, run
+    # Every answer is a 200, or a search shed by admission (503 + Retry-After) when this box's cores are taken.
+    assert run["answered_non_200"] == run["shed"] and run["exit_seconds"] is not None, run
 
 
 def test_the_gallery_bytes_never_change(results: dict[str, dict[str, Any]]) -> None:
