@@ -7,6 +7,7 @@ from each checkout (its own code, this virtualenv's libraries), the same gallery
 (no item store: the cascade would write into the segment while the two are asked), the same queries in
 every mode of the API.  An answer is its HTTP status and, per query, the ids, scores (to the byte),
 mode and alpha; an error's code.  Fields a later version adds, and cache hit or miss, are not compared.
+Where a mode differs: in how many queries, and R@1 on each side (a caption's item is its target).
 Exit 0 when every mode answers alike, 1 otherwise.
 """
 
@@ -83,6 +84,12 @@ def answer(base: str, mode: str, texts: list[str], k: int) -> tuple[int, str]:
     return response.status_code, json.dumps(kept, sort_keys=True)
 
 
+def recall_at_1(answers: list[tuple[int, str]], targets: list[int]) -> float:
+    """Share of queries whose first id is the item the caption describes (the synthetic world's truth)."""
+    firsts = [result["ids"][0] if result["ids"] else -1 for _, body in answers for result in json.loads(body)]
+    return sum(first == target for first, target in zip(firsts, targets, strict=True)) / len(targets)
+
+
 def difference(before: list[tuple[int, str]], after: list[tuple[int, str]]) -> str:
     """How two modes' answers differ: queries whose ids differ (as sets, or only in order), the largest score gap."""
     ids_differ = order_only = 0
@@ -119,7 +126,8 @@ def main() -> int:
     if args.segment is not None:
         env["NOBACKFILL_INDEX__SEGMENT_DIR"] = str(args.segment.resolve())
     step = max(1, args.items // args.queries)
-    texts = [f"item-{i * step:010d} caption-1" for i in range(args.queries)]
+    targets = [i * step for i in range(args.queries)]
+    texts = [f"item-{i:010d} caption-1" for i in targets]
     args.logs.mkdir(parents=True, exist_ok=True)
     answers: dict[str, dict[str, list[tuple[int, str]]]] = {}
     with ExitStack() as stack:
@@ -138,6 +146,8 @@ def main() -> int:
         same = before == after
         differ += not same
         verdict = "identical" if same else f"DIFFERENT: {difference(before, after)}"
+        if not same and all(status == 200 for status, _ in before + after):
+            verdict += f"; R@1 {recall_at_1(before, targets):.3f} -> {recall_at_1(after, targets):.3f}"
         print(f"{mode:14s} status {','.join(map(str, statuses)):8s} {verdict}")
     print(f"{len(MODES) - differ} of {len(MODES)} modes answer alike over {args.queries} queries (k {args.k})")
     return 1 if differ else 0
