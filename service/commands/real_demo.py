@@ -105,6 +105,15 @@ class RealDeployment:
             ]
         )
 
+    def onnx_hint(self) -> str:
+        """How to serve the new model on ONNX Runtime instead of torch (docs/real-models.md, "The ONNX runtime")."""
+        export = self.root / "models" / "new-onnx-int8"  # beside the model folder: inside, it would change its sha256
+        return (
+            f"faster on CPU, the new model on ONNX Runtime int8: `{cli_invocation()} encoder export {self.new_model} "
+            f"--out {export} --int8`, then serve with NOBACKFILL_NEW__RUNTIME=onnx NOBACKFILL_NEW__ONNX_DIR={export} "
+            "(same model identity, so the same profile and gallery; docs/real-models.md)"
+        )
+
 
 def _support_build(run: Run, real: RealDeployment, pairs: Path, out: Path) -> None:
     """Encode a pairs file with both models into a support-layout folder (skipped when present)."""

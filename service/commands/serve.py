@@ -267,4 +267,5 @@ def _real_demo(given_port: int | None, prepare_only: bool) -> None:
     typer.echo("ask it a real question (the texts of the hits come from the corpus):")
     typer.echo(curl_example(deployment, "127.0.0.1", port))
     typer.echo(UI_LINE.format(host="127.0.0.1", port=port))
+    typer.echo(deployment.onnx_hint())
     _run(settings, "127.0.0.1", port, 1)

@@ -230,3 +230,31 @@ def test_encode_takes_the_export_with_onnx_and_gives_the_torch_rows_and_identity
     refused = cli("encode", "--backend", "synthetic-new", "--input", texts, "--out", tmp_path / "s.npy", "--onnx",
                   models["fp32"])  # fmt: skip
     assert refused.returncode == 2 and "--onnx runs sentence-transformers models only" in refused.stderr
+
+
+def test_the_onnx_line_demo_real_prints_exports_a_model_the_printed_settings_serve(
+    models: dict[str, Path], tmp_path: Path
+) -> None:
+    import shlex
+
+    from typer.testing import CliRunner
+
+    from service.cli import app
+    from service.commands.real_demo import RealDeployment
+
+    real = RealDeployment(tmp_path / "real")
+    shutil.copytree(models["model"], real.new_model)  # the tiny model where demo --real keeps MiniLM
+    hint = real.onnx_hint()
+    command = shlex.split(hint.split("`")[1])[1:]  # the pasted command, without the program's own path
+    done = CliRunner().invoke(app, command)
+    assert done.exit_code == 0, done.output
+    variables = dict(word.split("=", 1) for word in hint.split() if word.startswith("NOBACKFILL_NEW__"))
+    assert variables["NOBACKFILL_NEW__RUNTIME"] == "onnx"
+    served = EncoderSettings.model_validate(
+        {"backend": BACKEND, "path": str(real.new_model), "threads": 1, "runtime": "onnx",
+         "onnx_dir": variables["NOBACKFILL_NEW__ONNX_DIR"]}
+    )  # fmt: skip
+    torch_settings = EncoderSettings.model_validate({"backend": BACKEND, "path": str(real.new_model), "threads": 1})
+    onnx_encoder, torch_encoder = create_encoder(served, "new"), create_encoder(torch_settings, "new")
+    assert identity_of(onnx_encoder, BACKEND) == identity_of(torch_encoder, BACKEND)
+    assert read_export(Path(variables["NOBACKFILL_NEW__ONNX_DIR"])).precision == "int8"
