@@ -24,7 +24,6 @@ merge, the driver's text form of the query).  The synthetic encoders cost well u
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import json
 import os
@@ -38,7 +37,7 @@ sys.path.insert(0, str(ROOT))
 
 import numpy as np  # noqa: E402
 
-from loadtest.benchlib import cli, interleave, percentiles, table  # noqa: E402
+from loadtest.benchlib import cli, interleave, percentiles, store_bench_args, table  # noqa: E402
 from service.pipeline import Pipeline  # noqa: E402
 from service.query.job import Query  # noqa: E402
 from service.settings import CompatSettings, EncoderSettings, IndexSettings, Settings  # noqa: E402
@@ -185,15 +184,7 @@ async def measure(work: Path, dsn: str, queries: int, items: int) -> list[dict[s
 
 def main() -> None:
     """Parse flags, build what is missing, measure, print the table (JSON with --json)."""
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--items", type=int, default=100_000)
-    parser.add_argument("--moved", type=float, default=0.5)
-    parser.add_argument("--queries", type=int, default=300)
-    parser.add_argument("--work", type=Path, default=ROOT / "artifacts" / "bench" / "pgvector")
-    parser.add_argument("--json", action="store_true")
-    args = parser.parse_args()
-    work = args.work / f"{args.items}"
-    work.mkdir(parents=True, exist_ok=True)
+    args, work = store_bench_args(__doc__, ROOT / "artifacts" / "bench" / "pgvector")
     dsn, server = build(work, args.items, args.moved)
     rows = asyncio.run(measure(work, dsn, args.queries, args.items))
     del server  # the last handle: PostgreSQL stops, its data stays for the next run

@@ -7,6 +7,7 @@ variant against the re-indexed service and the bare floor of that same run.
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import socket
 import statistics
@@ -147,3 +148,18 @@ def table(rows: list[dict[str, Any]]) -> str:
     for row in rows:
         lines.append("| " + " | ".join(f"{v:.3f}" if isinstance(v, float) else str(v) for v in row.values()) + " |")
     return "\n".join(lines)
+
+
+def store_bench_args(doc: str | None, work: Path) -> tuple[argparse.Namespace, Path]:
+    """The flags of a store's served-against-bare benchmark (bench_pgvector.py, bench_qdrant.py), parsed, and the
+    work folder of this gallery size (created; kept between runs)."""
+    parser = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--items", type=int, default=100_000)
+    parser.add_argument("--moved", type=float, default=0.5)
+    parser.add_argument("--queries", type=int, default=300)
+    parser.add_argument("--work", type=Path, default=work)
+    parser.add_argument("--json", action="store_true")
+    args = parser.parse_args()
+    folder = args.work / f"{args.items}"
+    folder.mkdir(parents=True, exist_ok=True)
+    return args, folder

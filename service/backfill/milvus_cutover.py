@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from service.errors import InputError
+from service.segment.in_store import refuse_unless_all_moved
 from service.segment.milvus_rows import MilvusNewRows
 
 
@@ -44,15 +45,7 @@ def alias_target(client: Any, alias: str) -> str | None:
 
 def plan_cutover(rows: MilvusNewRows, client: Any, alias: str | None) -> MilvusCutover:
     """The cut-over for `rows`; InputError unless every item of the user's collection has its new row."""
-    state = rows.state(client)
-    if state is None or state.label is None:
-        raise InputError(f"{rows.where}: no nobackfill collection to cut over to")
-    total, moved = rows.rows(client), rows.count(client)
-    if moved < total:
-        raise InputError(
-            f"{rows.where} holds {moved:,} of {total:,} rows ({moved / total:.1%}); the cut-over needs every "
-            "row (`backfill run` moves the rest)"
-        )
+    refuse_unless_all_moved(rows, client, "collection")
     read = alias_target(client, rows.collection)
     now: str | None
     if read is not None:  # the application reads an alias: switch that one

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from service.errors import InputError
+from service.segment.in_store import refuse_unless_all_moved
 from service.segment.pgvector_column import PgvectorColumn
 
 HOW = ("view", "rename")
@@ -39,15 +40,7 @@ def plan_cutover(column: PgvectorColumn, conn: Any, how: str, view: str | None) 
 
     if how not in HOW:
         raise InputError(f"--how must be one of {', '.join(HOW)}, got {how!r}")
-    state = column.state(conn)
-    if state is None or state.label is None:
-        raise InputError(f"{column.where}: no nobackfill column to cut over to")
-    total, moved = column.rows(conn), column.count(conn)
-    if moved < total:
-        raise InputError(
-            f"{column.where} holds {moved:,} of {total:,} rows ({moved / total:.1%}); the cut-over needs every "
-            "row (`backfill run` moves the rest)"
-        )
+    refuse_unless_all_moved(column, conn, "column")
     table = sql.Identifier(*column.table.split(".", 1))
     old, new = column.settings.pgvector_column, column.column
     if column.side and how == "rename":

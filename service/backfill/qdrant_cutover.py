@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from service.errors import InputError
+from service.segment.in_store import refuse_unless_all_moved
 from service.segment.qdrant_rows import QdrantNewRows
 
 
@@ -34,15 +35,7 @@ class QdrantCutover:
 
 def plan_cutover(rows: QdrantNewRows, client: Any, alias: str | None) -> QdrantCutover:
     """The cut-over for `rows`; InputError unless every point of the collection has its new row."""
-    state = rows.state(client)
-    if state is None or state.label is None:
-        raise InputError(f"{rows.where}: no nobackfill {'collection' if rows.side else 'vector'} to cut over to")
-    total, moved = rows.rows(client), rows.count(client)
-    if moved < total:
-        raise InputError(
-            f"{rows.where} holds {moved:,} of {total:,} points ({moved / total:.1%}); the cut-over needs every "
-            "point (`backfill run` moves the rest)"
-        )
+    refuse_unless_all_moved(rows, client, "collection" if rows.side else "vector", "points")
     if not rows.side:
         if alias is not None:
             raise InputError("--alias is for a second collection (qdrant-collection:NAME); a named vector is queried")

@@ -22,7 +22,7 @@ import numpy as np
 import numpy.typing as npt
 
 from service.encoders.identity import ModelIdentity
-from service.errors import ArtifactError, GalleryUnavailable, NobackfillError
+from service.errors import ArtifactError, GalleryUnavailable, InputError, NobackfillError
 from service.index.base import Exclusion, Hits, first_line
 from service.rows import F32, I64
 from service.segment.base import SegmentView
@@ -72,6 +72,37 @@ def refuse_unless_ours(
         raise ArtifactError(f"{where} was filled beside another gallery ({label.gallery[:12]}...)")
     if dim != model.dim:
         raise ArtifactError(f"{where} {shape or f'has dim {dim}'}, but the new model's dim is {model.dim}")
+
+
+def refuse_unless_all_moved(rows: Any, handle: Any, noun: str, unit: str = "rows") -> None:
+    """The cut-over's InputError unless `rows` (a store's new-rows object, read through `handle`: a connection or
+    a client) is nobackfill's `noun` and every item of the user's table or collection has its new row."""
+    state = rows.state(handle)
+    if state is None or state.label is None:
+        raise InputError(f"{rows.where}: no nobackfill {noun} to cut over to")
+    total, moved = rows.rows(handle), rows.count(handle)
+    if moved < total:
+        raise InputError(
+            f"{rows.where} holds {moved:,} of {total:,} {unit} ({moved / total:.1%}); the cut-over needs every "
+            f"{unit.removesuffix('s')} (`backfill run` moves the rest)"
+        )
+
+
+def placed_rows(ids: I64, fetched: Any, dim: int) -> tuple[npt.NDArray[np.bool_], F32]:
+    """Which of `ids` a store returned, and their rows in `ids`' order (zero elsewhere; dim 0: none are read).
+
+    `fetched` yields (id, row) for what the store found, in any order; a row None is a point without it."""
+    found = np.zeros(len(ids), dtype=bool)
+    rows = np.zeros((len(ids), dim), dtype=np.float32)
+    where = {int(i): n for n, i in enumerate(ids.tolist())}
+    for item_id, row in fetched:
+        if row is None:
+            continue
+        n = where[int(item_id)]
+        found[n] = True
+        if dim:
+            rows[n] = row
+    return found, rows
 
 
 S = TypeVar("S")  # the store's description of the part (its dim, label, index), None until it exists

@@ -38,7 +38,7 @@ from service.errors import ArtifactError, InputError
 from service.index.base import Hits
 from service.index.milvus import RANKING_METRICS, index_of, search_params, state_name, vector_field
 from service.rows import F32, I64
-from service.segment.in_store import StoreLabel, refuse_unless_ours
+from service.segment.in_store import StoreLabel, placed_rows, refuse_unless_ours
 
 if TYPE_CHECKING:
     from service.settings import IndexSettings
@@ -209,22 +209,14 @@ class MilvusNewRows:
 
     def rows_of(self, client: Any, ids: I64, dim: int) -> tuple[npt.NDArray[np.bool_], F32]:
         """Which of `ids` have moved, and their new rows (zero elsewhere; dim 0: the rows are not fetched)."""
-        found = np.zeros(len(ids), dtype=bool)
-        rows = np.zeros((len(ids), dim), dtype=np.float32)
         if not len(ids):
-            return found, rows
+            return placed_rows(ids, (), dim)
         old = self.old_layout(client)
         got = client.get(
             self.name, ids=ids.tolist(), output_fields=[old.field] if dim else [old.primary],
             consistency_level=STRONG, timeout=self.timeout_s,
         )  # fmt: skip
-        where = {int(i): n for n, i in enumerate(ids.tolist())}
-        for row in got:
-            n = where[int(row[old.primary])]
-            found[n] = True
-            if dim:
-                rows[n] = row[old.field]
-        return found, rows
+        return placed_rows(ids, ((row[old.primary], row[old.field] if dim else True) for row in got), dim)
 
     def write(self, client: Any, ids: I64, rows: F32) -> int:
         """Upsert the new row of each of `ids` not there yet, with its item's scalar fields; the rows sent."""

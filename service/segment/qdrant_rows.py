@@ -36,7 +36,7 @@ from service.encoders.identity import ModelIdentity
 from service.errors import ArtifactError, InputError
 from service.index.base import Hits, InTable, cosine_of_l2
 from service.rows import F32, I64
-from service.segment.in_store import StoreLabel, refuse_unless_ours
+from service.segment.in_store import StoreLabel, placed_rows, refuse_unless_ours
 
 if TYPE_CHECKING:
     from service.settings import IndexSettings
@@ -189,23 +189,16 @@ class QdrantNewRows:
 
     def rows_of(self, client: Any, ids: I64, dim: int) -> tuple[npt.NDArray[np.bool_], F32]:
         """Which of `ids` have moved, and their new rows (zero elsewhere; dim 0: the rows are not fetched)."""
-        found = np.zeros(len(ids), dtype=bool)
-        rows = np.zeros((len(ids), dim), dtype=np.float32)
         if not len(ids):
-            return found, rows
+            return placed_rows(ids, (), dim)
         points = client.retrieve(
             self.rows_collection, ids=ids.tolist(), with_payload=False, with_vectors=[self.vector or ""]
         )
-        where = {int(i): n for n, i in enumerate(ids.tolist())}
-        for point in points:
-            vector = point.vector.get(self.vector or "") if isinstance(point.vector, dict) else point.vector
-            if vector is None:
-                continue
-            n = where[int(point.id)]
-            found[n] = True
-            if dim:
-                rows[n] = vector
-        return found, rows
+        vectors = (
+            (point.id, point.vector.get(self.vector or "") if isinstance(point.vector, dict) else point.vector)
+            for point in points
+        )
+        return placed_rows(ids, vectors, dim)
 
     def write(self, client: Any, ids: I64, rows: F32) -> int:
         """Set the new row of `ids` where it is not set yet (the first writer's row stays); the rows sent."""
