@@ -20,6 +20,13 @@ app = typer.Typer(no_args_is_help=True)
 # Where --hits reads without one: the service's default hits folder (traffic.hits_dir's default; the
 # service/traffic/hits.py DEFAULT_FOLDER), not imported from there, to keep `--help` free of numpy.
 HITS_FOLDER = Path("artifacts/hits")
+# The segments in the user's own store that --segment / SEGMENT name (commands/store_segment.py).
+IN_STORES = "pgvector:COLUMN, pgvector-table:TABLE, qdrant:VECTOR, qdrant-collection:NAME or milvus-collection:NAME"
+
+
+def _segment_argument(help_text: str) -> Any:
+    """The SEGMENT argument of status, index, cutover and repair."""
+    return typer.Argument(..., help=help_text, metavar="SEGMENT")
 
 
 @app.command("run")
@@ -280,12 +287,7 @@ def _check_profile(profile_dir: Path, identity: Any) -> None:
 
 @app.command("status")
 def status(
-    segment: Path = typer.Argument(
-        ...,
-        help="Segment folder, pgvector:COLUMN, pgvector-table:TABLE, qdrant:VECTOR, qdrant-collection:NAME or "
-        "milvus-collection:NAME.",
-        metavar="SEGMENT",
-    ),
+    segment: Path = _segment_argument("Segment folder, " + IN_STORES),
     hits: str | None = typer.Option(
         None,
         "--hits",
@@ -352,12 +354,7 @@ def status(
 
 @app.command("index")
 def index(
-    segment: Path = typer.Argument(
-        ...,
-        help="Segment folder, pgvector:COLUMN, pgvector-table:TABLE, qdrant:VECTOR, qdrant-collection:NAME or "
-        "milvus-collection:NAME.",
-        metavar="SEGMENT",
-    ),
+    segment: Path = _segment_argument("Segment folder, " + IN_STORES),
     m: int = typer.Option(16, "--m", min=2, help="pgvector:COLUMN: the HNSW index's m (pgvector's default)."),
     ef_construction: int = typer.Option(
         64, "--ef-construction", min=4, help="pgvector:COLUMN: its ef_construction (pgvector's default)."
@@ -387,12 +384,7 @@ def index(
 
 @app.command("cutover")
 def cutover(
-    segment: Path = typer.Argument(
-        ...,
-        help="pgvector:COLUMN (the new column of the settings' table), qdrant:VECTOR, qdrant-collection:NAME or "
-        "milvus-collection:NAME.",
-        metavar="SEGMENT",
-    ),
+    segment: Path = _segment_argument(IN_STORES + " (a segment folder is cut over by serving it alone)"),
     how: str = typer.Option("view", "--how", help="view (a view reads the new column under the old name) or rename."),
     view: str | None = typer.Option(None, "--view", help="--how view: the view's name.", show_default="TABLE_COLUMN"),
     apply: bool = typer.Option(False, "--apply", help="Run the statements (one transaction); else print them."),
@@ -417,7 +409,7 @@ def cutover(
 
 
 @app.command("repair")
-def repair(segment: Path = typer.Argument(..., help="Segment folder.", metavar="SEGMENT")) -> None:
+def repair(segment: Path = _segment_argument("Segment folder.")) -> None:
     """Move the shards the service refuses (damaged) into SEGMENT/quarantine, never deleting one."""
     from service.backfill.repair import QUARANTINE, repair_segment
 
