@@ -206,6 +206,43 @@ def first_line(exc: BaseException) -> str:
     return text.splitlines()[0] if text else type(exc).__name__
 
 
+class ServerHealth:
+    """problem() and probe() of a gallery in a server (pgvector, Qdrant): the last call's failure, until one answers.
+
+    A subclass names its `server` and gives `_ping` (one cheap call); its searches call `_failed(exc)` when
+    the server does not answer and `_answered()` when it does.
+    """
+
+    server: str  # in the problem line: "PostgreSQL", "Qdrant"
+    _problem: str | None = None
+
+    def _ping(self) -> None:
+        """One cheap call that raises when the server does not answer."""
+        raise NotImplementedError
+
+    def _failed(self, exc: BaseException) -> str:
+        """Remember the failure (/readyz says it until a call answers); its line."""
+        self._problem = f"{self.server} does not answer: {first_line(exc)}"
+        return self._problem
+
+    def _answered(self) -> None:
+        """A call answered: ready again."""
+        self._problem = None
+
+    def problem(self) -> str | None:
+        """The last search's or probe's failure, until one succeeds."""
+        return self._problem
+
+    def probe(self) -> str | None:
+        """Ask the server (for /readyz): None when it answers, else the problem."""
+        try:
+            self._ping()
+        except Exception as exc:  # any error of the client or driver: not ready
+            return self._failed(exc)
+        self._answered()
+        return None
+
+
 def setting_line(index: IndexSettings) -> str:
     """The environment variables that chose the gallery, as the user would set them."""
     if index.backend == "qdrant":

@@ -39,6 +39,7 @@ from service.errors import ArtifactError, GalleryUnavailable
 from service.index.base import (
     Exclusion,
     InTable,
+    ServerHealth,
     checked_queries,
     cosine_of_l2,
     excluding_by_overfetch,
@@ -70,9 +71,10 @@ def as_cosine(distance: npt.NDArray[np.float64], metric: str) -> npt.NDArray[np.
     return cosine_of_l2(distance**2)  # <-> is the L2 distance
 
 
-class PgvectorGallery:
+class PgvectorGallery(ServerHealth):
     """A pgvector table searched read-only (index/base.py's GalleryBackend)."""
 
+    server = "PostgreSQL"  # in /readyz's problem line
     backend = "pgvector"
 
     def __init__(self, settings: IndexSettings, described: dict[str, Any]) -> None:
@@ -89,7 +91,6 @@ class PgvectorGallery:
         self.fingerprint: str = described["fingerprint"]
         self.meta: dict[str, Any] = {}  # no recorded model identity: artifact_check compares the dim
         self._connections = ThreadConnections(dsn_of(settings), timeout_s=settings.pgvector_timeout_s)
-        self._problem: str | None = None
         # Composed once each: every search sends one with its query row and k.
         self._statements: dict[InTable | None, Any] = {None: self._compose(None)}
 
@@ -169,9 +170,9 @@ class PgvectorGallery:
                 scores, ids = ranked(cur, statement, q, k, self.metric)
         except psycopg.OperationalError as exc:
             self._connections.drop()
-            self._problem = f"PostgreSQL does not answer: {first_line(exc)}"
+            self._failed(exc)
             raise GalleryUnavailable(f"the pgvector gallery did not answer ({setting_line(self.settings)})") from exc
-        self._problem = None
+        self._answered()
         return scores, ids
 
     def _set_search_parameters(self, cur: Any, k: int, nprobe: int, *, filtered: bool = False) -> None:
@@ -205,22 +206,10 @@ class PgvectorGallery:
             "fingerprint": self.fingerprint,
         }
 
-    def problem(self) -> str | None:
-        """The last search's failure, until a search succeeds."""
-        return self._problem
-
-    def probe(self) -> str | None:
-        """A `SELECT 1` on a fresh connection (for /readyz): None when PostgreSQL answers."""
-        import psycopg
-
-        try:
-            with connect(self._connections.dsn) as conn:
-                conn.execute("SELECT 1")
-        except psycopg.OperationalError as exc:
-            self._problem = f"PostgreSQL does not answer: {first_line(exc)}"
-            return self._problem
-        self._problem = None
-        return None
+    def _ping(self) -> None:
+        """A `SELECT 1` on a fresh connection (for /readyz)."""
+        with connect(self._connections.dsn) as conn:
+            conn.execute("SELECT 1")
 
     def close(self) -> None:
         """Close every thread's connection."""

@@ -36,6 +36,7 @@ import numpy.typing as npt
 from service.errors import ArtifactError, GalleryUnavailable
 from service.index.base import (
     Exclusion,
+    ServerHealth,
     checked_queries,
     cosine_of_l2,
     excluding_by_overfetch,
@@ -51,9 +52,10 @@ DISTANCES = {"Dot": "ip", "Cosine": "cosine", "Euclid": "l2"}
 TIMEOUT_S = 5
 
 
-class QdrantGallery:
+class QdrantGallery(ServerHealth):
     """A Qdrant collection searched read-only (index/base.py's GalleryBackend)."""
 
+    server = "Qdrant"  # in /readyz's problem line
     backend = "qdrant"
 
     def __init__(self, settings: IndexSettings, client: Any, described: dict[str, Any]) -> None:
@@ -67,7 +69,6 @@ class QdrantGallery:
         self.fingerprint: str = described["fingerprint"]
         self.meta: dict[str, Any] = {}  # no recorded model identity: artifact_check compares the dim
         self.max_nprobe: int | None = None  # an HNSW collection takes no nprobe
-        self._problem: str | None = None
 
     @classmethod
     def open(cls, settings: IndexSettings) -> QdrantGallery:
@@ -118,9 +119,9 @@ class QdrantGallery:
                 warnings.simplefilter("ignore", UserWarning)
                 answers = self._client.query_batch_points(self.collection, requests=requests, timeout=TIMEOUT_S)
         except Exception as exc:  # the client's transport and server errors alike: an outage for this request
-            self._problem = f"Qdrant does not answer: {first_line(exc)}"
+            self._failed(exc)
             raise GalleryUnavailable(f"the Qdrant gallery did not answer ({setting_line(self.settings)})") from exc
-        self._problem = None
+        self._answered()
         scores = np.full((len(q), k), -np.inf, dtype=np.float32)
         ids = np.full((len(q), k), -1, dtype=np.int64)
         for row, answer in enumerate(answers):
@@ -147,19 +148,9 @@ class QdrantGallery:
             "fingerprint": self.fingerprint,
         }
 
-    def problem(self) -> str | None:
-        """The last search's failure, until a search succeeds."""
-        return self._problem
-
-    def probe(self) -> str | None:
-        """Whether Qdrant answers (for /readyz): None when it does."""
-        try:
-            self._client.collection_exists(self.collection)
-        except Exception as exc:  # the client's transport errors
-            self._problem = f"Qdrant does not answer: {first_line(exc)}"
-            return self._problem
-        self._problem = None
-        return None
+    def _ping(self) -> None:
+        """Whether the collection is there (for /readyz)."""
+        self._client.collection_exists(self.collection)
 
     def close(self) -> None:
         """Close the client (a local folder is released for the next process)."""

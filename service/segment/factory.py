@@ -12,6 +12,8 @@ index.milvus_new_collection     a second collection beside the Milvus gallery, s
 
 from __future__ import annotations
 
+from typing import Any
+
 from service.encoders.identity import ModelIdentity
 from service.errors import SettingsError
 from service.index.base import GalleryBackend
@@ -60,39 +62,43 @@ def open_segment(index: IndexSettings, model: ModelIdentity, gallery: GalleryBac
 
 
 def _qdrant_segment(index: IndexSettings, model: ModelIdentity, gallery: GalleryBackend) -> SegmentStore:
-    """The new vector (or second collection) beside the Qdrant gallery, on the gallery's own client."""
+    """The new vector (or second collection) beside the Qdrant gallery: its moved points are left out by the
+    collection's own filter, on the gallery's client (local mode lets one client open a folder)."""
     from service.index.qdrant import QdrantGallery
     from service.segment.qdrant_rows import new_rows_of
     from service.segment.qdrant_vector import QdrantVectorSegment
 
-    if not isinstance(gallery, QdrantGallery):  # its moved points are left out by the collection's own filter
-        raise SettingsError(
-            "NOBACKFILL_INDEX__QDRANT_NEW_VECTOR / _NEW_COLLECTION are beside the Qdrant gallery's collection: "
-            f"they need NOBACKFILL_INDEX__BACKEND=qdrant (the gallery is {gallery.backend})"
-        )
-    new_rows = new_rows_of(index)
-    assert new_rows is not None
-    return QdrantVectorSegment.open(
-        new_rows, model, gallery.fingerprint, gallery.ntotal, gallery.client, owned=False
-    )  # local mode: one client per folder, so the gallery's
+    beside = (
+        "NOBACKFILL_INDEX__QDRANT_NEW_VECTOR / _NEW_COLLECTION are beside the Qdrant gallery's collection: "
+        "they need NOBACKFILL_INDEX__BACKEND=qdrant"
+    )
+    return _on_the_gallery_client(QdrantVectorSegment, new_rows_of(index), model, gallery, QdrantGallery, beside)
 
 
 def _milvus_segment(index: IndexSettings, model: ModelIdentity, gallery: GalleryBackend) -> SegmentStore:
-    """The second collection beside the Milvus gallery, on the gallery's own client."""
+    """The second collection beside the Milvus gallery: its moved ids are left out by the collection's
+    over-fetch, on the gallery's client (one gRPC channel; an embedded ./x.db is this process's own server)."""
     from service.index.milvus import MilvusGallery
     from service.segment.milvus_collection import MilvusCollectionSegment
     from service.segment.milvus_rows import new_rows_of
 
-    if not isinstance(gallery, MilvusGallery):  # its moved ids are left out by the collection's over-fetch
-        raise SettingsError(
-            "NOBACKFILL_INDEX__MILVUS_NEW_COLLECTION is beside the Milvus gallery's collection: "
-            f"it needs NOBACKFILL_INDEX__BACKEND=milvus (the gallery is {gallery.backend})"
-        )
-    new_rows = new_rows_of(index)
-    assert new_rows is not None
-    return MilvusCollectionSegment.open(
-        new_rows, model, gallery.fingerprint, gallery.ntotal, gallery.client, owned=False
-    )  # one gRPC channel for both (an embedded ./x.db is this process's own server)
+    beside = (
+        "NOBACKFILL_INDEX__MILVUS_NEW_COLLECTION is beside the Milvus gallery's collection: "
+        "it needs NOBACKFILL_INDEX__BACKEND=milvus"
+    )
+    return _on_the_gallery_client(MilvusCollectionSegment, new_rows_of(index), model, gallery, MilvusGallery, beside)
+
+
+def _on_the_gallery_client(
+    segment_class: Any, new_rows: Any, model: ModelIdentity, gallery: GalleryBackend, gallery_class: type, beside: str
+) -> SegmentStore:
+    """A client store's segment (segment/in_store.py's ClientSegment) opened on its gallery's own client."""
+    if not isinstance(gallery, gallery_class):
+        raise SettingsError(f"{beside} (the gallery is {gallery.backend})")
+    assert new_rows is not None  # the settings named the segment: that is why this store was chosen
+    client = gallery.client  # type: ignore[attr-defined]  # a Qdrant or Milvus gallery's (checked above)
+    opened: SegmentStore = segment_class.open(new_rows, model, gallery.fingerprint, gallery.ntotal, client, owned=False)
+    return opened
 
 
 def finished_in_store(index: IndexSettings, model: ModelIdentity) -> tuple[SegmentStore, str] | None:

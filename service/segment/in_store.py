@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any, ClassVar, Generic, Self, TypeVar
 
@@ -88,14 +88,19 @@ def refuse_unless_all_moved(rows: Any, handle: Any, noun: str, unit: str = "rows
         )
 
 
-def placed_rows(ids: I64, fetched: Any, dim: int) -> tuple[npt.NDArray[np.bool_], F32]:
-    """Which of `ids` a store returned, and their rows in `ids`' order (zero elsewhere; dim 0: none are read).
+def placed_rows(
+    ids: I64, dim: int, fetch: Callable[[], Iterable[tuple[Any, Any]]]
+) -> tuple[npt.NDArray[np.bool_], F32]:
+    """Which of `ids` a store holds, and their rows in `ids`' order (zero elsewhere; dim 0: none are read).
 
-    `fetched` yields (id, row) for what the store found, in any order; a row None is a point without it."""
+    fetch() asks the store once (not at all for no ids) and yields (id, row) for what it found, in any order;
+    a row None is an item without one."""
     found = np.zeros(len(ids), dtype=bool)
     rows = np.zeros((len(ids), dim), dtype=np.float32)
+    if not len(ids):
+        return found, rows
     where = {int(i): n for n, i in enumerate(ids.tolist())}
-    for item_id, row in fetched:
+    for item_id, row in fetch():
         if row is None:
             continue
         n = where[int(item_id)]

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import json
 import logging
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -208,15 +209,17 @@ class MilvusNewRows:
         return self.rows_of(client, ids, 0)[0]
 
     def rows_of(self, client: Any, ids: I64, dim: int) -> tuple[npt.NDArray[np.bool_], F32]:
-        """Which of `ids` have moved, and their new rows (zero elsewhere; dim 0: the rows are not fetched)."""
-        if not len(ids):
-            return placed_rows(ids, (), dim)
-        old = self.old_layout(client)
-        got = client.get(
-            self.name, ids=ids.tolist(), output_fields=[old.field] if dim else [old.primary],
-            consistency_level=STRONG, timeout=self.timeout_s,
-        )  # fmt: skip
-        return placed_rows(ids, ((row[old.primary], row[old.field] if dim else True) for row in got), dim)
+        """Which of `ids` have moved, and their new rows (zero elsewhere; dim 0: only the keys are read)."""
+
+        def fetch() -> Iterator[tuple[Any, Any]]:
+            old = self.old_layout(client)
+            got = client.get(
+                self.name, ids=ids.tolist(), output_fields=[old.field] if dim else [old.primary],
+                consistency_level=STRONG, timeout=self.timeout_s,
+            )  # fmt: skip
+            return ((row[old.primary], row[old.field] if dim else True) for row in got)
+
+        return placed_rows(ids, dim, fetch)
 
     def write(self, client: Any, ids: I64, rows: F32) -> int:
         """Upsert the new row of each of `ids` not there yet, with its item's scalar fields; the rows sent."""

@@ -26,6 +26,7 @@ re-run re-sends nothing that landed.
 from __future__ import annotations
 
 import logging
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -188,17 +189,14 @@ class QdrantNewRows:
         return self.rows_of(client, ids, 0)[0]
 
     def rows_of(self, client: Any, ids: I64, dim: int) -> tuple[npt.NDArray[np.bool_], F32]:
-        """Which of `ids` have moved, and their new rows (zero elsewhere; dim 0: the rows are not fetched)."""
-        if not len(ids):
-            return placed_rows(ids, (), dim)
-        points = client.retrieve(
-            self.rows_collection, ids=ids.tolist(), with_payload=False, with_vectors=[self.vector or ""]
-        )
-        vectors = (
-            (point.id, point.vector.get(self.vector or "") if isinstance(point.vector, dict) else point.vector)
-            for point in points
-        )
-        return placed_rows(ids, vectors, dim)
+        """Which of `ids` have moved, and their new rows (zero elsewhere; a point without the vector is not moved)."""
+        name = self.vector or ""
+
+        def fetch() -> Iterator[tuple[Any, Any]]:
+            points = client.retrieve(self.rows_collection, ids=ids.tolist(), with_payload=False, with_vectors=[name])
+            return ((p.id, p.vector.get(name) if isinstance(p.vector, dict) else p.vector) for p in points)
+
+        return placed_rows(ids, dim, fetch)
 
     def write(self, client: Any, ids: I64, rows: F32) -> int:
         """Set the new row of `ids` where it is not set yet (the first writer's row stays); the rows sent."""
