@@ -24,11 +24,11 @@ from service.encoders.process import ProcessEncoder, isolation_of
 from service.encoders.registry import create_encoder
 from service.errors import ArtifactError, EncoderFailed, EncoderProcessExited, EncoderTimeout, InputError
 from service.pipeline import Pipeline
-from service.settings import CacheSettings, CompatSettings, EncoderSettings, IndexSettings, Settings
+from service.settings import EncoderSettings, Settings
 from tests.support.app import Running, serving
 from tests.support.faulty_encoder import plugin_path
 from tests.support.servers import encoder_children
-from tests.support.world import World
+from tests.support.world import World, isolated_settings
 
 TEXTS = ["item-0000000007 caption-1", "item-0000000042 caption-2", "item-0000001234 caption-3"]
 # The tests below wait for what they need to see, never a guessed delay.  This bound only stops a test
@@ -60,13 +60,7 @@ def bytes_read(pid: int) -> int:
 
 def settings_for(world: World, isolation: str) -> Settings:
     """The synthetic world served with both encoders under `isolation`, no cache."""
-    return Settings(
-        old=EncoderSettings(backend="synthetic-old", device="cpu", isolation=isolation),
-        new=EncoderSettings(backend="synthetic-new", device="cpu", isolation=isolation),
-        index=IndexSettings(gallery_dir=world.gallery_dir, nprobe=8),
-        compat=CompatSettings(profile_dir=world.profile_dir),
-        cache=CacheSettings(lru_size=0),
-    )
+    return isolated_settings(world, isolation)
 
 
 @pytest.fixture(scope="module")

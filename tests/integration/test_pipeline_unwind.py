@@ -26,9 +26,7 @@ from service.errors import ArtifactError, InputError, NobackfillError, SettingsE
 from service.pipeline import Pipeline, Query
 from service.query.search import search_pool_size
 from service.settings import (
-    CacheSettings,
     CompatSettings,
-    EncoderSettings,
     IndexSettings,
     Settings,
     TrafficSettings,
@@ -37,7 +35,7 @@ from service.traffic.local import LocalPairStore
 from service.vocabulary import Modality
 from tests.support.app import serving
 from tests.support.servers import encoder_children
-from tests.support.world import World
+from tests.support.world import World, isolated_settings
 
 # Threads the pipeline's parts start: batcher workers, spawners of encoder children, the search pool, the sampler.
 PART_THREADS = ("encoder-", "spawn-", "nobackfill-search", "nobackfill-traffic")
@@ -68,14 +66,7 @@ def part_tasks() -> list[str]:
 
 def settings_for(world: World, isolation: str = "process", **traffic: Any) -> Settings:
     """The synthetic world with both encoders under `isolation`, no cache, and `traffic` settings."""
-    return Settings(
-        old=EncoderSettings(backend="synthetic-old", device="cpu", isolation=isolation),
-        new=EncoderSettings(backend="synthetic-new", device="cpu", isolation=isolation),
-        index=IndexSettings(gallery_dir=world.gallery_dir, nprobe=8),
-        compat=CompatSettings(profile_dir=world.profile_dir),
-        cache=CacheSettings(lru_size=0),
-        traffic=TrafficSettings(**traffic),
-    )
+    return isolated_settings(world, isolation, traffic=TrafficSettings(**traffic))
 
 
 @pytest.fixture

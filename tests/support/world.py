@@ -10,7 +10,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from service.settings import CompatSettings, IndexSettings, Settings
+from service.settings import CacheSettings, CompatSettings, EncoderSettings, IndexSettings, Settings
 from tests.support.cli import run_cli
 
 WORLD_GALLERY_SIZE = 20_000
@@ -44,6 +44,19 @@ def make_settings(world: World, **overrides: Any) -> Settings:
     return Settings(
         index=IndexSettings(gallery_dir=world.gallery_dir, nprobe=16),
         compat=CompatSettings(profile_dir=world.profile_dir),
+        **overrides,
+    )
+
+
+def isolated_settings(world: World, isolation: str = "process", **overrides: Any) -> Settings:
+    """The world served with both synthetic encoders under `isolation` (in-process, thread or process), nprobe 8,
+    no cache, other sections overridden: what the encoder-isolation and unwinding tests start."""
+    return Settings(
+        old=EncoderSettings(backend="synthetic-old", device="cpu", isolation=isolation),
+        new=EncoderSettings(backend="synthetic-new", device="cpu", isolation=isolation),
+        index=IndexSettings(gallery_dir=world.gallery_dir, nprobe=8),
+        compat=CompatSettings(profile_dir=world.profile_dir),
+        cache=CacheSettings(lru_size=0),
         **overrides,
     )
 
