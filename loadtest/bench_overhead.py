@@ -27,7 +27,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from loadtest.benchlib import interleave, percentiles, table  # noqa: E402
+from loadtest.benchlib import percentiles, table, warmed_interleave  # noqa: E402
 from service.compat.heads import transform  # noqa: E402
 from service.encoders.synthetic import SyntheticNewEncoder, SyntheticOldEncoder  # noqa: E402
 from service.pipeline import Pipeline  # noqa: E402
@@ -69,10 +69,7 @@ async def measure(demo: Path, queries: int) -> list[dict[str, Any]]:
         "served": lambda i: pipeline.search([Query(Modality.text, texts[i])], k=10, mode="slerp"),
     }
     try:
-        for i in range(50):  # warm: caches, threads, the BLAS pools
-            for call in calls.values():
-                await call(i)
-        samples = await interleave(calls, queries)
+        samples = await warmed_interleave(calls, queries, warm=50)
     finally:
         await pipeline.aclose()
     stats = {name: percentiles(times) for name, times in samples.items()}

@@ -37,7 +37,7 @@ sys.path.insert(0, str(ROOT))
 
 import numpy as np  # noqa: E402
 
-from loadtest.benchlib import cli, interleave, percentiles, store_bench_args, table  # noqa: E402
+from loadtest.benchlib import cli, percentiles, store_bench_args, table, warmed_interleave  # noqa: E402
 from service.pipeline import Pipeline  # noqa: E402
 from service.query.job import Query  # noqa: E402
 from service.settings import CompatSettings, EncoderSettings, IndexSettings, Settings  # noqa: E402
@@ -165,10 +165,7 @@ async def measure(work: Path, dsn: str, queries: int, items: int) -> list[dict[s
         [Query(Modality.text, old_embedding=old_rows[i], new_embedding=new_rows[i])], k=10
     )
     try:
-        for i in range(20):  # warm: caches, threads, connections
-            for call in calls.values():
-                await call(i)
-        samples = await interleave(calls, queries)
+        samples = await warmed_interleave(calls, queries)
     finally:
         for pipeline in served.values():
             await pipeline.aclose()

@@ -36,7 +36,7 @@ sys.path.insert(0, str(ROOT))
 
 import numpy as np  # noqa: E402
 
-from loadtest.benchlib import cli, interleave, percentiles, store_bench_args, table  # noqa: E402
+from loadtest.benchlib import cli, percentiles, store_bench_args, table, warmed_interleave  # noqa: E402
 from service.pipeline import Pipeline  # noqa: E402
 from service.query.job import Query  # noqa: E402
 from service.settings import CompatSettings, IndexSettings, Settings  # noqa: E402
@@ -126,10 +126,7 @@ async def measure(work: Path, store: Path, queries: int, items: int) -> list[dic
         "qdrant hybrid": lambda i: pipeline.search([Query(Modality.text, texts[i])], k=10, mode="hybrid"),
     }
     try:
-        for i in range(20):  # warm: caches, threads
-            for call in calls.values():
-                await call(i)
-        samples = await interleave(calls, queries)
+        samples = await warmed_interleave(calls, queries)
     finally:
         await pipeline.aclose()
     stats = {name: percentiles(times) for name, times in samples.items()}

@@ -101,6 +101,16 @@ async def interleave(calls: dict[str, Callable[[int], Awaitable[Any]]], n: int) 
     return samples
 
 
+async def warmed_interleave(
+    calls: dict[str, Callable[[int], Awaitable[Any]]], n: int, warm: int = 20
+) -> dict[str, list[float]]:
+    """interleave(calls, n) after `warm` untimed rounds of every call (caches, threads, connections, BLAS pools)."""
+    for i in range(warm):
+        for call in calls.values():
+            await call(i)
+    return await interleave(calls, n)
+
+
 def ratio_interval(
     samples: Sequence[float], reference: Sequence[float], q: float, resamples: int = 1000
 ) -> tuple[float, float]:
