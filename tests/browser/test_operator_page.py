@@ -112,9 +112,13 @@ class Tab:
         self.page.fill("#query", text)
         self.page.set_checked("#with-texts", texts)
         self.page.evaluate("delete document.body.dataset.renderMs")
+        ended = self.page.evaluate("Number(document.body.dataset.searchesEnded || 0)")
         self.page.press("#query", "Enter")
-        self.page.wait_for_selector("body[data-render-ms]")
-        return float(self.page.evaluate("document.body.dataset.renderMs"))
+        # Wait for this search to end either way, so a refused one fails here with the page's own words.
+        self.page.wait_for_selector(f"body[data-searches-ended='{ended + 1}']", state="attached", timeout=120_000)
+        rendered = self.page.evaluate("document.body.dataset.renderMs")
+        assert rendered is not None, f"the search ended without rendering: {self.page.inner_text('#search-status')!r}"
+        return float(rendered)
 
     def cells(self, mode: str) -> list[tuple[int, str]]:
         """(id, shown text) of each row of one column."""
@@ -247,6 +251,27 @@ def test_no_results_without_the_key_and_results_with_it(tab: Tab) -> None:
     # Chromium logs each keyless 401 itself, one per column's search, some after the page showed the
     # error; a keyed search refused would have left no results above.  Any other error counts.
     assert [e for e in tab.errors if "status of 401 (Unauthorized)" not in e] == []
+
+
+def test_a_search_the_service_sheds_is_asked_again_after_its_retry_after(tab: Tab) -> None:
+    # The browser's own network layer answers the first search request with the service's shed (503
+    # overloaded, Retry-After: 1, the body the service sends); every later request goes to the real server.
+    shed: list[str] = []
+
+    def first_one_shed(route: Any) -> None:
+        if shed:
+            route.fallback()
+            return
+        shed.append(route.request.post_data or "")
+        body = {"error": {"code": "overloaded", "message": "overloaded: shed for this test"}}
+        route.fulfill(status=503, headers={"Retry-After": "1"}, content_type="application/json", body=json.dumps(body))
+
+    tab.page.route("**/v1/search", first_one_shed)
+    tab.enter_key()
+    tab.search(CAPTION.format(QUERY_ID))
+    assert len(shed) == 1
+    assert tab.cells("old")[0][0] == QUERY_ID  # every column rendered, the shed one after its retry
+    assert [e for e in tab.errors if "status of 503" not in e] == []
 
 
 def test_the_health_panel_matches_v1_info(tab: Tab, base: str, info: dict[str, Any]) -> None:

@@ -60,20 +60,37 @@
     }
   }
 
+  // A search the service sheds (503 overloaded, Retry-After) is asked again after the wait it names, as
+  // any well-behaved client would: a busy box refuses a search now and then, and an operator comparing
+  // columns should not see one of them fail for it.  A few tries, never more than MAX_RETRY_WAIT_S each.
+  const SHED_RETRIES = 3;
+  const MAX_RETRY_WAIT_S = 5;
+
+  function retryWaitS(response, parsed) {
+    if (response.status !== 503 || !parsed || !parsed.error || parsed.error.code !== "overloaded") return null;
+    const seconds = Number.parseFloat(response.headers.get("retry-after"));
+    return Number.isFinite(seconds) ? Math.min(Math.max(seconds, 0), MAX_RETRY_WAIT_S) : null;
+  }
+
   async function call(path, body) {
     const headers = { accept: "application/json" };
     if (body !== undefined) headers["content-type"] = "application/json";
     if (state.key) headers.authorization = `Bearer ${state.key}`;
-    const response = await fetch(path, {
-      method: body === undefined ? "GET" : "POST",
-      headers,
-      body: body === undefined ? undefined : JSON.stringify(body),
-      credentials: "omit",
-      cache: "no-store",
-    });
-    const parsed = await response.json().catch(() => null);
-    if (!response.ok) throw new HttpError(response.status, parsed);
-    return parsed;
+    for (let attempt = 0; ; attempt += 1) {
+      const response = await fetch(path, {
+        method: body === undefined ? "GET" : "POST",
+        headers,
+        body: body === undefined ? undefined : JSON.stringify(body),
+        credentials: "omit",
+        cache: "no-store",
+      });
+      const parsed = await response.json().catch(() => null);
+      if (response.ok) return parsed;
+      const waitS = retryWaitS(response, parsed);
+      if (waitS === null || attempt >= SHED_RETRIES) throw new HttpError(response.status, parsed);
+      setStatus(`the service is busy: asking again in ${waitS} s`);
+      await new Promise((resolve) => setTimeout(resolve, waitS * 1000));
+    }
   }
 
   function setStatus(text, isError = false) {
@@ -185,6 +202,8 @@
       }
     } finally {
       delete document.body.dataset.searching;
+      // Counts searches ended either way: what a script (the browser tests) waits on after submitting one.
+      document.body.dataset.searchesEnded = String(Number(document.body.dataset.searchesEnded || 0) + 1);
     }
   }
 
