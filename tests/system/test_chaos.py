@@ -46,7 +46,9 @@ def test_a_burst_is_refused_with_retry_after_and_recovers(results: dict[str, dic
     run = results["burst"]
     assert run["accepted"] > 0 and run["other_failures"] == 0, run
     assert run["refused_with_retry_after"] == run["refused_503"], run
-    assert run["recovery_requests"] > 0 and run["recovery_failures"] == 0, run
+    # After the burst the service answers again: nothing fails, though a box busier than when its rate was
+    # measured may still shed some of the recovery's searches (503 overloaded with Retry-After).
+    assert run["recovery_answered"] > 0 and run["recovery_failures"] == 0, run
 
 
 def test_encoder_faults_fail_only_the_affected_requests(results: dict[str, dict[str, Any]]) -> None:
