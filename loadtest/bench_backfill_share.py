@@ -26,8 +26,8 @@ import httpx
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from loadtest.bench_hybrid import build  # noqa: E402
-from loadtest.benchlib import free_port, percentiles  # noqa: E402
+from loadtest.bench_hybrid import WORK, build  # noqa: E402
+from loadtest.benchlib import free_port, percentiles, size_folder, wait_ready  # noqa: E402
 
 NOBACKFILL = [sys.executable, "-m", "service.cli"]
 
@@ -63,10 +63,9 @@ def main() -> None:
     parser.add_argument("--nice", type=int, default=0, help="backfill --nice (its CPU priority below the service's)")
     parser.add_argument("--qps", type=float, default=40.0)
     parser.add_argument("--phase-s", type=float, default=20.0)
-    parser.add_argument("--work", type=Path, default=ROOT / "loadtest" / "results" / "hybrid")
+    parser.add_argument("--work", type=Path, default=WORK)
     args = parser.parse_args()
-    work = args.work / f"{args.items}"
-    work.mkdir(parents=True, exist_ok=True)
+    work = size_folder(args.work, args.items)
     build(work, args.items, [])
     port = free_port()
     env = {
@@ -80,14 +79,7 @@ def main() -> None:
     url = f"http://127.0.0.1:{port}"
     samples: dict[str, list[float]] = {"no backfill": [], "backfill --rate": []}
     try:
-        for _ in range(120):
-            try:
-                if httpx.get(f"{url}/readyz", timeout=1.0).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.5)
-        else:
+        if not wait_ready(f"{url}/readyz", 60.0, poll_s=0.5):
             raise RuntimeError("the service did not become ready in 60 s")
         asyncio.run(_paced(url, args.qps, 3.0, args.items))  # warm-up, not counted
         with tempfile.TemporaryDirectory() as scratch:

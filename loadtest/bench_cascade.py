@@ -27,8 +27,8 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from loadtest.bench_hybrid import CAPTION, build  # noqa: E402
-from loadtest.benchlib import interleave, ratio_rows, table  # noqa: E402
+from loadtest.bench_hybrid import CAPTION, WORK, build  # noqa: E402
+from loadtest.benchlib import interleave, parse_args_and_work_folder, ratio_rows, table  # noqa: E402
 from service.pipeline import Pipeline  # noqa: E402
 from service.query.job import Query  # noqa: E402
 from service.settings import CascadeSettings, CompatSettings, EncoderSettings, IndexSettings, Settings  # noqa: E402
@@ -102,11 +102,7 @@ def main() -> None:
     parser.add_argument("--nprobe", type=int, default=16)
     parser.add_argument("--new-cost-ms", type=float, default=0.0)
     parser.add_argument("--new-cost-per-item-ms", type=float, default=0.0)
-    parser.add_argument("--work", type=Path, default=ROOT / "loadtest" / "results" / "hybrid")
-    parser.add_argument("--json", action="store_true")
-    args = parser.parse_args()
-    work = args.work / f"{args.items}"
-    work.mkdir(parents=True, exist_ok=True)
+    args, work = parse_args_and_work_folder(parser, WORK)
     full = build(work, args.items, [1.0])[1.0]
     result = asyncio.run(measure(work, full, args))
     print(json.dumps(result) if args.json else table(result["rows"]))

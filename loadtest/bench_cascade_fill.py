@@ -39,7 +39,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from loadtest.bench_hybrid import CAPTION, build  # noqa: E402
-from loadtest.benchlib import table  # noqa: E402
+from loadtest.benchlib import size_folder, table  # noqa: E402
 from service.encoders.synthetic import SyntheticNewEncoder, format_item  # noqa: E402
 from service.metrics import CASCADE_SOURCES, REGISTRY  # noqa: E402
 from service.pipeline import Pipeline  # noqa: E402
@@ -270,8 +270,7 @@ def main() -> None:
     parser.add_argument("--plot", type=Path, default=None, help="Write the figure here (PNG).")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
-    work = args.work / f"{args.items}"
-    work.mkdir(parents=True, exist_ok=True)
+    work = size_folder(args.work, args.items)
     build(work, args.items, [])
     result = asyncio.run(measure(work, args))
     runs: list[Run] = result.pop("_runs")

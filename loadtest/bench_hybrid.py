@@ -24,13 +24,22 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from loadtest.benchlib import cli, interleave, percentiles, ratio_interval, table  # noqa: E402
+from loadtest.benchlib import (  # noqa: E402
+    cli,
+    interleave,
+    parse_args_and_work_folder,
+    percentiles,
+    ratio_interval,
+    table,
+)
 from service.pipeline import Pipeline  # noqa: E402
 from service.query.job import Query  # noqa: E402
 from service.settings import CompatSettings, IndexSettings, Settings  # noqa: E402
 from service.vocabulary import Modality  # noqa: E402
 
 CAPTION = "item-{:010d} caption-1"
+# Where the world is built, one folder per gallery size: bench_cascade.py and bench_backfill_share.py reuse it.
+WORK = ROOT / "loadtest" / "results" / "hybrid"
 
 
 def build(work: Path, items: int, moved: list[float]) -> dict[float, Path]:
@@ -106,11 +115,7 @@ def main() -> None:
     parser.add_argument("--moved", default="0.1,0.5", help="Moved shares, comma-separated.")
     parser.add_argument("--queries", type=int, default=300)
     parser.add_argument("--nprobe", type=int, default=16)
-    parser.add_argument("--work", type=Path, default=ROOT / "loadtest" / "results" / "hybrid")
-    parser.add_argument("--json", action="store_true")
-    args = parser.parse_args()
-    work = args.work / f"{args.items}"
-    work.mkdir(parents=True, exist_ok=True)
+    args, work = parse_args_and_work_folder(parser, WORK)
     segments = build(work, args.items, [float(s) for s in args.moved.split(",")])
     result = asyncio.run(measure(work, segments, args.queries, args.items, args.nprobe))
     print(json.dumps(result) if args.json else table(result["rows"]))

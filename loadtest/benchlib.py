@@ -1,4 +1,4 @@
-"""What the in-process benchmarks share: CLI runs, the re-indexed baseline, interleaved timing, ratio tables.
+"""What the benchmarks share: CLI runs, served processes, the re-indexed baseline, interleaved timing, ratio tables.
 
 Every figure is a ratio measured side by side in one run (these machines are noisy): `interleave`
 times each variant on the same query in turn, rotating which goes first, and `ratio_rows` reads every
@@ -18,6 +18,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+import httpx
 import numpy as np
 
 from service.compat.profile import CompatProfile, save_profile
@@ -64,10 +65,37 @@ class Baseline:
 
 
 def free_port() -> int:
-    """A TCP port nobody listens on right now."""
+    """A TCP port nobody listens on right now (tests/support/servers.py starts its servers on these too)."""
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return int(sock.getsockname()[1])
+
+
+def wait_ready(
+    url: str,
+    timeout_s: float,
+    process: subprocess.Popen[Any] | None = None,
+    poll_s: float = 0.2,
+    request_timeout_s: float = 1.0,
+) -> bool:
+    """Poll GET `url` (a server's readiness probe) until it answers 200: True; False once `timeout_s` have passed
+    or `process` (the server, when given) has exited, so the caller can tell which and say so in its own words.
+
+    Polled, never a fixed sleep: a server's start takes a second on an idle box and minutes on a busy one.
+    A refused or timed-out request only means the server is not listening yet.
+    """
+    deadline = time.monotonic() + timeout_s
+    while True:
+        if process is not None and process.poll() is not None:
+            return False
+        try:
+            if httpx.get(url, timeout=request_timeout_s).status_code == 200:
+                return True
+        except httpx.HTTPError:
+            pass
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(poll_s)
 
 
 def percentiles(samples: Sequence[float]) -> dict[str, float]:
@@ -160,6 +188,23 @@ def table(rows: list[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
+def size_folder(work: Path, items: int) -> Path:
+    """The work folder of one gallery size, `work`/`items`, created; kept between runs, so a rerun reuses what the
+    last one built."""
+    folder = work / f"{items}"
+    folder.mkdir(parents=True, exist_ok=True)
+    return folder
+
+
+def parse_args_and_work_folder(parser: argparse.ArgumentParser, work: Path) -> tuple[argparse.Namespace, Path]:
+    """`parser`'s flags (it declares --items) with --work (default `work`) and --json added last, parsed, and the
+    work folder of this gallery size."""
+    parser.add_argument("--work", type=Path, default=work)
+    parser.add_argument("--json", action="store_true")
+    args = parser.parse_args()
+    return args, size_folder(args.work, args.items)
+
+
 def store_bench_args(doc: str | None, work: Path) -> tuple[argparse.Namespace, Path]:
     """The flags of a store's served-against-bare benchmark (bench_pgvector.py, bench_qdrant.py), parsed, and the
     work folder of this gallery size (created; kept between runs)."""
@@ -167,9 +212,4 @@ def store_bench_args(doc: str | None, work: Path) -> tuple[argparse.Namespace, P
     parser.add_argument("--items", type=int, default=100_000)
     parser.add_argument("--moved", type=float, default=0.5)
     parser.add_argument("--queries", type=int, default=300)
-    parser.add_argument("--work", type=Path, default=work)
-    parser.add_argument("--json", action="store_true")
-    args = parser.parse_args()
-    folder = args.work / f"{args.items}"
-    folder.mkdir(parents=True, exist_ok=True)
-    return args, folder
+    return parse_args_and_work_folder(parser, work)

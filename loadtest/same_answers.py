@@ -16,15 +16,14 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import socket
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
 from pathlib import Path
 
 import httpx
+from benchlib import free_port, wait_ready  # loadtest/benchlib.py
 
 ROOT = Path(__file__).resolve().parents[1]
 MODES = (
@@ -33,13 +32,6 @@ MODES = (
 )  # fmt: skip
 ANSWER = ("ids", "scores", "mode", "alpha")  # what a result answers; cache hit or miss depends on history
 READY_S = 180.0  # a server's start on a busy box (models, gallery, segment); polled, never a fixed sleep
-
-
-def free_port() -> int:
-    """A port nobody listens on now."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 @contextmanager
@@ -53,18 +45,10 @@ def served(checkout: Path, env: dict[str, str], log: Path) -> Iterator[str]:
         )  # fmt: skip
         base = f"http://127.0.0.1:{port}"
         try:
-            deadline = time.monotonic() + READY_S
-            while True:
+            if not wait_ready(f"{base}/readyz", READY_S, server, request_timeout_s=2):
                 if server.poll() is not None:
                     raise SystemExit(f"{checkout}: the server exited ({server.returncode}); see {log}")
-                try:
-                    if httpx.get(f"{base}/readyz", timeout=2).status_code == 200:
-                        break
-                except httpx.HTTPError:
-                    pass
-                if time.monotonic() > deadline:
-                    raise SystemExit(f"{checkout}: not ready in {READY_S:.0f} s; see {log}")
-                time.sleep(0.2)
+                raise SystemExit(f"{checkout}: not ready in {READY_S:.0f} s; see {log}")
             yield base
         finally:
             server.terminate()

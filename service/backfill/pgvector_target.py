@@ -22,29 +22,25 @@ from typing import TYPE_CHECKING
 import numpy as np
 import numpy.typing as npt
 
+from service.backfill.targets import BatchTarget
 from service.encoders.identity import ModelIdentity
 from service.errors import InputError
 from service.index.pgvector import ThreadConnections, dsn_of
 from service.rows import F32, I64
 from service.segment.layout import GalleryRef
 from service.segment.pgvector_column import PgvectorColumn
-from service.segment.sealed import SealReport
 
 if TYPE_CHECKING:
     from service.backfill.run import Part
 
 
-class PgvectorColumnTarget:
+class PgvectorColumnTarget(BatchTarget):
     """The new column of the table the settings name."""
 
-    unit = "batch"
-
     def __init__(self, new_rows: PgvectorColumn, *, add: bool) -> None:
+        super().__init__(new_rows.where, add=add)
         self.column = new_rows
-        self.where = new_rows.where
-        self.add = add
         self._connections = ThreadConnections(dsn_of(new_rows.settings), read_only=False)  # run thread, writer's
-        self._written = 0
 
     def prepare(self, model: ModelIdentity, gallery: GalleryRef) -> None:
         """Check the column is this model's beside this gallery; add it with --add-column, else refuse in one line."""
@@ -95,15 +91,9 @@ class PgvectorColumnTarget:
         """Which of `ids` are set by now (one lookup by id)."""
         return self.column.moved_among(self._connections.get(), ids)
 
-    def write(self, ids: I64, rows: F32, model: ModelIdentity, writer: str) -> str:  # noqa: ARG002 (the protocol's)
-        """One transaction setting the column of `ids` where it is NULL; a name for the report."""
+    def publish(self, ids: I64, rows: F32) -> None:
+        """One transaction setting the column of `ids` where it is NULL."""
         self.column.write(self._connections.get(), ids, rows)
-        self._written += 1
-        return f"batch-{self._written}"
-
-    def finish(self, seal_rows: int, writer: str) -> SealReport | None:  # noqa: ARG002 (the protocol's)
-        """Nothing: an index on the column is created by `backfill index`, never implicitly."""
-        return None
 
     def close(self) -> None:
         """Close the connections."""

@@ -7,8 +7,9 @@
     └── MilvusCollectionTarget a second collection beside the Milvus gallery (backfill/milvus_target.py)
 
 run.py's loop (plan, skip what moved, encode, publish, throttle) is the same for every one; a target owns
-creation, the run lock, "what has moved" and the write.  The Qdrant and Milvus targets share ClientTarget:
-one client, one call per publish, no lock, the client's errors as one GalleryUnavailable line.
+creation, the run lock, "what has moved" and the write.  The targets in the user's store share BatchTarget
+(a write per batch, nothing to seal); the Qdrant and Milvus ones share ClientTarget: one client, one call
+per publish, no lock, the client's errors as one GalleryUnavailable line.
 """
 
 from __future__ import annotations
@@ -22,8 +23,8 @@ import numpy as np
 import numpy.typing as npt
 
 from service.encoders.identity import ModelIdentity
-from service.errors import GalleryUnavailable, InputError, NobackfillError
-from service.index.base import first_line
+from service.errors import InputError
+from service.index.base import store_errors
 from service.rows import F32, I64
 from service.segment.catalog import MovedIds
 from service.segment.layout import GalleryRef, create_segment, remove_abandoned, write_shard
@@ -115,7 +116,39 @@ class FolderTarget:
         """Nothing to release."""
 
 
-class ClientTarget:
+class BatchTarget:
+    """A part in the user's store that `backfill run` writes a batch at a time (a pgvector column or side table,
+    a Qdrant vector or collection, a Milvus collection).
+
+    Each publish is one write of the batch's rows where they are not written yet (`publish`), named for the
+    report by its number; there is nothing to build at the end: the store indexes the rows by itself, or
+    (pgvector) `backfill index` creates an index on demand, never implicitly.  `add`: the operator's flag
+    that lets `prepare` create the part.
+    """
+
+    unit = "batch"
+
+    def __init__(self, where: str, *, add: bool) -> None:
+        self.where = where
+        self.add = add
+        self._written = 0
+
+    def publish(self, ids: I64, rows: F32) -> None:
+        """Write the rows of `ids` not written yet."""
+        raise NotImplementedError
+
+    def write(self, ids: I64, rows: F32, model: ModelIdentity, writer: str) -> str:  # noqa: ARG002 (the protocol's)
+        """One publish; a name for the report."""
+        self.publish(ids, rows)
+        self._written += 1
+        return f"batch-{self._written}"
+
+    def finish(self, seal_rows: int, writer: str) -> SealReport | None:  # noqa: ARG002 (the protocol's)
+        """Nothing to build (class docstring)."""
+        return None
+
+
+class ClientTarget(BatchTarget):
     """A part in a store answered through one client (a Qdrant vector or collection, a Milvus collection).
 
     Each publish is one call that writes the batch's rows where they are not written yet, so a run killed
@@ -126,15 +159,12 @@ class ClientTarget:
     new-rows object (segment/qdrant_rows.py, segment/milvus_rows.py).
     """
 
-    unit = "batch"
     store: ClassVar[str]  # in messages: "Qdrant", "Milvus"
 
     def __init__(self, new_rows: Any, client: Any, *, add: bool) -> None:
+        super().__init__(new_rows.where, add=add)
         self.rows = new_rows
-        self.where: str = new_rows.where
-        self.add = add
         self._client = client
-        self._written = 0
 
     def refusal(self, model: ModelIdentity) -> str:
         """The one line that says the part is missing and which flag creates it."""
@@ -163,15 +193,9 @@ class ClientTarget:
         among: npt.NDArray[np.bool_] = self._call(self.rows.moved_among, ids)
         return among
 
-    def write(self, ids: I64, rows: F32, model: ModelIdentity, writer: str) -> str:  # noqa: ARG002 (the protocol's)
-        """One call writing the rows of `ids` not written yet; a name for the report."""
+    def publish(self, ids: I64, rows: F32) -> None:
+        """One call writing the rows of `ids` not written yet."""
         self._call(self.rows.write, ids, rows)
-        self._written += 1
-        return f"batch-{self._written}"
-
-    def finish(self, seal_rows: int, writer: str) -> SealReport | None:  # noqa: ARG002 (the protocol's)
-        """Nothing: the store indexes the new rows by itself."""
-        return None
 
     def close(self) -> None:
         """Close the client."""
@@ -179,9 +203,5 @@ class ClientTarget:
 
     def _call(self, work: Any, *args: Any) -> Any:
         """work(client, *args); an unreachable store is one GalleryUnavailable line."""
-        try:
+        with store_errors(f"{self.store} did not answer for {self.where}"):
             return work(self._client, *args)
-        except NobackfillError:
-            raise
-        except Exception as exc:  # the client's transport and server errors
-            raise GalleryUnavailable(f"{self.store} did not answer for {self.where}: {first_line(exc)}") from exc

@@ -64,10 +64,7 @@ def curve(
     for row, share in zip(result["rows"], result["gain_share"], strict=True):
         table.add_row(
             f"{row['fraction']:.0%}",
-            f"{row['recall@1']:.4f}",
-            "[{:.4f}, {:.4f}]".format(*row["ci@1"]),
-            f"{row['recall@10']:.4f}",
-            "[{:.4f}, {:.4f}]".format(*row["ci@10"]),
+            *_recall_cells(row),
             f"{share:.2f}",
             "{:.2%} [{:.2%}, {:.2%}]".format(row["negative_flips@1"], *row["flips_ci"]),
         )

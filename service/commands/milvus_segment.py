@@ -75,18 +75,15 @@ class MilvusSegmentCli(ClientSegmentCli):
             "sealed segment by itself; nothing to build"
         )
 
-    def plan(self, client: Any, alias: str | None) -> tuple[Any, bool]:
-        """One alias call, or none when the alias already reads the new collection."""
-        from service.backfill.milvus_cutover import plan_cutover
+    def cutover_module(self) -> Any:
+        """backfill/milvus_cutover.py: one alias call."""
+        from service.backfill import milvus_cutover
 
-        planned = plan_cutover(self.rows, client, alias)
-        return planned, planned.call is not None
+        return milvus_cutover
 
-    def apply(self, client: Any, planned: Any) -> None:
-        """The alias call."""
-        from service.backfill.milvus_cutover import apply_cutover
-
-        apply_cutover(client, planned)
+    def has_call(self, planned: Any) -> bool:
+        """None when the alias already reads the new collection."""
+        return planned.call is not None
 
 
 def milvus_segment(text: str) -> MilvusSegmentCli | None:

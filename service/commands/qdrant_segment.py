@@ -57,7 +57,7 @@ class QdrantSegmentCli(ClientSegmentCli):
 
     def missing(self) -> str:
         """--add-vector (--add-collection) adds it."""
-        flag = "--add-collection" if self.rows.side else "--add-vector"
+        flag = self.rows.create_flag
         return f"{self.where}: not there yet (`backfill run --segment {self.rows.spec} {flag} ...` adds it)"
 
     def unlabelled(self) -> str:
@@ -78,18 +78,16 @@ class QdrantSegmentCli(ClientSegmentCli):
             "indexing_threshold; nothing to build (local mode searches exactly)"
         )
 
-    def plan(self, client: Any, alias: str | None) -> tuple[Any, bool]:
-        """The alias operations (a second collection), or the `using` change in the application (a named vector)."""
-        from service.backfill.qdrant_cutover import plan_cutover
+    def cutover_module(self) -> Any:
+        """backfill/qdrant_cutover.py: the alias operations (a second collection), or the `using` change in the
+        application (a named vector)."""
+        from service.backfill import qdrant_cutover
 
-        planned = plan_cutover(self.rows, client, alias)
-        return planned, bool(planned.actions)
+        return qdrant_cutover
 
-    def apply(self, client: Any, planned: Any) -> None:
-        """The alias operations in one call."""
-        from service.backfill.qdrant_cutover import apply_cutover
-
-        apply_cutover(client, planned)
+    def has_call(self, planned: Any) -> bool:
+        """The alias operations in one call; none for a named vector."""
+        return bool(planned.actions)
 
 
 def qdrant_segment(text: str) -> QdrantSegmentCli | None:

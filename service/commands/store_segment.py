@@ -16,7 +16,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any, ClassVar
 
-from service.errors import GalleryUnavailable, InputError, NobackfillError
+from service.errors import InputError
 
 
 def store_segment(text: str) -> Any:
@@ -43,7 +43,8 @@ class ClientSegmentCli:
     """The new rows in a store answered through a client (Qdrant, Milvus) as the backfill commands see them.
 
     A subclass sets `store`, `noun`, `rows` (its new-rows object) and `settings`, and says how to connect,
-    which gallery and target classes are its, and its store's words for status, index and the cut-over.
+    which gallery and target classes and cut-over module are its, and its store's words for status, index and
+    the cut-over.
     """
 
     store: ClassVar[str]
@@ -82,33 +83,35 @@ class ClientSegmentCli:
         """`backfill index`: the store indexes by itself; the line that says so."""
         raise NotImplementedError
 
+    def cutover_module(self) -> Any:
+        """The store's cut-over module (backfill/qdrant_cutover.py, milvus_cutover.py): its plan_cutover(rows,
+        client, alias) plans the cut-over, its apply_cutover(client, planned) runs the plan's call."""
+        raise NotImplementedError
+
+    def has_call(self, planned: Any) -> bool:
+        """Whether the plan has a call to run (--apply runs it)."""
+        raise NotImplementedError
+
     def plan(self, client: Any, alias: str | None) -> tuple[Any, bool]:
         """The cut-over's plan and whether it has a call to run (--apply runs it)."""
-        raise NotImplementedError
+        planned = self.cutover_module().plan_cutover(self.rows, client, alias)
+        return planned, self.has_call(planned)
 
     def apply(self, client: Any, planned: Any) -> None:
         """Run the plan's call."""
-        raise NotImplementedError
+        self.cutover_module().apply_cutover(client, planned)
 
     @contextmanager
     def client(self) -> Iterator[Any]:
         """A client for one piece of work; an unreachable (or locked) store is one GalleryUnavailable line."""
-        from service.index.base import first_line, setting_line
+        from service.index.base import setting_line, store_errors
 
-        try:
+        # A server's transport error, or a local folder another process holds.
+        with store_errors(f"cannot open {self.store} ({setting_line(self.settings)})"):
             client = self.connect()
-        except NobackfillError:
-            raise
-        except Exception as exc:  # a server's transport error, or a local folder another process holds
-            raise GalleryUnavailable(
-                f"cannot open {self.store} ({setting_line(self.settings)}): {first_line(exc)}"
-            ) from exc
         try:
-            yield client
-        except NobackfillError:
-            raise
-        except Exception as exc:  # the client's transport and server errors
-            raise GalleryUnavailable(f"{self.store} did not answer for {self.where}: {first_line(exc)}") from exc
+            with store_errors(f"{self.store} did not answer for {self.where}"):
+                yield client
         finally:
             client.close()
 

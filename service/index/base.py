@@ -17,6 +17,8 @@ nprobe means nothing to the index (a flat or graph index in Milvus), and any npr
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from functools import cached_property
 from typing import TYPE_CHECKING, Any, Protocol
@@ -24,7 +26,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 import numpy as np
 import numpy.typing as npt
 
-from service.errors import InputError
+from service.errors import GalleryUnavailable, InputError, NobackfillError
 
 Queries = npt.NDArray[np.float32]
 Ids = npt.NDArray[np.int64]
@@ -204,6 +206,22 @@ def first_line(exc: BaseException) -> str:
     """An exception's first line (its class name when it says nothing), for a one-line message about a store."""
     text = str(exc).strip()
     return text.splitlines()[0] if text else type(exc).__name__
+
+
+@contextmanager
+def store_errors(message: str) -> Iterator[None]:
+    """Run the block; a store client's own error becomes one GalleryUnavailable (503) line, `message: <its first line>`.
+
+    A store's client (qdrant-client, pymilvus, their transports) raises its own classes, which no caller can
+    list, for a server that is down or slow: any Exception but the service's own (a NobackfillError, which
+    passes as it is, e.g. an ArtifactError for another model's rows) is such an outage.
+    """
+    try:
+        yield
+    except NobackfillError:
+        raise
+    except Exception as exc:  # the client's transport and server errors alike
+        raise GalleryUnavailable(f"{message}: {first_line(exc)}") from exc
 
 
 class ServerHealth:

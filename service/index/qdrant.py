@@ -36,12 +36,14 @@ import numpy.typing as npt
 from service.errors import ArtifactError, GalleryUnavailable
 from service.index.base import (
     Exclusion,
+    Hits,
+    Queries,
     ServerHealth,
     checked_queries,
     cosine_of_l2,
     excluding_by_overfetch,
-    first_line,
     setting_line,
+    store_errors,
 )
 
 if TYPE_CHECKING:
@@ -76,13 +78,11 @@ class QdrantGallery(ServerHealth):
         where = setting_line(settings)
         client = client_of(settings)
         try:
-            described = _describe(client, settings, where)
-        except ArtifactError:
+            with store_errors(f"cannot reach Qdrant ({where})"):  # the server is not there
+                described = _describe(client, settings, where)
+        except Exception:
             client.close()
             raise
-        except Exception as exc:  # the client's transport errors: the server is not there
-            client.close()
-            raise GalleryUnavailable(f"cannot reach Qdrant ({where}): {first_line(exc)}") from exc
         return cls(settings, client, described)
 
     def search(
@@ -106,30 +106,16 @@ class QdrantGallery(ServerHealth):
         """One batched query: a request per row; with `unmoved`, only the points without that (new) vector."""
         from qdrant_client import models
 
-        params = models.SearchParams(hnsw_ef=self.settings.qdrant_hnsw_ef) if self.settings.qdrant_hnsw_ef else None
         only = models.Filter(must_not=[models.HasVectorCondition(has_vector=unmoved)]) if unmoved is not None else None
-        requests = [
-            models.QueryRequest(
-                query=row.tolist(), using=self.vector, filter=only, limit=k, params=params, with_payload=False
-            )
-            for row in q
-        ]
         try:
-            with warnings.catch_warnings():  # local mode says, per call, that it ignores search params
-                warnings.simplefilter("ignore", UserWarning)
-                answers = self._client.query_batch_points(self.collection, requests=requests, timeout=TIMEOUT_S)
+            answers = query_batch(
+                self._client, self.collection, q, k, using=self.vector, only=only, hnsw_ef=self.settings.qdrant_hnsw_ef
+            )
         except Exception as exc:  # the client's transport and server errors alike: an outage for this request
             self._failed(exc)
             raise GalleryUnavailable(f"the Qdrant gallery did not answer ({setting_line(self.settings)})") from exc
         self._answered()
-        scores = np.full((len(q), k), -np.inf, dtype=np.float32)
-        ids = np.full((len(q), k), -1, dtype=np.int64)
-        for row, answer in enumerate(answers):
-            points = answer.points
-            ids[row, : len(points)] = [int(p.id) for p in points]
-            found = np.array([p.score for p in points], dtype=np.float64)
-            scores[row, : len(points)] = cosine_of_l2(found**2) if self.metric == "l2" else found
-        return scores, ids
+        return as_hits(answers, len(q), k, self.metric)
 
     @property
     def client(self) -> Any:
@@ -165,6 +151,40 @@ def client_of(settings: IndexSettings) -> Any:
         return QdrantClient(path=str(settings.qdrant_path))
     key = settings.qdrant_api_key.get_secret_value() if settings.qdrant_api_key else None
     return QdrantClient(url=settings.qdrant_url, api_key=key, timeout=TIMEOUT_S)
+
+
+def query_batch(
+    client: Any, collection: str, queries: Queries, k: int, *, using: str | None, only: Any, hnsw_ef: int | None
+) -> list[Any]:
+    """One query_batch_points call, a request per row of `queries`: the top k of the points `only` (a filter, or
+    None: all) lets through, by the vector `using` (None: the default one), at `hnsw_ef` (None: the collection's).
+
+    The gallery's search and the segment's (segment/qdrant_rows.py) both ask this way.
+    """
+    from qdrant_client import models
+
+    params = models.SearchParams(hnsw_ef=hnsw_ef) if hnsw_ef else None
+    requests = [
+        models.QueryRequest(query=row.tolist(), using=using, filter=only, limit=k, params=params, with_payload=False)
+        for row in queries
+    ]
+    with warnings.catch_warnings():  # local mode says, per call, that it ignores search params
+        warnings.simplefilter("ignore", UserWarning)
+        answers: list[Any] = client.query_batch_points(collection, requests=requests, timeout=TIMEOUT_S)
+    return answers
+
+
+def as_hits(answers: list[Any], rows: int, k: int, metric: str) -> Hits:
+    """query_batch's answers as (scores [rows, k], ids [rows, k]; -inf / -1 pad), the scores as cosines of unit rows
+    (Euclid's distance d as 1 - d^2 / 2; Dot and Cosine as they are)."""
+    scores = np.full((rows, k), -np.inf, dtype=np.float32)
+    ids = np.full((rows, k), -1, dtype=np.int64)
+    for row, answer in enumerate(answers):
+        points = answer.points
+        ids[row, : len(points)] = [int(p.id) for p in points]
+        found = np.array([p.score for p in points], dtype=np.float64)
+        scores[row, : len(points)] = cosine_of_l2(found**2) if metric == "l2" else found
+    return scores, ids
 
 
 def _describe(client: Any, settings: IndexSettings, where: str) -> dict[str, Any]:

@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 import logging
 from collections.abc import Callable, Iterable
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import Any, ClassVar, Generic, Self, TypeVar
 
@@ -22,8 +23,8 @@ import numpy as np
 import numpy.typing as npt
 
 from service.encoders.identity import ModelIdentity
-from service.errors import ArtifactError, GalleryUnavailable, InputError, NobackfillError
-from service.index.base import Exclusion, Hits, first_line
+from service.errors import ArtifactError, InputError, NobackfillError
+from service.index.base import Exclusion, Hits, store_errors
 from service.rows import F32, I64
 from service.segment.base import SegmentView
 
@@ -77,15 +78,35 @@ def refuse_unless_ours(
 def refuse_unless_all_moved(rows: Any, handle: Any, noun: str, unit: str = "rows") -> None:
     """The cut-over's InputError unless `rows` (a store's new-rows object, read through `handle`: a connection or
     a client) is nobackfill's `noun` and every item of the user's table or collection has its new row."""
-    state = rows.state(handle)
-    if state is None or state.label is None:
-        raise InputError(f"{rows.where}: no nobackfill {noun} to cut over to")
+    cut_over_label(rows.state(handle), rows.where, noun, InputError)
     total, moved = rows.rows(handle), rows.count(handle)
+    then = f"the cut-over needs every {unit.removesuffix('s')} (`backfill run` moves the rest)"
+    refuse_unless_every_row(rows.where, moved, total, unit, then, InputError)
+
+
+# What a segment opened after the cut-over (the gallery retired) says when some items have not moved yet.
+SERVE_ONCE_DONE = "cut over (NOBACKFILL_OLD__BACKEND=none) once `nobackfill backfill status` says 100 %"
+
+
+def cut_over_label(state: Any, where: str, noun: str, error: type[NobackfillError]) -> Any:
+    """The label of the part a cut-over goes to (`state`: a new-rows object's; None before the part exists), or one
+    `error` line when there is no part or nobackfill did not label it.
+
+    The cut-over's command (InputError) and the segment opened after it (ArtifactError) check alike; the
+    count is checked apart (refuse_unless_every_row): the segment reads it only once opened.
+    """
+    if state is None or state.label is None:
+        raise error(f"{where}: no nobackfill {noun} to cut over to")
+    return state.label
+
+
+def refuse_unless_every_row(
+    where: str, moved: int, total: int, unit: str, then: str, error: type[NobackfillError], *, whose: str = ""
+) -> None:
+    """One `error` line unless all `total` items have moved: how many have, and `then` (what to do about it).
+    `whose` names the total's owner ("the table's ") where the line says so."""
     if moved < total:
-        raise InputError(
-            f"{rows.where} holds {moved:,} of {total:,} {unit} ({moved / total:.1%}); the cut-over needs every "
-            f"{unit.removesuffix('s')} (`backfill run` moves the rest)"
-        )
+        raise error(f"{where} holds {moved:,} of {whose}{total:,} {unit} ({moved / total:.1%}); {then}")
 
 
 def placed_rows(
@@ -160,6 +181,17 @@ class InStoreSegment(Generic[S]):
         """One part has no parts to refuse one by one: a wrong one is refused whole, at open."""
         return {}
 
+    def progress(self) -> dict[str, Any]:
+        """The fields of describe() (what /v1/info reports) every store's segment has: whether the part exists,
+        the model, and how much has moved."""
+        return {
+            "created": self._state is not None,
+            "model": self._model.as_dict(),
+            "moved": self.snapshot.count,
+            "gallery_items": self._ntotal,
+            "coverage": round(self.coverage, 6),
+        }
+
 
 @dataclass(frozen=True)
 class InStoreView:
@@ -208,10 +240,10 @@ class ClientSegment(InStoreSegment[S]):
     """A segment in a store answered through one client object (Qdrant, Milvus): opening it, the cut-over's check
     that every row has moved, a call on the client with its errors as 503s, the cascade's write, closing.
 
-    A subclass names its store and the unit of its rows, says how to connect (`connect`) and how to refresh
-    (`refresh`: check the part, count or list what moved, set `snapshot`).  `rows` is the store's new-rows
-    object (segment/qdrant_rows.py, segment/milvus_rows.py): `where`, `name`, `settings`, `state`, `rows`,
-    `checked`, `write`.
+    A subclass names its store and the unit of its rows, says how to connect (`connect`), how wide its index
+    searches (`search_ef_of`) and how to refresh (`refresh`: check the part, count or list what moved, set
+    `snapshot`).  `rows` is the store's new-rows object (segment/qdrant_rows.py, segment/milvus_rows.py):
+    `where`, `name`, `settings`, `create_flag`, `state`, `rows`, `checked`, `write`.
     """
 
     store: ClassVar[str]  # in messages: "Qdrant", "Milvus"
@@ -219,6 +251,7 @@ class ClientSegment(InStoreSegment[S]):
 
     def __init__(self, new_rows: Any, model: ModelIdentity, gallery: str, ntotal: int, client: Any, *, owned: bool):
         self.rows = new_rows
+        self.search_ef: int | None = self.search_ef_of(new_rows.settings)
         self._client = client
         self._owned = owned  # closed here only when not the gallery's
         super().__init__(model, gallery, ntotal)
@@ -227,6 +260,12 @@ class ClientSegment(InStoreSegment[S]):
     @staticmethod
     def connect(settings: Any) -> Any:
         """A client of its own, for the cut-over (before it, the segment shares the gallery's)."""
+        raise NotImplementedError
+
+    @staticmethod
+    def search_ef_of(settings: Any) -> int | None:
+        """How wide a search of the new rows looks (InStoreView passes it to the rows' `search`; None: the
+        index's own setting)."""
         raise NotImplementedError
 
     def refresh(self) -> list[str]:
@@ -252,24 +291,21 @@ class ClientSegment(InStoreSegment[S]):
         """
         client = cls.connect(new_rows.settings)
         try:
-            state = new_rows.state(client)
-            if state is None or state.label is None:
-                raise ArtifactError(f"{new_rows.where}: no nobackfill segment to cut over to")
-            ntotal = new_rows.rows(client)
-        except NobackfillError:
+            with store_errors(f"cannot reach {cls.store} for {new_rows.where}"):
+                label = cut_over_label(new_rows.state(client), new_rows.where, "segment", ArtifactError)
+                ntotal = new_rows.rows(client)
+        except Exception:
             client.close()
             raise
-        except Exception as exc:  # the client's transport errors: the server is not there
-            client.close()
-            raise GalleryUnavailable(f"cannot reach {cls.store} for {new_rows.where}: {first_line(exc)}") from exc
-        segment = cls.open(new_rows, model, state.label.gallery, ntotal, client, owned=True)
-        moved = segment.snapshot.count
-        if moved < ntotal:
+        segment = cls.open(new_rows, model, label.gallery, ntotal, client, owned=True)
+        try:
+            refuse_unless_every_row(
+                new_rows.where, segment.snapshot.count, ntotal, cls.unit, SERVE_ONCE_DONE, ArtifactError,
+                whose="the collection's ",
+            )  # fmt: skip
+        except ArtifactError:
             segment.close()
-            raise ArtifactError(
-                f"{new_rows.where} holds {moved:,} of the collection's {ntotal:,} {cls.unit} ({moved / ntotal:.1%}); "
-                "cut over (NOBACKFILL_OLD__BACKEND=none) once `nobackfill backfill status` says 100 %"
-            )
+            raise
         return segment
 
     @property
@@ -281,23 +317,20 @@ class ClientSegment(InStoreSegment[S]):
     @property
     def create_flag(self) -> str:
         """The `backfill run` flag that creates the part."""
-        return "--add-collection"
+        flag: str = self.rows.create_flag
+        return flag
 
-    def unavailable(self, exc: Exception) -> GalleryUnavailable:
-        """One 503 line for an error of the client."""
-        return GalleryUnavailable(f"the {self.store} segment did not answer ({self.where}): {first_line(exc)}")
+    def answering(self) -> AbstractContextManager[None]:
+        """The block's client errors as one 503 (GalleryUnavailable) line naming this segment."""
+        return store_errors(f"the {self.store} segment did not answer ({self.where})")
 
     def run(self, work: Callable[[Any, Any, S], T], empty: T) -> T:
         """work(rows, client, state); 503 (GalleryUnavailable) when the store does not answer."""
         state = self._state
         if state is None:  # not created yet: nothing has moved
             return empty
-        try:
+        with self.answering():
             return work(self.rows, self._client, state)
-        except NobackfillError:
-            raise
-        except Exception as exc:  # the client's transport and server errors alike
-            raise self.unavailable(exc) from exc
 
     def write(self, ids: I64, rows: F32, writer: str) -> None:
         """The cascade's rows; the service never creates the part (no change without the operator's consent)."""

@@ -214,7 +214,7 @@ def publish_folder(parent: Path, fill: Callable[[Path], None], what: str) -> str
         fill(tmp)
         write_manifest(tmp)
         os.rename(tmp, parent / name)
-        _fsync_dir(parent)
+        fsync_path(parent)
     except OSError as exc:
         shutil.rmtree(tmp, ignore_errors=True)
         raise InputError(f"cannot write {what} into {parent}: {exc.strerror or exc}") from exc
@@ -247,9 +247,9 @@ def save(path: Path, array: npt.NDArray[Any]) -> None:
         os.fsync(f.fileno())
 
 
-def _fsync_dir(folder: Path) -> None:
-    """Make a rename in `folder` durable."""
-    fd = os.open(folder, os.O_RDONLY)
+def fsync_path(path: Path) -> None:
+    """fsync a file, or a folder (a rename in it is then durable), by path."""
+    fd = os.open(path, os.O_RDONLY)
     try:
         os.fsync(fd)
     finally:

@@ -22,15 +22,16 @@ until `backfill run --add-collection` creates it the segment serves as empty, an
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from service.encoders.identity import ModelIdentity
-from service.errors import NobackfillError
 from service.index.base import Exclusion
 from service.segment.in_store import ClientSegment, InStoreView
 from service.segment.milvus_rows import CollectionState, MilvusNewRows
+
+if TYPE_CHECKING:
+    from service.settings import IndexSettings
 
 
 class MilvusCollectionSegment(ClientSegment[CollectionState]):
@@ -40,13 +41,6 @@ class MilvusCollectionSegment(ClientSegment[CollectionState]):
     store = "Milvus"
     rows: MilvusNewRows
 
-    def __init__(
-        self, new_rows: MilvusNewRows, model: ModelIdentity, gallery: str, ntotal: int, client: Any, *, owned: bool
-    ) -> None:
-        # The lists an IVF index probes (capped at its nlist), as for the gallery's default; HNSW takes ef >= k.
-        self.search_ef: int | None = new_rows.settings.nprobe
-        super().__init__(new_rows, model, gallery, ntotal, client, owned=owned)
-
     @staticmethod
     def connect(settings: Any) -> Any:
         """A client of the cut-over's own."""
@@ -55,15 +49,16 @@ class MilvusCollectionSegment(ClientSegment[CollectionState]):
         token = settings.milvus_token.get_secret_value() if settings.milvus_token else None
         return connect(str(settings.milvus_uri), token, settings.milvus_timeout_s)
 
+    @staticmethod
+    def search_ef_of(settings: IndexSettings) -> int | None:
+        """The lists an IVF index probes (capped at its nlist), as for the gallery's default; HNSW takes ef >= k."""
+        return settings.nprobe
+
     def refresh(self) -> list[str]:
         """Check the collection (it may have been created since) and list its keys; [name] when rows arrived."""
-        try:
+        with self.answering():  # pymilvus's and grpc's errors
             self._state = self.rows.checked(self._client, self._model, self._gallery)
             listed = self.rows.moved(self._client) if self._state is not None else np.zeros(0, np.int64)
-        except NobackfillError:
-            raise
-        except Exception as exc:  # pymilvus's and grpc's errors
-            raise self.unavailable(exc) from exc
         before = self.snapshot.count
         count = len(listed)  # the count and the exclusion from one listing: they never disagree
         self.snapshot = InStoreView(self, count, Exclusion(listed) if count else None)
@@ -76,10 +71,6 @@ class MilvusCollectionSegment(ClientSegment[CollectionState]):
             "backend": self.backend,
             "collection": self.rows.name,
             "beside": self.rows.collection,
-            "created": state is not None,
-            "model": self._model.as_dict(),
-            "moved": self.snapshot.count,
-            "gallery_items": self._ntotal,
-            "coverage": round(self.coverage, 6),
+            **self.progress(),
             "index": None if state is None else state.layout.index_type,
         }

@@ -90,6 +90,8 @@ class CollectionState:
 class MilvusNewRows:
     """The new rows in a collection of nobackfill's own beside the user's, in the client's calls."""
 
+    create_flag = "--add-collection"  # the `backfill run` flag that creates the collection
+
     def __init__(self, settings: IndexSettings, name: str) -> None:
         if not settings.milvus_uri or not settings.milvus_collection:
             raise InputError(

@@ -46,7 +46,14 @@ from service.index.pgvector import (
     table_identifier,
 )
 from service.rows import F32, I64
-from service.segment.in_store import InStoreSegment, InStoreView, refuse_unless_ours
+from service.segment.in_store import (
+    SERVE_ONCE_DONE,
+    InStoreSegment,
+    InStoreView,
+    cut_over_label,
+    refuse_unless_every_row,
+    refuse_unless_ours,
+)
 
 if TYPE_CHECKING:
     from service.settings import IndexSettings
@@ -368,7 +375,6 @@ class PgvectorColumnSegment(InStoreSegment[ColumnState]):
         self.snapshot: ColumnView = ColumnView(self, 0, None)
 
     @classmethod
-    @classmethod
     def open(cls, new_rows: PgvectorColumn, model: ModelIdentity, gallery: str, ntotal: int) -> PgvectorColumnSegment:
         """The new rows beside the table's gallery, refreshed once; ArtifactError in one line for another model's."""
         segment = cls(new_rows, model, gallery, ntotal)
@@ -383,17 +389,12 @@ class PgvectorColumnSegment(InStoreSegment[ColumnState]):
         cut-over's SQL): the model and the count are.
         """
         with new_rows.connect() as conn:
-            state = new_rows.state(conn)
-            if state is None or state.label is None:
-                raise ArtifactError(f"{new_rows.where}: no nobackfill segment to cut over to")
+            label = cut_over_label(new_rows.state(conn), new_rows.where, "segment", ArtifactError)
             ntotal = new_rows.rows(conn)
-        segment = cls.open(new_rows, model, state.label.gallery, ntotal)
-        moved = segment.snapshot.count
-        if moved < ntotal:
-            raise ArtifactError(
-                f"{new_rows.where} holds {moved:,} of the table's {ntotal:,} rows ({moved / ntotal:.1%}); "
-                "cut over (NOBACKFILL_OLD__BACKEND=none) once `nobackfill backfill status` says 100 %"
-            )
+        segment = cls.open(new_rows, model, label.gallery, ntotal)
+        refuse_unless_every_row(
+            new_rows.where, segment.snapshot.count, ntotal, "rows", SERVE_ONCE_DONE, ArtifactError, whose="the table's "
+        )
         return segment
 
     @property
@@ -447,11 +448,7 @@ class PgvectorColumnSegment(InStoreSegment[ColumnState]):
             "backend": self.backend,
             "table": self.column.table,
             "column": self.column.column,
-            "created": state is not None,
-            "model": self._model.as_dict(),
-            "moved": self.snapshot.count,
-            "gallery_items": self._ntotal,
-            "coverage": round(self.coverage, 6),
+            **self.progress(),
             "index": (state.index_method if state is not None else None) or "none (exact scan)",
         }
 

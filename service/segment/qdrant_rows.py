@@ -35,7 +35,8 @@ import numpy.typing as npt
 
 from service.encoders.identity import ModelIdentity
 from service.errors import ArtifactError, InputError
-from service.index.base import Hits, InTable, cosine_of_l2
+from service.index.base import Hits, InTable
+from service.index.qdrant import DISTANCES, as_hits, query_batch
 from service.rows import F32, I64
 from service.segment.in_store import StoreLabel, placed_rows, refuse_unless_ours
 
@@ -45,9 +46,7 @@ if TYPE_CHECKING:
 log = logging.getLogger("nobackfill.segment")
 
 LABEL = "nobackfill"  # the metadata key's prefix: nobackfill:<new vector or collection>
-DISTANCES = {"Dot": "ip", "Cosine": "cosine", "Euclid": "l2"}
 SCROLL_PAGE = 10_000
-TIMEOUT_S = 5
 
 
 @dataclass(frozen=True)
@@ -86,6 +85,11 @@ class QdrantNewRows:
             if side
             else f"Qdrant collection {self.collection}, vector {name}"
         )
+
+    @property
+    def create_flag(self) -> str:
+        """The `backfill run` flag that makes the rows' place: a second collection is created, a named vector added."""
+        return "--add-collection" if self.side else "--add-vector"
 
     def unmoved(self) -> InTable | None:
         """What the gallery's search filters on to leave the moved points out (None: by listed ids instead)."""
@@ -229,33 +233,11 @@ class QdrantNewRows:
 
     def search(self, client: Any, state: VectorState, queries: F32, k: int, hnsw_ef: int | None) -> Hits:
         """Top-k of the moved points by Qdrant's index on the vector, as cosines: (scores, ids; -inf / -1 pad)."""
-        import warnings
-
-        from qdrant_client import models
-
-        params = models.SearchParams(hnsw_ef=max(hnsw_ef, k)) if hnsw_ef else None
-        requests = [
-            models.QueryRequest(
-                query=row.tolist(),
-                using=self.vector,
-                filter=self.moved_filter(),
-                limit=k,
-                params=params,
-                with_payload=False,
-            )
-            for row in queries
-        ]
-        with warnings.catch_warnings():  # local mode says, per call, that it ignores search params
-            warnings.simplefilter("ignore", UserWarning)
-            answers = client.query_batch_points(self.rows_collection, requests=requests, timeout=TIMEOUT_S)
-        scores = np.full((len(queries), k), -np.inf, dtype=np.float32)
-        ids = np.full((len(queries), k), -1, dtype=np.int64)
-        for row, answer in enumerate(answers):
-            points = answer.points
-            ids[row, : len(points)] = [int(p.id) for p in points]
-            found = np.array([p.score for p in points], dtype=np.float64)
-            scores[row, : len(points)] = cosine_of_l2(found**2) if state.metric == "l2" else found
-        return scores, ids
+        ef = max(hnsw_ef, k) if hnsw_ef else None
+        answers = query_batch(
+            client, self.rows_collection, queries, k, using=self.vector, only=self.moved_filter(), hnsw_ef=ef
+        )
+        return as_hits(answers, len(queries), k, state.metric)
 
 
 def new_rows_of(settings: IndexSettings) -> QdrantNewRows | None:

@@ -22,15 +22,16 @@ The vector is never added by the service (no schema change without the operator'
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from service.encoders.identity import ModelIdentity
-from service.errors import NobackfillError
 from service.index.base import Exclusion
 from service.segment.in_store import ClientSegment, InStoreView
 from service.segment.qdrant_rows import QdrantNewRows, VectorState
+
+if TYPE_CHECKING:
+    from service.settings import IndexSettings
 
 
 class QdrantVectorSegment(ClientSegment[VectorState]):
@@ -41,17 +42,6 @@ class QdrantVectorSegment(ClientSegment[VectorState]):
     unit = "points"
     rows: QdrantNewRows
 
-    def __init__(
-        self, new_rows: QdrantNewRows, model: ModelIdentity, gallery: str, ntotal: int, client: Any, *, owned: bool
-    ) -> None:
-        self.search_ef: int | None = new_rows.settings.qdrant_hnsw_ef  # None: the collection's own
-        super().__init__(new_rows, model, gallery, ntotal, client, owned=owned)
-
-    @property
-    def create_flag(self) -> str:
-        """A second collection is created, a named vector added."""
-        return "--add-collection" if self.rows.side else "--add-vector"
-
     @staticmethod
     def connect(settings: Any) -> Any:
         """A client of the cut-over's own."""
@@ -59,17 +49,18 @@ class QdrantVectorSegment(ClientSegment[VectorState]):
 
         return client_of(settings)
 
+    @staticmethod
+    def search_ef_of(settings: IndexSettings) -> int | None:
+        """The gallery's hnsw_ef (a search takes at least k); None: the collection's own."""
+        return settings.qdrant_hnsw_ef
+
     def refresh(self) -> list[str]:
         """Check the vector (it may have been added since) and count its points; [name] when points arrived."""
-        try:
+        with self.answering():
             self._state = self.rows.checked(self._client, self._model, self._gallery)
             count = self.rows.count(self._client) if self._state is not None else 0
             # Beside a second collection the gallery cannot filter on it: the moved ids, listed.
             listed = self.rows.moved(self._client) if self.rows.side and count else np.zeros(0, np.int64)
-        except NobackfillError:
-            raise
-        except Exception as exc:  # the client's transport errors
-            raise self.unavailable(exc) from exc
         before = self.snapshot.count
         exclusion = Exclusion(listed, in_table=self.rows.unmoved()) if count else None
         self.snapshot = InStoreView(self, count, exclusion)
@@ -82,11 +73,7 @@ class QdrantVectorSegment(ClientSegment[VectorState]):
             "collection": self.rows.rows_collection,
             "vector": self.rows.vector or "(the default vector)",
             "layout": "collection" if self.rows.side else "named vector",
-            "created": self._state is not None,
-            "model": self._model.as_dict(),
-            "moved": self.snapshot.count,
-            "gallery_items": self._ntotal,
-            "coverage": round(self.coverage, 6),
+            **self.progress(),
             "index": None if self._state is None else self.index_kind,
         }
 

@@ -26,7 +26,6 @@ none covered by one taken before.
 from __future__ import annotations
 
 import fcntl
-import os
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -43,7 +42,7 @@ from service.json_file import read_json_object
 from service.manifest import verify_manifest, write_json_durably
 from service.rows import I64
 from service.segment.catalog import ShardCatalog
-from service.segment.layout import publish_folder, save
+from service.segment.layout import fsync_path, publish_folder, save
 
 INDEXES = "indexes"
 SEAL_LOCK = "seal.lock"
@@ -208,7 +207,7 @@ def _publish(folder: Path, graph: Any, ids: I64, shards: list[str], writer: str)
 
     def fill(tmp: Path) -> None:
         faiss.write_index(graph, str(tmp / INDEX_FILE))
-        _fsync_file(tmp / INDEX_FILE)  # faiss does not: the index is renamed into place only once on disk
+        fsync_path(tmp / INDEX_FILE)  # faiss does not: the index is renamed into place only once on disk
         save(tmp / IDS_FILE, ids)
         document = {
             "format_version": 1,
@@ -223,12 +222,3 @@ def _publish(folder: Path, graph: Any, ids: I64, shards: list[str], writer: str)
         write_json_durably(tmp / INDEX_JSON, document)
 
     return publish_folder(folder / INDEXES, fill, "a sealed index")
-
-
-def _fsync_file(path: Path) -> None:
-    """fsync a file or a folder (a rename in it) by path."""
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)

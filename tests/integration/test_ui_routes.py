@@ -20,7 +20,7 @@ from service.settings import IndexSettings
 from service.vocabulary import Modality
 from tests.support.app import Running, serving
 from tests.support.browser import save_results
-from tests.support.world import CAPTION, WORLD_GALLERY_SIZE, World, make_settings
+from tests.support.world import CAPTION, WORLD_GALLERY_SIZE, World, make_settings, write_world_items
 
 KEY = "ui-key"
 
@@ -28,9 +28,7 @@ KEY = "ui-key"
 @pytest.fixture(scope="module")
 def items(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The world's item store."""
-    out = tmp_path_factory.mktemp("ui-items") / "items"
-    write_item_store(out, ((i, format_item(i, IMAGE_VIEW)) for i in range(WORLD_GALLERY_SIZE)), Modality.text, "test")
-    return out
+    return write_world_items(tmp_path_factory.mktemp("ui-items") / "items", WORLD_GALLERY_SIZE, "test")
 
 
 @pytest.fixture(scope="module")

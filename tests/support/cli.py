@@ -1,4 +1,5 @@
-"""`nobackfill` from a test: in this process (same parsing, exit code, error line) or as a subprocess."""
+"""`nobackfill` from a test: in this process (same parsing, exit code, error line) or as a subprocess; and any
+other command (a loadtest script, Locust) as a subprocess that must succeed."""
 
 from __future__ import annotations
 
@@ -48,6 +49,16 @@ def run_cli(*args: str | Path, check: bool = True) -> subprocess.CompletedProces
     done = subprocess.run([*NOBACKFILL, *map(str, args)], capture_output=True, text=True, check=False)
     if check and done.returncode != 0:
         pytest.fail(f"nobackfill {' '.join(map(str, args))} exited {done.returncode}:\n{done.stderr}")
+    return done
+
+
+def run_checked(
+    command: list[str], timeout: float, cwd: Path | None = None, tail: int = 2000
+) -> subprocess.CompletedProcess[str]:
+    """Run `command` with its output captured as text; assert it exited 0, the last `tail` characters of its stderr
+    as the message (a script's traceback is at the end of a long log)."""
+    done = subprocess.run(command, cwd=cwd, capture_output=True, text=True, timeout=timeout, check=False)
+    assert done.returncode == 0, done.stderr[-tail:]
     return done
 
 

@@ -8,6 +8,7 @@ margins of the two backward-compatibility inequalities (1a) / (1b) on cosine dis
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -20,7 +21,7 @@ from service.compat.adapter import AdapterConfig, train_adapter
 from service.compat.interpolation import slerp
 from service.compat.metrics import is_compatible, relevance, search_recall
 from service.compat.procrustes import align, fit_rotation, normalize_rows, pad
-from service.compat.psp import lsp_features, psp_features, query_features, softmax
+from service.compat.psp import ClassSpace, lsp_features, psp_features, query_features, softmax
 
 F32 = npt.NDArray[np.float32]
 I64 = npt.NDArray[np.int64]
@@ -230,6 +231,14 @@ def run_experiment(seed: int, old_only_eval: bool = True) -> tuple[list[Row], di
     def padded(a: F32, d: int) -> F32:
         return pad(normalize_rows(a), d)
 
+    def without_p_tk(method: str, features: Callable[[F32], F32]) -> Row:
+        """The new model's class features as they are, the old model's zero-padded to the new model's C_t classes."""
+        return score(method, features(z_new_q), padded(features(z_old_q), t), padded(features(z_old_g), t), yq, yg)
+
+    def head(method: str, features: Callable[[F32], F32], space: ClassSpace) -> Row:
+        """The head's query features (the new model's, through P_tk) against the old model's own class features."""
+        return score(method, query_features(z_new_q, k, space), features(z_old_q), features(z_old_g), yq, yg)
+
     sm_new, sm_old_q, sm_old_g = (softmax(z).astype(np.float32) for z in (z_new_q, z_old_q, z_old_g))
     d_feat = max(f_new_q.shape[1], f_old_q.shape[1])
     rows = [
@@ -237,14 +246,7 @@ def run_experiment(seed: int, old_only_eval: bool = True) -> tuple[list[Row], di
             "penultimate features", padded(f_new_q, d_feat), padded(f_old_q, d_feat), padded(f_old_g, d_feat), yq, yg
         ),
         score("softmax", sm_new, padded(sm_old_q, t), padded(sm_old_g, t), yq, yg),
-        score(
-            "PSP without P_tk",
-            psp_features(z_new_q),
-            padded(psp_features(z_old_q), t),
-            padded(psp_features(z_old_g), t),
-            yq,
-            yg,
-        ),
+        without_p_tk("PSP without P_tk", psp_features),
         score(
             "PSP without P_kk",
             normalize_rows(sm_new[:, :k]),
@@ -253,16 +255,9 @@ def run_experiment(seed: int, old_only_eval: bool = True) -> tuple[list[Row], di
             yq,
             yg,
         ),
-        score("PSP", query_features(z_new_q, k, "psp"), psp_features(z_old_q), psp_features(z_old_g), yq, yg),
-        score(
-            "LSP without P_tk",
-            lsp_features(z_new_q),
-            padded(lsp_features(z_old_q), t),
-            padded(lsp_features(z_old_g), t),
-            yq,
-            yg,
-        ),
-        score("LSP", query_features(z_new_q, k, "lsp"), lsp_features(z_old_q), lsp_features(z_old_g), yq, yg),
+        head("PSP", psp_features, "psp"),
+        without_p_tk("LSP without P_tk", lsp_features),
+        head("LSP", lsp_features, "lsp"),
     ]
     eval_mask = s.y[s.support] < OLD_CLASSES if old_only_eval else np.ones(len(s.support), dtype=bool)
     alpha = pick_alpha(f_new_s, f_old_s, s.y[s.support], seed, eval_mask)

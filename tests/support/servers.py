@@ -1,4 +1,7 @@
-"""Processes a test starts and owns: a redis-server it may kill or freeze, a real `nobackfill serve`."""
+"""Processes a test starts and owns: a redis-server it may kill or freeze, a real `nobackfill serve`.
+
+free_port and wait_ready are loadtest/benchlib.py's: the benchmarks start servers the same way.
+"""
 
 from __future__ import annotations
 
@@ -13,21 +16,14 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-import httpx
 import psutil
 import pytest
 import redis
 
+from loadtest.benchlib import free_port, wait_ready
 from tests.support.world import World
 
 REDIS_SERVER = shutil.which("redis-server")
-
-
-def free_port() -> int:
-    """A TCP port nobody listens on right now."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def free_cluster_port() -> int:
@@ -123,19 +119,11 @@ def serve_process(world: World, *args: str, env: dict[str, str] | None = None) -
         stderr=subprocess.STDOUT,
     )
     base = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 90
-    while time.monotonic() < deadline:
+    if not wait_ready(f"{base}/readyz", 90, process):
         if process.poll() is not None:
             pytest.fail(
                 f"serve exited {process.returncode}: {process.stdout.read().decode() if process.stdout else ''}"
             )
-        try:
-            if httpx.get(f"{base}/readyz", timeout=1).status_code == 200:
-                break
-        except httpx.TransportError:
-            pass
-        time.sleep(0.2)
-    else:
         process.kill()
         pytest.fail("the service did not become ready in 90 s")
     yield base

@@ -10,7 +10,10 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
+from service.encoders.synthetic import IMAGE_VIEW, format_item
+from service.items.store import write_item_store
 from service.settings import CacheSettings, CompatSettings, EncoderSettings, IndexSettings, Settings
+from service.vocabulary import Modality
 from tests.support.cli import run_cli
 
 WORLD_GALLERY_SIZE = 20_000
@@ -37,6 +40,13 @@ def build_world(root: Path) -> World:
     run_cli("synth", "support", "--n", WORLD_SUPPORT_SIZE, "--out", world.support_dir)
     run_cli("fit", world.support_dir, "--out", world.profile_dir, "--folds", 3)
     return world
+
+
+def write_world_items(out: Path, size: int, source: str) -> Path:
+    """Items 0..size-1 of the synthetic world as an item store at `out`, each item's text its image view (what
+    `synth items` writes), written in this process: no CLI run for a test that needs only the store."""
+    write_item_store(out, ((i, format_item(i, IMAGE_VIEW)) for i in range(size)), Modality.text, source)
+    return out
 
 
 def make_settings(world: World, **overrides: Any) -> Settings:

@@ -3,27 +3,24 @@
 from __future__ import annotations
 
 import json
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+
+from tests.support.cli import run_checked
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.mark.parametrize(("parts", "kills"), [(1, 3), (2, 4)], ids=["one-run", "two-parallel-parts"])
 def test_a_backfill_killed_and_resumed_equals_an_uninterrupted_run(parts: int, kills: int) -> None:
-    done = subprocess.run(
+    done = run_checked(
         [sys.executable, "loadtest/backfill_faults.py", "--kills", str(kills), "--items", "3000",
          "--parts", str(parts), "--json"],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
         timeout=300,
-        check=False,
+        cwd=ROOT,
     )  # fmt: skip
-    assert done.returncode == 0, done.stderr[-2000:]
     result = json.loads(done.stdout.strip().splitlines()[-1])
     assert result["parts"] == parts and result["kills"] == kills
     # Each kill landed while a run was moving items, not before it started or after it ended.

@@ -49,6 +49,7 @@ import yaml
 from dockerfile_parse import DockerfileParser
 from prometheus_client.parser import text_string_to_metric_families
 
+from loadtest.benchlib import wait_ready
 from service import cpu_limit
 from service.api.app import create_app
 from service.commands.serve import DEMO_DIR
@@ -1059,14 +1060,9 @@ def live(world: World, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Liv
     process = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     base = f"http://127.0.0.1:{port}"
     try:
-        deadline = time.monotonic() + 90
-        while True:
-            with contextlib.suppress(httpx.TransportError):
-                if httpx.get(f"{base}/readyz", timeout=2).status_code == 200:
-                    break
-            assert process.poll() is None, process.stdout.read().decode() if process.stdout else ""
-            assert time.monotonic() < deadline, "the service was not ready in 90 s"
-            time.sleep(0.1)
+        ready = wait_ready(f"{base}/readyz", 90, process, poll_s=0.1, request_timeout_s=2)
+        assert process.poll() is None, process.stdout.read().decode() if process.stdout else ""
+        assert ready, "the service was not ready in 90 s"
         body = {"queries": [{"text": f"item-{i:010d} caption-1"} for i in (42, 43, 44)], "k": 5}
         assert httpx.post(f"{base}/v1/search", json=body, timeout=10).status_code == 401
         answers = [

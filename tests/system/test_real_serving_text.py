@@ -19,6 +19,7 @@ import httpx
 import numpy as np
 import pytest
 
+from service.commands.real_demo import OLD_MODEL, RealDeployment, curl_example
 from service.compat.heads import transform
 from service.compat.profile import load_profile
 from service.index.gallery import Gallery
@@ -34,31 +35,20 @@ BACKEND = "sentence-transformers"
 
 @dataclass(frozen=True)
 class TextUpgrade:
-    """The artifacts of the small real upgrade and the settings that serve it."""
+    """The artifacts of the small real upgrade, in the folders `demo --real` uses, and the settings that serve it."""
 
     world: World
-    models: Path
-    corpus: Path
+    real: RealDeployment  # its models: the distilled static one (256-d, old) and the packaged MiniLM (384-d, new)
     queries: list[str]
     relevant: list[int]
-
-    @property
-    def old_model(self) -> Path:
-        """The distilled static model (256-d)."""
-        return self.models / "minilm-static-256"
-
-    @property
-    def new_model(self) -> Path:
-        """The packaged all-MiniLM-L6-v2 (384-d)."""
-        return self.models / "all-MiniLM-L6-v2"
 
     def env(self, **overrides: str) -> dict[str, str]:
         """Environment of `nobackfill serve` for this upgrade."""
         return {
             "NOBACKFILL_OLD__BACKEND": BACKEND,
-            "NOBACKFILL_OLD__PATH": str(self.old_model),
+            "NOBACKFILL_OLD__PATH": str(self.real.old_model),
             "NOBACKFILL_NEW__BACKEND": BACKEND,
-            "NOBACKFILL_NEW__PATH": str(self.new_model),
+            "NOBACKFILL_NEW__PATH": str(self.real.new_model),
             "NOBACKFILL_INDEX__NPROBE": str(NPROBE),
             **overrides,
         }
@@ -67,28 +57,31 @@ class TextUpgrade:
 @pytest.fixture(scope="module")
 def upgrade(real_models: tuple[Path, str], tmp_path_factory: pytest.TempPathFactory) -> TextUpgrade:
     """Corpus, support set, profile and old-model gallery of static -> MiniLM, all through the CLI."""
-    models = real_models[0]
-    root = tmp_path_factory.mktemp("text-upgrade")
-    corpus = root / "corpus"
+    real = RealDeployment(tmp_path_factory.mktemp("text-upgrade"))
+    # The session's models (distilled once), where the demo keeps its own: real.old_model and real.new_model.
+    (real.root / "models").symlink_to(real_models[0], target_is_directory=True)
+    corpus, support = real.corpus, real.root / "support"
     run_cli(
         "realworld", "corpus", "--out", corpus, "--packages", "numpy", "--support", SUPPORT, "--test", TEST,
     )  # fmt: skip
-    old, new = models / "minilm-static-256", models / "all-MiniLM-L6-v2"
     run_cli(
-        "support", "build", "--pairs", corpus / "support.jsonl", "--out", root / "support",
-        "--old-backend", BACKEND, "--old-path", old, "--new-backend", BACKEND, "--new-path", new,
+        "support", "build", "--pairs", corpus / "support.jsonl", "--out", support,
+        "--old-backend", BACKEND, "--old-path", real.old_model, "--new-backend", BACKEND, "--new-path", real.new_model,
     )  # fmt: skip
-    run_cli("fit", root / "support", "--out", root / "profile", "--folds", "3")
-    run_cli("encode", "--backend", BACKEND, "--path", old, "--input", corpus / "gallery.txt", "--out", root / "g.npy")
+    run_cli("fit", support, "--out", real.profile, "--folds", "3")
+    embeddings = real.root / "g.npy"
     run_cli(
-        "gallery", "build", "--from-npy", root / "g.npy", "--ids", corpus / "gallery_ids.npy", "--out",
-        root / "gallery", "--nlist", "8", "--pq-m", "32",
+        "encode", "--backend", BACKEND, "--path", real.old_model, "--input", corpus / "gallery.txt",
+        "--out", embeddings,
+    )  # fmt: skip
+    run_cli(
+        "gallery", "build", "--from-npy", embeddings, "--ids", corpus / "gallery_ids.npy", "--out", real.gallery,
+        "--nlist", "8", "--pq-m", "32",
     )  # fmt: skip
     tests = [json.loads(line) for line in (corpus / "test.jsonl").read_text().splitlines()]
     return TextUpgrade(
-        World(root / "gallery", root / "support", root / "profile"),
-        models,
-        corpus,
+        World(real.gallery, support, real.profile),
+        real,
         [row["query"] for row in tests],
         [row["target_id"] for row in tests],
     )
@@ -114,7 +107,7 @@ def search(base: str, texts: list[str], **body: object) -> list[dict[str, object
 def test_text_in_ids_out_and_the_repeat_is_a_redis_hit(served: str, upgrade: TextUpgrade) -> None:
     first = search(served, upgrade.queries[:1], k=5)[0]
     again = search(served, upgrade.queries[:1], k=5)[0]
-    gallery_ids = set(np.load(upgrade.corpus / "gallery_ids.npy").tolist())
+    gallery_ids = set(np.load(upgrade.real.corpus / "gallery_ids.npy").tolist())
     assert len(first["ids"]) == 5 and set(first["ids"]) <= gallery_ids  # type: ignore[arg-type]
     assert (first["mode"], first["cache"], again["cache"]) == ("slerp", "miss", "hit")
     assert again["ids"] == first["ids"]
@@ -135,7 +128,7 @@ def test_served_answers_are_the_offline_pipeline(served: str, upgrade: TextUpgra
     texts = tmp_path / "queries.txt"
     texts.write_text("\n".join(upgrade.queries) + "\n")
     rows = {}
-    for name, model in (("old", upgrade.old_model), ("new", upgrade.new_model)):
+    for name, model in (("old", upgrade.real.old_model), ("new", upgrade.real.new_model)):
         run_cli("encode", "--backend", BACKEND, "--path", model, "--input", texts, "--out", tmp_path / f"{name}.npy")
         rows[name] = np.load(tmp_path / f"{name}.npy")
     profile = load_profile(upgrade.world.profile_dir)
@@ -162,18 +155,19 @@ def refused_start(upgrade: TextUpgrade, **env: str) -> subprocess.CompletedProce
 
 
 def test_a_model_of_the_wrong_dimension_is_refused_in_one_line(upgrade: TextUpgrade) -> None:
-    done = refused_start(upgrade, NOBACKFILL_NEW__PATH=str(upgrade.old_model))  # the 256-d model as the new one
+    static = upgrade.real.old_model  # the 256-d model as the new one
+    done = refused_start(upgrade, NOBACKFILL_NEW__PATH=str(static))
     assert done.returncode != 0
     refusals = [line for line in done.stderr.splitlines() if "refusing to start" in line]
     assert len(refusals) == 1 and "Traceback" not in done.stderr, done.stderr
     line = refusals[0]
-    for part in ("NOBACKFILL_NEW__PATH=" + str(upgrade.old_model), "256-d", "384-d", "NOBACKFILL_COMPAT__PROFILE_DIR"):
+    for part in ("NOBACKFILL_NEW__PATH=" + str(static), "256-d", "384-d", "NOBACKFILL_COMPAT__PROFILE_DIR"):
         assert part in line, line
 
 
 def test_other_weights_under_the_same_name_are_refused(upgrade: TextUpgrade, tmp_path: Path) -> None:
     # Same folder name (so the same model id) and dim, different weights: only the fingerprint tells.
-    impostor = tiny_static(tmp_path / "minilm-static-256", dim=256)
+    impostor = tiny_static(tmp_path / OLD_MODEL, dim=256)
     done = refused_start(upgrade, NOBACKFILL_OLD__PATH=str(impostor))
     line = next(line for line in done.stderr.splitlines() if "refusing to start" in line)
     assert done.returncode != 0 and "weights sha256" in line and "gallery" in line and "profile" in line, line
@@ -187,10 +181,8 @@ def test_a_missing_model_folder_is_refused_in_one_line(upgrade: TextUpgrade, tmp
 
 
 def test_the_curl_demo_real_prints_works_when_pasted_into_a_shell(served: str, upgrade: TextUpgrade) -> None:
-    from service.commands.real_demo import RealDeployment, curl_example
-
     host, port = served.removeprefix("http://").split(":")
-    pasted = curl_example(RealDeployment(upgrade.corpus.parent), host, int(port))
+    pasted = curl_example(upgrade.real, host, int(port))
     # A newcomer's shell after `make install`: the virtualenv's bin folder is not on PATH.
     shell_path = ":".join(p for p in os.environ["PATH"].split(":") if not Path(p, "nobackfill").exists())
     repo = Path(__file__).resolve().parents[2]

@@ -16,11 +16,12 @@ from service.encoders.base import Encoder
 from service.encoders.identity import ModelIdentity
 from service.encoders.synthetic import IMAGE_VIEW, format_item
 from service.errors import InputError
-from service.items.store import ItemStore, write_item_store
+from service.items.store import ItemStore
 from service.segment.catalog import moved_ids
 from service.segment.layout import GalleryRef, shard_names
 from service.segment.reader import Segment
 from service.vocabulary import Modality, Role
+from tests.support.world import write_world_items
 
 N = 600
 GALLERY = GalleryRef("ef" * 32, N)
@@ -28,9 +29,7 @@ GALLERY = GalleryRef("ef" * 32, N)
 
 @pytest.fixture(scope="module")
 def items(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    out = tmp_path_factory.mktemp("items") / "store"
-    write_item_store(out, ((i, format_item(i, IMAGE_VIEW)) for i in range(N)), Modality.text, "synthetic")
-    return out
+    return write_world_items(tmp_path_factory.mktemp("items") / "store", N, "synthetic")
 
 
 @pytest.fixture(scope="module")

@@ -11,6 +11,7 @@ import hashlib
 import threading
 import time
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import pytest
@@ -81,6 +82,22 @@ async def started(encoder: FakeEncoder, max_batch_size: int = 32, max_wait_ms: f
     batcher = MicroBatcher(encoder, max_batch_size, max_wait_ms, name="test")
     await batcher.start()
     return batcher
+
+
+async def behind_a_held_batch(
+    batcher: MicroBatcher,
+    encoder: FakeEncoder,
+    calls: list[tuple[list[str], Modality]],
+    return_exceptions: bool = False,
+) -> list[Any]:
+    """The results of a call ["first"] and then of each (items, modality) call, all of `calls` submitted while the
+    gated encoder holds the first one's batch: every one of them is pending when the next batches form."""
+    first = asyncio.create_task(batcher.encode(["first"], "text"))
+    await wait_entered(encoder)
+    tasks = [asyncio.create_task(batcher.encode(items, modality)) for items, modality in calls]
+    await asyncio.sleep(0.01)
+    encoder.gate.set()
+    return await asyncio.gather(first, *tasks, return_exceptions=return_exceptions)
 
 
 async def test_results_match_the_inputs_in_order() -> None:
@@ -159,12 +176,7 @@ async def test_batches_respect_max_batch_size() -> None:
     encoder = FakeEncoder(gated=True)
     batcher = await started(encoder, max_batch_size=8)
     try:
-        first = asyncio.create_task(batcher.encode(["first"], "text"))
-        await wait_entered(encoder)
-        tasks = [asyncio.create_task(batcher.encode([f"q{i}", f"r{i}", f"s{i}"], "text")) for i in range(7)]
-        await asyncio.sleep(0.01)
-        encoder.gate.set()
-        await asyncio.gather(first, *tasks)
+        await behind_a_held_batch(batcher, encoder, [([f"q{i}", f"r{i}", f"s{i}"], "text") for i in range(7)])
     finally:
         await batcher.stop()
     sizes = [len(batch) for _, batch in encoder.calls]
@@ -187,14 +199,10 @@ async def test_a_call_larger_than_max_batch_is_split_and_reassembled() -> None:
 async def test_modalities_are_batched_separately() -> None:
     encoder = FakeEncoder(gated=True)
     batcher = await started(encoder)
+    mixed = [("text", "t1"), ("image", "i1"), ("text", "t2"), ("image", "i2"), ("text", "t3")]
+    calls = [([item], modality) for modality, item in mixed]
     try:
-        first = asyncio.create_task(batcher.encode(["first"], "text"))
-        await wait_entered(encoder)
-        mixed = [("text", "t1"), ("image", "i1"), ("text", "t2"), ("image", "i2"), ("text", "t3")]
-        tasks = [asyncio.create_task(batcher.encode([item], modality)) for modality, item in mixed]  # type: ignore[arg-type]
-        await asyncio.sleep(0.01)
-        encoder.gate.set()
-        results = await asyncio.gather(first, *tasks)
+        results = await behind_a_held_batch(batcher, encoder, calls)  # type: ignore[arg-type]
     finally:
         await batcher.stop()
     assert encoder.calls[1:] == [("text", ["t1", "t2", "t3"]), ("image", ["i1", "i2"])]
@@ -205,15 +213,10 @@ async def test_modalities_are_batched_separately() -> None:
 async def test_an_encoder_error_fails_only_the_call_that_causes_it() -> None:
     encoder = FakeEncoder(gated=True)
     batcher = await started(encoder, max_batch_size=2)
+    names = ["a", "boom", "c", "d"]  # batches [a, boom] (raises, then retried call by call) and [c, d]
+    calls: list[tuple[list[str], Modality]] = [*(([name], "text") for name in names), (["boom-free"], "image")]
     try:
-        first = asyncio.create_task(batcher.encode(["first"], "text"))
-        await wait_entered(encoder)
-        names = ["a", "boom", "c", "d"]  # batches [a, boom] (raises, then retried call by call) and [c, d]
-        tasks = [asyncio.create_task(batcher.encode([name], "text")) for name in names]
-        image = asyncio.create_task(batcher.encode(["boom-free"], "image"))
-        await asyncio.sleep(0.01)
-        encoder.gate.set()
-        results = await asyncio.gather(first, *tasks, image, return_exceptions=True)
+        results = await behind_a_held_batch(batcher, encoder, calls, return_exceptions=True)
         after = await batcher.encode(["later"], "text")  # the batcher keeps serving
     finally:
         await batcher.stop()
@@ -280,12 +283,7 @@ async def test_batching_off_encodes_each_call_alone() -> None:
     batcher = MicroBatcher(encoder, 32, 50.0, name="test", batching=False)
     await batcher.start()
     try:
-        first = asyncio.create_task(batcher.encode(["first"], "text"))
-        await wait_entered(encoder)
-        tasks = [asyncio.create_task(batcher.encode([f"q{i}", f"r{i}"], "text")) for i in range(4)]
-        await asyncio.sleep(0.01)
-        encoder.gate.set()
-        await asyncio.gather(first, *tasks)
+        await behind_a_held_batch(batcher, encoder, [([f"q{i}", f"r{i}"], "text") for i in range(4)])
     finally:
         await batcher.stop()
     assert [len(batch) for _, batch in encoder.calls] == [1, 2, 2, 2, 2]

@@ -19,15 +19,15 @@ from service.backfill.sources import StoreItems
 from service.backfill.status import segment_status
 from service.bulk.encode import load_encoder
 from service.encoders.identity import ModelIdentity
-from service.encoders.synthetic import IMAGE_VIEW, format_item
 from service.errors import InputError
-from service.items.store import ItemStore, write_item_store
+from service.items.store import ItemStore
 from service.manifest import write_manifest
 from service.segment.catalog import MovedIds, ShardCatalog, moved_ids
 from service.segment.layout import IDS, SHARDS, VECTORS, GalleryRef, create_segment, shard_names, write_shard
 from service.segment.reader import Segment
 from service.segment.source import SegmentSource
-from service.vocabulary import Modality, Role
+from service.vocabulary import Role
+from tests.support.world import write_world_items
 
 DIM = 16
 MODEL = ModelIdentity("synthetic-new", "synthetic-new", None, DIM)
@@ -136,7 +136,7 @@ def test_backfill_run_moves_again_what_a_refused_shard_held(tmp_path: Path) -> N
     rows = 2.0 * _unit(np.random.default_rng(4), 50, identity.dim)
     _publish_unchecked(segment, "00000000000000000001-nonunit", np.arange(0, 50), rows, identity)
     store = tmp_path / "items"
-    write_item_store(store, ((i, format_item(i, IMAGE_VIEW)) for i in range(100)), Modality.text, "synthetic")
+    write_world_items(store, 100, "synthetic")
     options = RunOptions(progress=False, batch_size=25, shard_size=50, fraction=1.0)
     report = run_backfill(segment, StoreItems(ItemStore.open(store)), encoder, identity, GALLERY, options)
     assert report.moved_before == 0 and report.moved == 100  # the refused shard's 50 moved again
