@@ -316,10 +316,8 @@ class PgvectorColumn:
             "SELECT {id}, {new} " + state.operator + " %s::vector FROM {table} WHERE {new} IS NOT NULL "
             "ORDER BY {new} " + state.operator + " %s::vector LIMIT %s"
         )
-        with conn.transaction(), conn.cursor() as cur:
-            if state.index_method == "hnsw":
-                cur.execute("SELECT set_config('hnsw.ef_search', %s, true)", (str(max(ef_search, k)),))
-            return ranked(cur, statement, queries, k, state.metric)
+        settings = {"hnsw.ef_search": str(max(ef_search, k))} if state.index_method == "hnsw" else {}
+        return ranked(conn, statement, queries, k, state.metric, settings)
 
     def _sql(self, template: str, stage: Any = None) -> Any:
         """A statement with {table} {id} {new} (the new rows), {gallery} (and {stage}) as quoted identifiers."""
