@@ -384,7 +384,7 @@ def ranked(
     as one script, which PostgreSQL runs as one implicit transaction, so the settings hold for these
     statements only, and an error rolls all of it back.  A script with parameters needs them bound on the
     client (psycopg's ClientCursor: each value quoted as a literal).  The same search as BEGIN, set_config,
-    the statement and COMMIT one by one took four round trips (loadtest/bench_pgvector.py measures it).
+    the statement and COMMIT one by one took four (loadtest/bench_pgvector_before_after.py compares the two).
     """
     from psycopg import ClientCursor, sql
 
