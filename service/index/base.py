@@ -178,6 +178,21 @@ class GalleryBackend(Protocol):
         ...
 
 
+def described(gallery: GalleryBackend, where: dict[str, Any], index: dict[str, Any]) -> dict[str, Any]:
+    """A gallery's /v1/info block, one layout for all backends: backend, where it is, size, width, index, fingerprint.
+
+    A FAISS folder has no address but its fingerprint: it passes that as `where`, and the key keeps that place.
+    """
+    return {
+        "backend": gallery.backend,
+        **where,
+        "ntotal": gallery.ntotal,
+        "dim": gallery.dim,
+        **index,
+        "fingerprint": gallery.fingerprint,
+    }
+
+
 def checked_queries(queries: npt.ArrayLike, dim: int, k: int, nprobe: int, max_nprobe: int | None) -> Queries:
     """Queries as contiguous float32 [b, dim]; InputError for another shape, k < 1 or nprobe out of bounds."""
     q = np.ascontiguousarray(queries, dtype=np.float32)

@@ -26,7 +26,7 @@ import numpy.typing as npt
 from service.errors import ArtifactError, InputError
 from service.index import graph_quantizer
 from service.index.artifact import INDEX_NAME, edges_sha256, read_checked_meta
-from service.index.base import Exclusion, checked_queries, excluding_by_overfetch
+from service.index.base import Exclusion, checked_queries, described, excluding_by_overfetch
 from service.manifest import sha256_of
 
 Verify = Literal["sha256", "size"]
@@ -74,14 +74,7 @@ class Gallery:
 
     def describe(self) -> dict[str, Any]:
         """What /v1/info reports: fingerprint, size, dim, nlist, coarse quantizer."""
-        return {
-            "backend": self.backend,
-            "fingerprint": self.fingerprint,
-            "ntotal": self.ntotal,
-            "dim": self.dim,
-            "nlist": self.nlist,
-            "coarse": self.coarse,
-        }
+        return described(self, {"fingerprint": self.fingerprint}, {"nlist": self.nlist, "coarse": self.coarse})
 
     def problem(self) -> str | None:
         """A loaded local file has nothing to go wrong at run time."""

@@ -37,7 +37,14 @@ import numpy.typing as npt
 
 from service import metrics
 from service.errors import ArtifactError, GalleryUnavailable
-from service.index.base import PAD_SCORE, Exclusion, checked_queries, excluding_by_overfetch, setting_line
+from service.index.base import (
+    PAD_SCORE,
+    Exclusion,
+    checked_queries,
+    described,
+    excluding_by_overfetch,
+    setting_line,
+)
 
 if TYPE_CHECKING:
     from service.settings import IndexSettings
@@ -311,16 +318,8 @@ class MilvusGallery:
 
     def describe(self) -> dict[str, Any]:
         """What /v1/info reports: collection, row count, index type and params, metric, dim."""
-        return {
-            "backend": self.backend,
-            "collection": self.collection,
-            "ntotal": self.ntotal,
-            "dim": self.dim,
-            "index_type": self.index_type,
-            "metric": self.metric,
-            "nlist": self.nlist,
-            "fingerprint": self.fingerprint,
-        }
+        index = {"index_type": self.index_type, "metric": self.metric, "nlist": self.nlist}
+        return described(self, {"collection": self.collection}, index)
 
     def problem(self) -> str | None:
         """The last search's or probe's failure, until one succeeds."""

@@ -43,6 +43,7 @@ from service.index.base import (
     ServerHealth,
     checked_queries,
     cosine_of_l2,
+    described,
     excluding_by_overfetch,
     first_line,
     setting_line,
@@ -191,17 +192,8 @@ class PgvectorGallery(ServerHealth):
 
     def describe(self) -> dict[str, Any]:
         """What /v1/info reports: the table, its index and size."""
-        return {
-            "backend": self.backend,
-            "table": self.table,
-            "column": self.column,
-            "id_column": self.id_column,
-            "ntotal": self.ntotal,
-            "dim": self.dim,
-            "index": self.index_method or "none (exact scan)",
-            "metric": self.metric,
-            "fingerprint": self.fingerprint,
-        }
+        where = {"table": self.table, "column": self.column, "id_column": self.id_column}
+        return described(self, where, {"index": self.index_method or "none (exact scan)", "metric": self.metric})
 
     def _ping(self) -> None:
         """A `SELECT 1` on a fresh connection (for /readyz)."""

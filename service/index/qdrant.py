@@ -41,6 +41,7 @@ from service.index.base import (
     ServerHealth,
     checked_queries,
     cosine_of_l2,
+    described,
     excluding_by_overfetch,
     setting_line,
     store_errors,
@@ -124,15 +125,8 @@ class QdrantGallery(ServerHealth):
 
     def describe(self) -> dict[str, Any]:
         """What /v1/info reports: the collection, its vector and size."""
-        return {
-            "backend": self.backend,
-            "collection": self.collection,
-            "vector": self.vector or "(the default vector)",
-            "ntotal": self.ntotal,
-            "dim": self.dim,
-            "metric": self.metric,
-            "fingerprint": self.fingerprint,
-        }
+        where = {"collection": self.collection, "vector": self.vector or "(the default vector)"}
+        return described(self, where, {"metric": self.metric})
 
     def _ping(self) -> None:
         """Whether the collection is there (for /readyz)."""
