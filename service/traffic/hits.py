@@ -30,6 +30,7 @@ from service import metrics
 from service.errors import InputError
 from service.rows import F64, I64
 from service.sink import BackgroundSink, Closed, Periodic
+from service.traffic.sampling import Sampling
 
 if TYPE_CHECKING:
     from service.settings import TrafficSettings
@@ -183,7 +184,7 @@ def _hits_failed(ids: int) -> None:
     metrics.HITS.labels(event="failed").inc(ids)
 
 
-class HitCounter:
+class HitCounter(Sampling[HitStore]):
     """Counts a sampled share of the returned ids into a store, off the request path; fail-open."""
 
     # Result lists held between flushes (each one array of ids).  They wait in the sink until the
@@ -203,13 +204,8 @@ class HitCounter:
         half_life_s: float = 86_400.0,
         seed: int | None = None,
     ) -> None:
-        if not 0.0 < rate <= 1.0:
-            raise ValueError("rate must be in (0, 1]")
-        self.store = store
-        self.rate = rate
-        self.flush_s = flush_s
+        super().__init__(store, rate, flush_s, seed)
         self.half_life_s = half_life_s
-        self._rng = np.random.default_rng(seed)
         self._closed: Closed | None = None
         self._sink: BackgroundSink[I64] = BackgroundSink(
             self._flush,
@@ -229,16 +225,11 @@ class HitCounter:
         """Queue the returned ids of a sampled share of the result lists (rows of `ids`; -1 pads)."""
         if not len(ids):
             return
-        picked = ids[self._rng.random(len(ids)) < self.rate] if self.rate < 1.0 else ids
+        picked = ids[self._picked(len(ids))]
         flat = picked[picked >= 0]
         if not len(flat):
             return
         self._sink.offer(flat.astype(np.int64, copy=True))  # full: dropped and counted by the sink
-
-    @property
-    def pending(self) -> int:
-        """Ids not counted into the store yet."""
-        return self._sink.pending
 
     def _flush(self, batch: list[I64]) -> None:
         """Add the batch's counts to the store (on the sink's thread); an error raises to the sink (failed)."""

@@ -29,6 +29,7 @@ from service.encoders.identity import ModelIdentity
 from service.settings import Settings
 from service.sink import BackgroundSink, Closed
 from service.traffic.base import PairBatch, PairStore, models_key
+from service.traffic.sampling import Sampling
 
 log = logging.getLogger("nobackfill")
 
@@ -44,7 +45,7 @@ def _failed(pairs: int) -> None:
     metrics.count_traffic("failed", pairs)
 
 
-class TrafficSampler:
+class TrafficSampler(Sampling[PairStore]):
     """Samples (old, new) pairs at `rate` into `store`, off the request path; fail-open."""
 
     def __init__(
@@ -58,14 +59,9 @@ class TrafficSampler:
         flush_s: float = 0.5,
         seed: int | None = None,
     ) -> None:
-        if not 0.0 < rate <= 1.0:
-            raise ValueError("rate must be in (0, 1]")
-        self.store = store
-        self.rate = rate
+        super().__init__(store, rate, flush_s, seed)
         self.models = models_key(old, new)
         self.dims = (old.dim, new.dim)
-        self.flush_s = flush_s
-        self._rng = np.random.default_rng(seed)
         self._sink: BackgroundSink[PairBatch] = BackgroundSink(
             self._store,
             thread_name="nobackfill-traffic",
@@ -88,7 +84,7 @@ class TrafficSampler:
     ) -> int:
         """Pick rows at the sample rate (those `eligible`, with both rows non-zero) and queue them; returns how many."""
         n = len(old)
-        picked = np.ones(n, dtype=bool) if self.rate >= 1.0 else self._rng.random(n) < self.rate
+        picked = self._picked(n)
         if eligible is not None:
             picked &= eligible
         if not picked.any():
@@ -115,11 +111,6 @@ class TrafficSampler:
         except Exception:  # noqa: BLE001 (sampling must never fail a request)
             metrics.count_traffic("failed", 1)
             log.debug("traffic sampler: offer failed", exc_info=True)
-
-    @property
-    def pending(self) -> int:
-        """Pairs not stored yet."""
-        return self._sink.pending
 
     def flush(self, timeout_s: float = 10.0) -> bool:
         """Store everything queued so far (tests, shutdown); False if the sink's thread did not finish in time."""
