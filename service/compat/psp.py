@@ -103,22 +103,6 @@ def lsp_features(logits: npt.NDArray[np.floating], top_k: int | None = None) -> 
     return _unit(top_k_rows(logits, top_k))
 
 
-def corrected_features(
-    new_logits: npt.NDArray[np.floating],
-    old_classes: int,
-    mode: ClassSpace = "psp",
-    top_k: int | None = None,
-    class_map: Sequence[int] | None = None,
-) -> F32:
-    """New-model logits [n, C_t] -> unit rows [n, C_k] through P_tk (PSP on top-k softmax, LSP on logits)."""
-    mode = _check_mode(mode)
-    c_new = _rows(new_logits).shape[1]
-    cols = _class_columns(old_classes, c_new, class_map)
-    v = top_k_rows(softmax(new_logits) if mode == "psp" else new_logits, top_k)[:, cols]
-    # P_tk v = P_kk (old-class columns of v): centre over the old classes only.
-    return _unit(v - v.mean(axis=1, keepdims=True))
-
-
 def query_features(
     new_logits: npt.NDArray[np.floating],
     old_classes: int,
@@ -128,13 +112,17 @@ def query_features(
 ) -> F32:
     """Queries for an old PSP / LSP gallery of C_k classes from new-model logits [n, C_t]: unit rows [n, C_k].
 
-    Same label set (C_t == C_k, identity map): the plain PSP / LSP features.  More classes: P_tk.
+    Same label set (C_t == C_k, identity map): the plain PSP / LSP features.  More classes (or a class_map):
+    P_tk, on the top-k softmax for PSP and on the logits for LSP.
     """
     mode = _check_mode(mode)
     c_new = _rows(new_logits).shape[1]
     if c_new == old_classes and class_map is None:
         return psp_features(new_logits, top_k) if mode == "psp" else lsp_features(new_logits, top_k)
-    return corrected_features(new_logits, old_classes, mode, top_k, class_map)
+    cols = _class_columns(old_classes, c_new, class_map)
+    v = top_k_rows(softmax(new_logits) if mode == "psp" else new_logits, top_k)[:, cols]
+    # P_tk v = P_kk (old-class columns of v): centre over the old classes only.
+    return _unit(v - v.mean(axis=1, keepdims=True))
 
 
 def gallery_features(old_logits: npt.NDArray[np.floating], mode: ClassSpace = "psp", top_k: int | None = None) -> F32:

@@ -12,7 +12,6 @@ from hypothesis.extra import numpy as hnp
 
 from service.compat.psp import (
     centering_matrix,
-    corrected_features,
     correction_matrix,
     gallery_features,
     lsp_features,
@@ -79,12 +78,12 @@ def test_prototype_rotation_matches_the_papers_examples() -> None:
     assert prototype_rotation(4, 4) == 0.0
 
 
-def test_corrected_features_equal_the_matrix_form_and_ignore_the_new_centring() -> None:
+def test_corrected_queries_equal_the_matrix_form_and_ignore_the_new_centring() -> None:
     rng = np.random.default_rng(0)
     z = rng.normal(scale=3.0, size=(50, 10))
     via_matrix = softmax(z) @ correction_matrix(5, 10).T
     via_matrix /= np.linalg.norm(via_matrix, axis=1, keepdims=True)
-    got = corrected_features(z, 5, "psp")
+    got = query_features(z, 5, "psp")  # 10 new classes over 5 old: through P_tk
     assert np.allclose(got, via_matrix, atol=1e-6)
     # P_tk after P_tt is the same map: the old-class re-centring cancels the new centring.
     p = softmax(z) @ centering_matrix(10)
@@ -120,7 +119,7 @@ def test_class_map_undoes_a_known_reordering() -> None:
     shuffled = np.empty_like(z)
     shuffled[:, perm] = z  # old class c is output perm[c] of the shuffled model
     for mode in ("psp", "lsp"):
-        want = corrected_features(z, 5, mode)
+        want = query_features(z, 5, mode)
         got = query_features(shuffled, 5, mode, class_map=perm[:5].tolist())
         assert np.allclose(got, want, atol=1e-6)
 
