@@ -1,4 +1,4 @@
-"""The `Encoder` protocol every backend implements, device resolution and the CPU thread split.
+"""The `Encoder` protocol every backend implements, what the text-only backends share, device and CPU threads.
 
 Required of every backend (plug-ins included): `dim`, `model_id`, `device`, `encode`, `warmup`.
 Optional, read through `describe` and `fingerprint_of` when present:
@@ -17,6 +17,7 @@ import numpy as np
 import numpy.typing as npt
 
 from service.cpu_limit import usable_cpus
+from service.errors import InputError
 from service.vocabulary import Modality, Role
 
 MODALITIES: tuple[Modality, ...] = tuple(Modality)
@@ -38,6 +39,28 @@ class Encoder(Protocol):
     def warmup(self) -> None:
         """Run one tiny batch per modality so the first real request pays no lazy-init cost."""
         ...
+
+
+class TextOnly:
+    """What a text-only backend shares (a sentence-transformers model, on torch or on ONNX Runtime): its one
+    modality, the refusal of any other, its warm-up."""
+
+    WARMUP_TEXT = "warm up the encoder"
+    modalities: tuple[Modality, ...] = (Modality.text,)
+    model_id: str
+
+    def encode(self, batch: list[str], modality: Modality = Modality.text) -> Embeddings:
+        """Unit float32 [len(batch), dim] rows of the texts (the backend's own)."""
+        raise NotImplementedError
+
+    def warmup(self) -> None:
+        """Encode one short text (text is the only modality)."""
+        self.encode([self.WARMUP_TEXT])
+
+    def refuse_other_modalities(self, modality: Modality, runs_on: str) -> None:
+        """InputError for any modality but text; `runs_on` names the backend (and its runtime) in it."""
+        if modality != "text":
+            raise InputError(f"model {self.model_id!r} ({runs_on}) encodes text only, not {modality}")
 
 
 def fingerprint_of(encoder: Encoder) -> str | None:

@@ -13,18 +13,10 @@ from __future__ import annotations
 
 import base64
 import io
-from pathlib import Path
 from typing import Any
 
 from service.encoders.base import Embeddings
-from service.encoders.identity import weights_fingerprint
-from service.encoders.torch_runtime import (
-    TorchRuntime,
-    loading,
-    model_folder,
-    model_id,
-    unit_rows,
-)
+from service.encoders.torch_runtime import LocalModel, TorchEncoder, loading, local_model, unit_rows
 from service.errors import InputError
 from service.images import rgb_image
 from service.quiet import quiet_transformers
@@ -36,7 +28,7 @@ WARMUP_TEXT = "a photo"
 _WARMUP_IMAGE_SIDE = 8
 
 
-class ClipEncoder:
+class ClipEncoder(TorchEncoder):
     """A CLIP-family model from a local folder behind the Encoder protocol (text and image)."""
 
     modalities: tuple[Modality, ...] = (Modality.text, Modality.image)
@@ -46,19 +38,12 @@ class ClipEncoder:
         model: Any,
         tokenizer: Any,
         image_processor: Any,
-        folder: Path,
-        runtime: TorchRuntime,
-        model_id: str,
-        fingerprint: str,
+        local: LocalModel,
     ) -> None:
+        super().__init__(local)
         self.model = model
         self.tokenizer = tokenizer
         self.image_processor = image_processor
-        self.folder = folder
-        self.runtime = runtime
-        self.device = runtime.device
-        self.model_id = model_id
-        self.fingerprint = fingerprint
         config = model.config
         self.dim = int(config.projection_dim)
         positions = int(config.text_config.max_position_embeddings)
@@ -114,14 +99,13 @@ def _features(output: Any) -> Any:
 
 def clip_encoder(settings: EncoderSettings, device: str) -> ClipEncoder:
     """Load settings.path as a CLIP-family model with its tokenizer and PIL image processor on `device`."""
-    folder = model_folder(settings, BACKEND)
-    fingerprint = weights_fingerprint(folder)
-    runtime = TorchRuntime(settings, device)
+    local = local_model(settings, device, BACKEND)
+    folder = local.folder
     with loading(BACKEND, folder):
         from transformers import AutoImageProcessor, AutoModel, AutoTokenizer
 
         quiet_transformers()
-        model = AutoModel.from_pretrained(str(folder), local_files_only=True, dtype=runtime.dtype)
+        model = AutoModel.from_pretrained(str(folder), local_files_only=True, dtype=local.runtime.dtype)
         tokenizer = AutoTokenizer.from_pretrained(str(folder), local_files_only=True)
         image_processor = AutoImageProcessor.from_pretrained(  # type: ignore[no-untyped-call]
             str(folder), local_files_only=True, use_fast=False
@@ -131,4 +115,4 @@ def clip_encoder(settings: EncoderSettings, device: str) -> ClipEncoder:
             f"the model in {folder} ({type(model).__name__}) is not CLIP-family (no text and image towers)"
         )
     model.to(device).eval()
-    return ClipEncoder(model, tokenizer, image_processor, folder, runtime, model_id(settings, folder), fingerprint)
+    return ClipEncoder(model, tokenizer, image_processor, local)

@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from service.encoders.base import Embeddings, cpu_threads
+from service.encoders.base import Embeddings, TextOnly, cpu_threads
 from service.encoders.identity import weights_fingerprint
 from service.encoders.onnx_record import MODEL_NAME, OUTPUT_NAME, OnnxExport, check_source, read_export
 from service.encoders.torch_runtime import go_offline, load_failure, model_folder, model_id
@@ -43,13 +43,10 @@ if TYPE_CHECKING:
 BACKEND = "sentence-transformers"
 RUNTIME = "onnx"
 ONNX_EXTRA = "pip install 'nobackfill[onnx]'"
-WARMUP_TEXT = "warm up the encoder"
 
 
-class OnnxEncoder:
+class OnnxEncoder(TextOnly):
     """An exported SentenceTransformer behind the Encoder protocol (text only), on ONNX Runtime's CPU provider."""
-
-    modalities: tuple[Modality, ...] = (Modality.text,)
 
     def __init__(
         self,
@@ -78,8 +75,7 @@ class OnnxEncoder:
 
     def encode(self, batch: list[str], modality: Modality = Modality.text) -> Embeddings:
         """Unit float32 [len(batch), dim] rows; InputError for any modality but text."""
-        if modality != "text":
-            raise InputError(f"model {self.model_id!r} ({BACKEND}, runtime onnx) encodes text only, not {modality}")
+        self.refuse_other_modalities(modality, f"{BACKEND}, runtime onnx")
         if not batch:
             return np.zeros((0, self.dim), dtype=np.float32)
         passes_of = self.forward_batch_size or len(batch)
@@ -100,10 +96,6 @@ class OnnxEncoder:
         feed = {name: np.asarray(features[name], dtype=np.int64) for name in self.export.inputs}
         (rows,) = self.session.run([OUTPUT_NAME], feed)
         return np.asarray(rows)
-
-    def warmup(self) -> None:
-        """Encode one short text (text is the only modality)."""
-        self.encode([WARMUP_TEXT])
 
     def details(self) -> dict[str, Any]:
         """Backend, runtime, precision, folders, truncation length, threads, and the export's agreement check."""

@@ -19,21 +19,12 @@ without `preprocess` (sentence-transformers 5) goes through `encode` as before.
 from __future__ import annotations
 
 import math
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from service.encoders.base import Embeddings
-from service.encoders.identity import weights_fingerprint
-from service.encoders.torch_runtime import (
-    TorchRuntime,
-    loading,
-    model_folder,
-    model_id,
-    unit_rows,
-)
-from service.errors import InputError
+from service.encoders.base import Embeddings, TextOnly
+from service.encoders.torch_runtime import LocalModel, TorchEncoder, loading, local_model, unit_rows
 from service.quiet import quiet_transformers
 from service.settings import EncoderSettings
 from service.vocabulary import Modality
@@ -42,49 +33,38 @@ if TYPE_CHECKING:
     import torch
 
 BACKEND = "sentence-transformers"
-WARMUP_TEXT = "warm up the encoder"
 
 
-class SentenceTransformerEncoder:
+class SentenceTransformerEncoder(TorchEncoder, TextOnly):
     """A SentenceTransformer from a local folder behind the Encoder protocol (text only)."""
-
-    modalities: tuple[Modality, ...] = (Modality.text,)
 
     def __init__(
         self,
         model: Any,
-        folder: Path,
-        runtime: TorchRuntime,
-        model_id: str,
-        fingerprint: str,
+        local: LocalModel,
         forward_batch_size: int = 0,
     ) -> None:
+        super().__init__(local)
         self.model = model
-        self.folder = folder
-        self.runtime = runtime
-        self.device = runtime.device
-        self.model_id = model_id
-        self.fingerprint = fingerprint
         # sentence-transformers 6 renamed the method; 5.x has only the old name.
         get_dim = getattr(model, "get_embedding_dimension", None) or model.get_sentence_embedding_dimension
         dim = get_dim()
         if dim is None:  # some module stacks do not declare it: ask the model once
-            with runtime.run():
-                dim = int(model.encode([WARMUP_TEXT], convert_to_numpy=True).shape[1])
+            with self.runtime.run():
+                dim = int(model.encode([self.WARMUP_TEXT], convert_to_numpy=True).shape[1])
         self.dim = int(dim)
         limit = getattr(model, "max_seq_length", None)
         # Static models report no limit (None or infinity): nothing is truncated.
         self.max_seq_length = int(limit) if isinstance(limit, int | float) and math.isfinite(limit) else None
         # Padding to the longest text costs little on a GPU and much on a CPU: there, length-sorted passes.
         # A static model pads nothing (an embedding bag over its tokens): extra passes would only cost.
-        pads = self.max_seq_length is not None and not runtime.cuda
+        pads = self.max_seq_length is not None and not self.runtime.cuda
         self.forward_batch_size = forward_batch_size if pads else 0
         self.direct = runs_directly(model)  # preprocess + forward here, not encode() (see the module docstring)
 
     def encode(self, batch: list[str], modality: Modality = Modality.text) -> Embeddings:
         """Unit float32 [len(batch), dim] rows; InputError for any modality but text."""
-        if modality != "text":
-            raise InputError(f"model {self.model_id!r} ({BACKEND}) encodes text only, not {modality}")
+        self.refuse_other_modalities(modality, BACKEND)
         passes_of = self.forward_batch_size or max(1, len(batch))
         with self.runtime.run():  # unit_rows inside too: on CUDA it must read the rows on this encoder's stream
             if self.direct and batch:
@@ -112,10 +92,6 @@ class SentenceTransformerEncoder:
             rows.append(self.model(batch_to_device(features, torch.device(self.device)))["sentence_embedding"])
         return torch.cat(rows)[torch.from_numpy(np.argsort(order))]
 
-    def warmup(self) -> None:
-        """Encode one short text (text is the only modality)."""
-        self.encode([WARMUP_TEXT])
-
     def details(self) -> dict[str, Any]:
         """Backend, runtime, folder, truncation length, dtype, threads."""
         truncation = (
@@ -142,18 +118,14 @@ def runs_directly(model: Any) -> bool:
 
 def sentence_transformer_encoder(settings: EncoderSettings, device: str) -> SentenceTransformerEncoder:
     """Load settings.path as a SentenceTransformer on `device` (offline, inference only)."""
-    folder = model_folder(settings, BACKEND)
-    fingerprint = weights_fingerprint(folder)
-    runtime = TorchRuntime(settings, device)
-    with loading(BACKEND, folder):
+    local = local_model(settings, device, BACKEND)
+    with loading(BACKEND, local.folder):
         from sentence_transformers import SentenceTransformer
 
         quiet_transformers()
-        model = SentenceTransformer(str(folder), device=device, local_files_only=True)
+        model = SentenceTransformer(str(local.folder), device=device, local_files_only=True)
     model.eval()
     # The runtime's dtype, whatever the checkpoint holds: transformers loads a float16 checkpoint (and
     # model2vec saves static models) in float16, which on CPU is slow and not what /v1/info reports.
-    model.to(runtime.dtype)
-    return SentenceTransformerEncoder(
-        model, folder, runtime, model_id(settings, folder), fingerprint, settings.cpu_forward_batch_size
-    )
+    model.to(local.runtime.dtype)
+    return SentenceTransformerEncoder(model, local, settings.cpu_forward_batch_size)

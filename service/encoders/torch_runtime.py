@@ -1,4 +1,4 @@
-"""What every torch-backed real encoder shares: offline loading, the optional-extra check, threads, streams.
+"""What every torch-backed real encoder shares: the local model, offline loading, the extra check, threads, streams.
 
 Threads: torch's intra-op thread count is per OS thread under OpenMP (each thread keeps its own
 setting), so each encoder sets its own count on the worker thread that runs it, before every batch.
@@ -15,12 +15,14 @@ import importlib.util
 import os
 import threading
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from service.encoders.base import Embeddings, cpu_threads
+from service.encoders.identity import weights_fingerprint
 from service.errors import InputError
 from service.settings import EncoderSettings
 
@@ -122,6 +124,33 @@ class TorchRuntime:
     def details(self) -> dict[str, Any]:
         """dtype and threads, for /v1/info."""
         return {"dtype": str(self.dtype).removeprefix("torch."), "threads": self.threads}
+
+
+@dataclass(frozen=True)
+class LocalModel:
+    """A torch backend's model before it loads: its folder, id, the fingerprint of its weights, the runtime."""
+
+    folder: Path
+    model_id: str
+    fingerprint: str
+    runtime: TorchRuntime
+
+
+def local_model(settings: EncoderSettings, device: str, backend: str) -> LocalModel:
+    """The configured model folder (InputError when unset or absent), its id and fingerprint, a runtime on `device`."""
+    folder = model_folder(settings, backend)
+    return LocalModel(folder, model_id(settings, folder), weights_fingerprint(folder), TorchRuntime(settings, device))
+
+
+class TorchEncoder:
+    """What a torch backend's encoder holds of its local model: folder, runtime (and its device), id, fingerprint."""
+
+    def __init__(self, local: LocalModel) -> None:
+        self.folder = local.folder
+        self.runtime = local.runtime
+        self.device = local.runtime.device
+        self.model_id = local.model_id
+        self.fingerprint = local.fingerprint
 
 
 def unit_rows(x: torch.Tensor) -> Embeddings:
