@@ -14,14 +14,15 @@ import typer
 from service.commands import render
 from service.vocabulary import Merge
 
+# Both commands score on the same kind of folder: the new model's targets are what a moved item is searched by.
+TEST_DIR = typer.Argument(..., help="Test folder with old AND new targets (new_target.npy).", metavar="TEST_DIR")
+
 
 def curve(
     profile_dir: Path = typer.Argument(
         ..., help="Compat profile folder (its calibration merges the two lists).", metavar="PROFILE_DIR"
     ),
-    test_dir: Path = typer.Argument(
-        ..., help="Test folder with old AND new targets (new_target.npy).", metavar="TEST_DIR"
-    ),
+    test_dir: Path = TEST_DIR,
     fractions: str = typer.Option("0,0.1,0.25,0.5,0.75,1", "--fractions", help="Moved shares to score."),
     merge: Merge = typer.Option(Merge.calibrated, "--merge", help="calibrated, raw or rrf (compare them)."),
     order: str = typer.Option("random", "--order", help="random, or hot (Zipf traffic's hit counts first)."),
@@ -75,9 +76,7 @@ def cascade(
     profile_dir: Path = typer.Argument(
         ..., help="Compat profile folder (its head's query is stage 1).", metavar="PROFILE_DIR"
     ),
-    test_dir: Path = typer.Argument(
-        ..., help="Test folder with old AND new targets (new_target.npy).", metavar="TEST_DIR"
-    ),
+    test_dir: Path = TEST_DIR,
     candidates: str = typer.Option("10,20,50,100", "--candidates", help="Stage-1 candidates N to score, rising."),
     budget: int | None = typer.Option(
         None, "--budget", min=0, help="Re-rank only the first B candidates (new encodes per query; default: all N)."
