@@ -138,6 +138,7 @@ T = TypeVar("T")
 class InStoreSegment(Generic[S]):
     """The SegmentStore properties (segment/base.py) a segment in the user's store shares with every other."""
 
+    backend: str  # what /v1/info calls it: "pgvector-column", "qdrant-vector", "milvus-collection"
     snapshot: SegmentView
 
     def __init__(self, model: ModelIdentity, gallery: str, ntotal: int) -> None:
@@ -181,15 +182,18 @@ class InStoreSegment(Generic[S]):
         """One part has no parts to refuse one by one: a wrong one is refused whole, at open."""
         return {}
 
-    def progress(self) -> dict[str, Any]:
-        """The fields of describe() (what /v1/info reports) every store's segment has: whether the part exists,
-        the model, and how much has moved."""
+    def described(self, where: dict[str, Any], index: str | None) -> dict[str, Any]:
+        """describe() (what /v1/info reports), one layout for every store: the backend, where the part is, whether it
+        exists, the model, how much has moved, and how it is indexed."""
         return {
+            "backend": self.backend,
+            **where,
             "created": self._state is not None,
             "model": self._model.as_dict(),
             "moved": self.snapshot.count,
             "gallery_items": self._ntotal,
             "coverage": round(self.coverage, 6),
+            "index": index,
         }
 
 

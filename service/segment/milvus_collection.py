@@ -67,10 +67,5 @@ class MilvusCollectionSegment(ClientSegment[CollectionState]):
     def describe(self) -> dict[str, Any]:
         """What /v1/info reports: the collection, the model and the coverage."""
         state = self._state
-        return {
-            "backend": self.backend,
-            "collection": self.rows.name,
-            "beside": self.rows.collection,
-            **self.progress(),
-            "index": None if state is None else state.layout.index_type,
-        }
+        index = None if state is None else state.layout.index_type
+        return self.described({"collection": self.rows.name, "beside": self.rows.collection}, index)

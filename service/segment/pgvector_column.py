@@ -442,13 +442,8 @@ class PgvectorColumnSegment(InStoreSegment[ColumnState]):
     def describe(self) -> dict[str, Any]:
         """What /v1/info reports: the table, the column, the model and the coverage."""
         state = self._state
-        return {
-            "backend": self.backend,
-            "table": self.column.table,
-            "column": self.column.column,
-            **self.progress(),
-            "index": (state.index_method if state is not None else None) or "none (exact scan)",
-        }
+        index = (state.index_method if state is not None else None) or "none (exact scan)"
+        return self.described({"table": self.column.table, "column": self.column.column}, index)
 
     def close(self) -> None:
         """Close every thread's connection."""

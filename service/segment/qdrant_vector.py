@@ -68,14 +68,12 @@ class QdrantVectorSegment(ClientSegment[VectorState]):
 
     def describe(self) -> dict[str, Any]:
         """What /v1/info reports: the collection, the vector, the model and the coverage."""
-        return {
-            "backend": self.backend,
+        where = {
             "collection": self.rows.rows_collection,
             "vector": self.rows.vector or "(the default vector)",
             "layout": "collection" if self.rows.side else "named vector",
-            **self.progress(),
-            "index": None if self._state is None else self.index_kind,
         }
+        return self.described(where, None if self._state is None else self.index_kind)
 
     @property
     def index_kind(self) -> str:
