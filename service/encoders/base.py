@@ -1,4 +1,4 @@
-"""The `Encoder` protocol every backend implements, what the text-only backends share, device and CPU threads.
+"""The `Encoder` protocol, what text-only backends and wrapping encoders share, device and CPU threads.
 
 Required of every backend (plug-ins included): `dim`, `model_id`, `device`, `encode`, `warmup`.
 Optional, read through `describe` and `fingerprint_of` when present:
@@ -61,6 +61,22 @@ class TextOnly:
         """InputError for any modality but text; `runs_on` names the backend (and its runtime) in it."""
         if modality != "text":
             raise InputError(f"model {self.model_id!r} ({runs_on}) encodes text only, not {modality}")
+
+
+class Wrapper:
+    """An encoder that delegates to `inner` (a simulated cost, injected faults): inner's dim, id, device and
+    modalities are its own, and warming it up warms inner."""
+
+    def __init__(self, inner: Encoder) -> None:
+        self.inner = inner
+        self.dim = inner.dim
+        self.model_id = inner.model_id
+        self.device = inner.device
+        self.modalities = modalities_of(inner)
+
+    def warmup(self) -> None:
+        """Warm the inner encoder."""
+        self.inner.warmup()
 
 
 def fingerprint_of(encoder: Encoder) -> str | None:

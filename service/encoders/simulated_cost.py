@@ -8,22 +8,18 @@ from __future__ import annotations
 
 import time
 
-from service.encoders.base import Embeddings, Encoder, fingerprint_of, modalities_of
+from service.encoders.base import Embeddings, Encoder, Wrapper, fingerprint_of
 from service.vocabulary import Modality
 
 
-class SimulatedCostEncoder:
+class SimulatedCostEncoder(Wrapper):
     """Delegates to `inner`, then waits so each batch costs `base_ms + per_item_ms * len(batch)`."""
 
     def __init__(self, inner: Encoder, base_ms: float, per_item_ms: float = 0.0) -> None:
-        self.inner = inner
+        super().__init__(inner)
         self.base_ms = base_ms
         self.per_item_ms = per_item_ms
-        self.dim = inner.dim
-        self.model_id = inner.model_id
-        self.device = inner.device
         self.fingerprint = fingerprint_of(inner)
-        self.modalities = modalities_of(inner)
 
     def encode(self, batch: list[str], modality: Modality = Modality.text) -> Embeddings:
         """Encode with the inner encoder, padded to the simulated cost."""
@@ -34,7 +30,3 @@ class SimulatedCostEncoder:
         if remaining > 0:
             time.sleep(remaining)
         return rows
-
-    def warmup(self) -> None:
-        """Warm the inner encoder (no simulated wait)."""
-        self.inner.warmup()

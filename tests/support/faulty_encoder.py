@@ -35,7 +35,7 @@ from pathlib import Path
 import numpy as np
 from PIL import Image, PngImagePlugin
 
-from service.encoders.base import Embeddings, Encoder, Modality, modalities_of
+from service.encoders.base import Embeddings, Encoder, Modality, Wrapper
 from service.encoders.registry import ENTRY_POINT_GROUP, create_encoder, register_backend
 from service.images import rgb_image
 from service.settings import EncoderSettings
@@ -44,16 +44,12 @@ HANG_S = float(os.environ.get("FAULTY_HANG_S", "2.0"))
 _MARKER = re.compile(r"\s*!(nan|zero|raise|hang)(?:-(old|new))?")
 
 
-class FaultyEncoder:
+class FaultyEncoder(Wrapper):
     """Delegates to a synthetic encoder, then applies the faults its inputs ask for."""
 
     def __init__(self, inner: Encoder, role: str) -> None:
-        self.inner = inner
+        super().__init__(inner)
         self.role = role
-        self.dim = inner.dim
-        self.model_id = inner.model_id
-        self.device = inner.device
-        self.modalities = modalities_of(inner)
 
     def _faults(self, text: str) -> set[str]:
         return {fault for fault, role in _MARKER.findall(text) if role in ("", self.role)}
@@ -73,10 +69,6 @@ class FaultyEncoder:
             elif "zero" in f:
                 rows[i] = 0.0
         return rows
-
-    def warmup(self) -> None:
-        """Warm the wrapped model."""
-        self.inner.warmup()
 
 
 def _image_marker(i: int, payload: str) -> str:
