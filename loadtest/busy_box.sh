@@ -12,15 +12,9 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 RUNS=3 HOGS=2 DIR=/tmp/nobackfill-busy LOG=artifacts/bench/busy_box
-while [ $# -gt 0 ]; do
-  case "$1" in
-    --runs) RUNS=$2; shift 2 ;;
-    --hogs) HOGS=$2; shift 2 ;;
-    --dir) DIR=$2; shift 2 ;;
-    --log) LOG=$2; shift 2 ;;
-    *) echo "unknown argument $1" >&2; exit 2 ;;
-  esac
-done
+declare -A FLAGS=([--runs]=RUNS [--hogs]=HOGS [--dir]=DIR [--log]=LOG)
+source loadtest/flags.sh
+parse_flags "$@"
 LOG=$(realpath -m "$LOG")
 mkdir -p "$LOG"
 rm -rf "$DIR"

@@ -16,21 +16,10 @@ cd "$(dirname "$0")/.."
 BIN=${BIN:-.venv/bin}
 GALLERY=artifacts/demo/gallery PROFILE=artifacts/demo/profile USERS=32 SPAWN=8 DURATION=60s PORT=8000
 OUT=loadtest/results REDIS_URL=${REDIS_URL:-redis://127.0.0.1:6379/0} EXTRA=() REAL=
-while [ $# -gt 0 ]; do
-  case "$1" in
-    --gallery) GALLERY=$2; shift 2 ;;
-    --profile) PROFILE=$2; shift 2 ;;
-    --users) USERS=$2; shift 2 ;;
-    --spawn-rate) SPAWN=$2; shift 2 ;;
-    --duration) DURATION=$2; shift 2 ;;
-    --port) PORT=$2; shift 2 ;;
-    --out) OUT=$2; shift 2 ;;
-    --redis-url) REDIS_URL=$2; shift 2 ;;
-    --real) REAL=$2; shift 2 ;;
-    --) shift; EXTRA=("$@"); break ;;
-    *) echo "unknown argument: $1" >&2; exit 2 ;;
-  esac
-done
+declare -A FLAGS=([--gallery]=GALLERY [--profile]=PROFILE [--users]=USERS [--spawn-rate]=SPAWN [--duration]=DURATION
+  [--port]=PORT [--out]=OUT [--redis-url]=REDIS_URL [--real]=REAL [--]=EXTRA)
+source loadtest/flags.sh
+parse_flags "$@"
 mkdir -p "$OUT"
 HOST="http://127.0.0.1:$PORT"
 PIDS=()

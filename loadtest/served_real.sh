@@ -23,18 +23,10 @@ cd "$(dirname "$0")/.."
 BIN=${BIN:-.venv/bin}
 REAL=artifacts/real USERS=16 PACED_USERS=64 DURATION=60s OUT=loadtest/results/served-real PORT=8031 DB=7
 FRACTIONS=0.7
-while [ $# -gt 0 ]; do
-  case "$1" in
-    --real) REAL=$2; shift 2 ;;
-    --users) USERS=$2; shift 2 ;;
-    --paced-users) PACED_USERS=$2; shift 2 ;;
-    --duration) DURATION=$2; shift 2 ;;
-    --fractions) FRACTIONS=$2; shift 2 ;;
-    --out) OUT=$2; shift 2 ;;
-    --port) PORT=$2; shift 2 ;;
-    *) echo "unknown argument: $1" >&2; exit 2 ;;
-  esac
-done
+declare -A FLAGS=([--real]=REAL [--users]=USERS [--paced-users]=PACED_USERS [--duration]=DURATION
+  [--fractions]=FRACTIONS [--out]=OUT [--port]=PORT)
+source loadtest/flags.sh
+parse_flags "$@"
 export NOBACKFILL_NEW__THREADS=${NOBACKFILL_NEW__THREADS:-$(nproc)} NOBACKFILL_OLD__THREADS=${NOBACKFILL_OLD__THREADS:-1}
 export HF_HUB_OFFLINE=1
 BARE_THREADS=${BARE_THREADS:-$(nproc)}
