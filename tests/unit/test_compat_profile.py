@@ -262,24 +262,36 @@ def test_degenerate_pairs_follow_interpolation_rules(alpha: float) -> None:
     )
 
 
-def test_transform_errors(profile: CompatProfile, support: Split) -> None:
+# What transform refuses: (mode, the old rows it is given, modality, alpha), the error and the words of its line.
+# The old rows: the support's old queries, none, its new queries (another width), or the old with a zero row.
+TRANSFORM_REFUSALS = [
+    ("psp", "old", "text", None, UnsupportedMode, "unknown mode"),
+    ("slerp", "old", "image", None, UnsupportedMode, "image"),
+    ("old", "old", "text", 0.3, InputError, "alpha"),
+    ("slerp", "old", "text", 1.5, InputError, "alpha"),
+    ("slerp", "none", "text", None, InputError, "needs the old"),
+    ("slerp", "new", "text", None, InputError, "shape"),
+    ("slerp", "zero row", "text", None, InputError, "all-zero"),
+]
+
+
+@pytest.mark.parametrize(("mode", "old_rows", "modality", "alpha", "error", "match"), TRANSFORM_REFUSALS)
+def test_transform_errors(
+    profile: CompatProfile,
+    support: Split,
+    mode: str,
+    old_rows: str,
+    modality: str,
+    alpha: float | None,
+    error: type[Exception],
+    match: str,
+) -> None:
     old, new = support.old_query[:3], support.new_query[:3]
-    with pytest.raises(UnsupportedMode, match="unknown mode"):
-        transform(profile, "psp", old, new, "text")
-    with pytest.raises(UnsupportedMode, match="image"):
-        transform(profile, "slerp", old, new, "image")
-    with pytest.raises(InputError, match="alpha"):
-        transform(profile, "old", old, new, "text", alpha=0.3)
-    with pytest.raises(InputError, match="alpha"):
-        transform(profile, "slerp", old, new, "text", alpha=1.5)
-    with pytest.raises(InputError, match="needs the old"):
-        transform(profile, "slerp", None, new, "text")
-    with pytest.raises(InputError, match="shape"):
-        transform(profile, "slerp", new, new, "text")
-    bad = old.copy()
-    bad[1] = 0
-    with pytest.raises(InputError, match="all-zero"):
-        transform(profile, "slerp", bad, new, "text")
+    zero_row = old.copy()
+    zero_row[1] = 0
+    given = {"old": old, "none": None, "new": new, "zero row": zero_row}[old_rows]
+    with pytest.raises(error, match=match):
+        transform(profile, mode, given, new, modality, alpha)
 
 
 def test_cross_fit_with_ids_and_distractors(crossfit_split: Split) -> None:
