@@ -20,11 +20,10 @@ from typing import Any
 
 import numpy as np
 
+from service.compat.io import QUERY_NEW, QUERY_OLD  # the folder's file names, as load_query_pairs reads them
 from service.encoders.identity import MODELS_JSON, ModelIdentity
 from service.errors import InputError
 from service.traffic.base import PairStore, parse_models_key
-
-OLD, NEW = "old_query.npy", "new_query.npy"
 
 
 @dataclass(frozen=True)
@@ -85,8 +84,8 @@ def export_pairs(store: PairStore, out: Path, *, limit: int | None = None, force
         refused_pairs=dict(refused),
     )
     tmp = sibling_dir(out)
-    np.save(tmp / OLD, old)
-    np.save(tmp / NEW, new)
+    np.save(tmp / QUERY_OLD, old)
+    np.save(tmp / QUERY_NEW, new)
     (tmp / MODELS_JSON).write_text(json.dumps(meta, indent=2) + "\n", encoding="utf-8")
     replace_dir(tmp, out)
     return Exported(len(old), old_id, new_id, modalities, dict(refused))
