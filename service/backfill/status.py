@@ -30,12 +30,11 @@ def segment_status(folder: Path, hits: tuple[I64, F64] | None = None) -> dict[st
             continue
         info = entry.meta
         by_writer.setdefault(str(info.get("writer")), []).append(entry.ids)
-        model = info.get("model", {})
         shards.append(
             {
                 "name": entry.name,
                 "count": int(len(entry.ids)),
-                "model": f"{model.get('backend')} {model.get('model_id')}",
+                "model": info.get("model", {}),  # as the shard recorded it: backend, model_id, dim
                 "writer": info.get("writer"),
                 "created_at": info.get("created_at"),
             }

@@ -339,7 +339,8 @@ def status(
             typer.echo(f"  {shard['name']}: DAMAGED ({shard['damaged']})")
         else:
             typer.echo(
-                f"  {shard['name']}: {shard['count']:,} rows, {shard['model']}, "
+                f"  {shard['name']}: {shard['count']:,} rows, "
+                f"{render.model_name(str(shard['model'].get('backend')), str(shard['model'].get('model_id')))}, "
                 f"by {shard['writer']}, {shard['created_at']}"
             )
     if report["damaged_shards"]:

@@ -45,12 +45,16 @@ def test_a_gallery_given_as_input_is_called_a_gallery(tmp_path: Path) -> None:
 
 def status_report(writers: dict[str, int]) -> dict[str, Any]:
     """What segment_status reports for a small healthy segment moved by `writers`."""
+    model = {"backend": "synthetic-new", "model_id": "synthetic-new", "dim": 768}
     return {
-        "model": {"backend": "synthetic-new", "model_id": "synthetic-new", "dim": 768},
+        "model": model,
         "moved": sum(writers.values()),
         "gallery": {"ntotal": 1000},
         "coverage": sum(writers.values()) / 1000,
-        "shards": [],
+        "shards": [
+            {"name": "s1", "count": count, "model": model, "writer": writer, "created_at": "2026-12-07T02:46:21Z"}
+            for writer, count in writers.items()
+        ],
         "damaged_shards": 0,
         "moved_by_writer": writers,
         "hits": {},
@@ -67,6 +71,8 @@ def test_status_names_the_model_once_and_explains_only_the_writers_it_shows(
     done = invoke("backfill", "status", tmp_path, "--hits", tmp_path / "no-hits")
     assert done.exit_code == 0, done.output
     assert f"segment {tmp_path}: synthetic-new (dim 768)" in done.output
+    assert "s1: 100 rows, synthetic-new, by backfill run" in done.output  # each shard names it once too
+    assert "synthetic-new synthetic-new" not in done.output
     assert ("through the re-rank cascade" in done.output) == legend
 
 
