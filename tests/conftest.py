@@ -6,7 +6,8 @@ tests/integration  real Redis, FAISS files on disk, the app in process over http
 tests/system       real `nobackfill serve` processes, the deployment files, chaos, fuzz, load-test smoke,
                    real models
 
-The session fixtures are built once per test process (once per xdist worker under `make test`).
+The session fixtures are built once per test process; the synthetic world and the real models once per run,
+shared by the xdist workers of `make test` (tests/support/once.py).
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from service.compat.io import Split, load_split
 from service.encoders.synthetic import SyntheticNewEncoder, SyntheticOldEncoder
 from tests.support.app import Running, serving
 from tests.support.cli import NOBACKFILL, Done, cli, run_cli
+from tests.support.once import built_once
 from tests.support.servers import (
     REDIS_SERVER,
     PrivateRedis,
@@ -38,6 +40,8 @@ from tests.support.world import (
     World,
     build_world,
 )
+
+PRINTED = "printed.txt"  # what `realworld models` printed, kept beside its folder for every worker
 
 # Load shedding reacts to event-loop lag, and in-process tests share their loop with blocking test
 # code on a busy 2-core box: off here (and in the processes tests start), on where a test asks for it.
@@ -65,6 +69,26 @@ __all__ = [
 ]
 
 
+# -- the order files run in ------------------------------------------------------------------------------
+
+# `make test` hands whole files to two xdist workers, the next file to whichever finishes first.  xdist's own
+# order (most tests first) started the few-test, minute-long system files last, and one worker ran them
+# alone while the other sat idle.  In this order (`--no-loadscope-reorder` keeps it) the long files start
+# first and the many short unit files fill the end.  Within a folder, and within a file, nothing moves.
+RUN_FIRST = ("system", "integration", "browser", "unit")
+TESTS = Path(__file__).resolve().parent
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Sort the collected tests by RUN_FIRST's folders (a stable sort: each folder keeps its own order)."""
+
+    def rank(item: pytest.Item) -> int:
+        folder = item.path.relative_to(TESTS).parts[0] if item.path.is_relative_to(TESTS) else ""
+        return RUN_FIRST.index(folder) if folder in RUN_FIRST else len(RUN_FIRST)
+
+    items.sort(key=rank)
+
+
 # -- the synthetic world, served ---------------------------------------------------------------------
 
 
@@ -75,7 +99,9 @@ def world(tmp_path_factory: pytest.TempPathFactory) -> World:
     NOBACKFILL_TEST_WORLD=DIR reuses a world built earlier into DIR (a developer's shortcut).
     """
     prebuilt = os.environ.get("NOBACKFILL_TEST_WORLD")
-    return build_world(Path(prebuilt) if prebuilt else tmp_path_factory.mktemp("world"))
+    if prebuilt:
+        return build_world(Path(prebuilt))
+    return build_world(built_once(tmp_path_factory, "world", build_world))  # built already: only named here
 
 
 @pytest.fixture
@@ -160,9 +186,13 @@ def real_models(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str]:
     The new model is the packaged all-MiniLM-L6-v2 (real weights); the old one is distilled from it
     over its first REAL_VOCAB_LIMIT word pieces, so a test run pays seconds, not the full distillation.
     """
-    out = tmp_path_factory.mktemp("real-models")
-    done = run_cli("realworld", "models", "--out", out, "--vocab-limit", REAL_VOCAB_LIMIT)
-    return out, done.stdout + done.stderr
+
+    def distil(root: Path) -> None:
+        done = run_cli("realworld", "models", "--out", root / "models", "--vocab-limit", REAL_VOCAB_LIMIT)
+        (root / PRINTED).write_text(done.stdout + done.stderr)
+
+    root = built_once(tmp_path_factory, "real-models", distil)
+    return root / "models", (root / PRINTED).read_text()
 
 
 @pytest.fixture
