@@ -67,11 +67,10 @@ check: $(STAMP)
 # Every test: tests/unit, tests/integration (Redis, FAISS files, the app in process, the CLI), tests/system
 # (`nobackfill serve` processes, the deployment files, chaos, fuzz, load-test smoke, real models) and
 # tests/browser (the operator page in Chromium).  The 15 slowest are listed at the end: the suite must stay under
-# 12 minutes on 2 cores, and that list says where its time goes.  Files start longest folder first
-# (tests/conftest.py's RUN_FIRST; --no-loadscope-reorder keeps that order), so no long file starts last.
+# 12 minutes on 2 cores, and that list says where its time goes.
 test: $(STAMP) redis prometheus kubectl browser
 	OMP_WAIT_POLICY=PASSIVE NOBACKFILL_TEST_REDIS_URL=$(TEST_REDIS_URL) $(BIN)/pytest -q -p no:cacheprovider -m "not scale" \
-	  -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder --durations=15
+	  -n $(TEST_WORKERS) --dist loadfile --durations=15
 
 # tests/unit alone, in about 35 s: no subprocess, Redis, server, FAISS file or apt package, only the virtualenv.
 test-unit: $(STAMP)

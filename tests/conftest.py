@@ -69,26 +69,6 @@ __all__ = [
 ]
 
 
-# -- the order files run in ------------------------------------------------------------------------------
-
-# `make test` hands whole files to two xdist workers, the next file to whichever finishes first.  xdist's own
-# order (most tests first) started the few-test, minute-long system files last, and one worker ran them
-# alone while the other sat idle.  In this order (`--no-loadscope-reorder` keeps it) the long files start
-# first and the many short unit files fill the end.  Within a folder, and within a file, nothing moves.
-RUN_FIRST = ("system", "integration", "browser", "unit")
-TESTS = Path(__file__).resolve().parent
-
-
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Sort the collected tests by RUN_FIRST's folders (a stable sort: each folder keeps its own order)."""
-
-    def rank(item: pytest.Item) -> int:
-        folder = item.path.relative_to(TESTS).parts[0] if item.path.is_relative_to(TESTS) else ""
-        return RUN_FIRST.index(folder) if folder in RUN_FIRST else len(RUN_FIRST)
-
-    items.sort(key=rank)
-
-
 # -- the synthetic world, served ---------------------------------------------------------------------
 
 
