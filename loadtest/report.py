@@ -71,6 +71,8 @@ def read_pairs(path: Path) -> dict[str, list[float]]:
     if not path.exists():
         return out
     for line in path.read_text().splitlines():
+        if line.startswith("Command "):  # /usr/bin/time's "Command exited with non-zero status 1": Locust saw failures
+            continue
         name, *values = line.split()
         if values:
             out[name] = [float(v) for v in values]

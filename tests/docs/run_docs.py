@@ -5,11 +5,14 @@ Every ```bash block of a checked document carries a mark on the line above it:
     <!-- docs: run -->              every command of the block runs, in order, as one bash script
     <!-- docs: skip: REASON -->     nothing runs; the reason is printed
     <!-- docs: run; serve "make demo" until http://127.0.0.1:8000/readyz; skip "make test": REASON -->
+    <!-- docs: run; stop the server -->    the server an earlier block started is stopped before this one runs
 
 `serve "PREFIX" ... until URL`: a command that starts with PREFIX is a server, which never returns: it
 runs in the background, the block goes on once URL answers 200, and it is stopped (its whole process
-group) before the next server starts and at the end of its document.  `skip "PREFIX" ...: REASON`: a
-command that starts with PREFIX is not run.  A command is a line with its `\\` continuation lines.
+group) before the next server starts, before a block marked `stop the server` (a newcomer's Ctrl-C: a
+block that starts what it needs unless something already answers), and at the end of its document.
+`skip "PREFIX" ...: REASON`: a command that starts with PREFIX is not run.  A command is a line with its
+`\\` continuation lines.
 
 Each document starts in a shell of its own, at the clone's root, with no virtualenv active: exported
 variables carry from one block to the next, as in one terminal.  curl runs with --fail (a .curlrc),
@@ -41,6 +44,7 @@ SHELL_FENCES = {"bash", "sh", "shell"}
 FENCE = re.compile(r"^(\s*)```(\w*)\s*$")
 MARK = re.compile(r"^\s*<!--\s*docs:\s*(.*?)\s*-->\s*$")
 SERVE_RULE = re.compile(r'^serve\s+((?:"[^"]+"\s*)+)until\s+(http://127\.0\.0\.1:\d+/\S*)$')
+STOP_RULE = "stop the server"
 SKIP_RULE = re.compile(r'^skip\s+((?:"[^"]+"\s*)+):\s*(\S.*)$')
 BLOCK_TIMEOUT_S = float(os.environ.get("DOCS_BLOCK_TIMEOUT_S", "2400"))
 READY_TIMEOUT_S = float(os.environ.get("DOCS_READY_TIMEOUT_S", "1200"))
@@ -55,7 +59,7 @@ class MarkError(ValueError):
 class Rule:
     """What to do with the commands of a block that start with one of `prefixes`."""
 
-    kind: str  # "serve" or "skip"
+    kind: str  # "serve", "skip" or "stop" (the earlier block's server, before this block: no prefixes)
     prefixes: tuple[str, ...]
     until: str = ""  # serve: the URL that answers 200 once it is up
     reason: str = ""  # skip: why it is not run
@@ -94,14 +98,16 @@ def parse_mark(mark: str, where: str) -> tuple[bool, str, list[Rule]]:
         raise MarkError(f"{where}: a mark starts with `run` or `skip: REASON`, not {first!r}")
     rules = []
     for clause in rest:
-        if served := SERVE_RULE.match(clause):
+        if clause == STOP_RULE:
+            rules.append(Rule("stop", ()))
+        elif served := SERVE_RULE.match(clause):
             rules.append(Rule("serve", _quoted(served.group(1)), until=served.group(2)))
         elif skipped := SKIP_RULE.match(clause):
             rules.append(Rule("skip", _quoted(skipped.group(1)), reason=skipped.group(2)))
         else:
             raise MarkError(
-                f'{where}: {clause!r} is neither `serve "PREFIX" until http://127.0.0.1:PORT/PATH` '
-                'nor `skip "PREFIX": REASON`'
+                f'{where}: {clause!r} is neither `serve "PREFIX" until http://127.0.0.1:PORT/PATH`, '
+                f'`skip "PREFIX": REASON` nor `{STOP_RULE}`'
             )
     return True, "", rules
 
@@ -138,7 +144,7 @@ def blocks(path: str, text: str) -> list[Block]:
             run, reason, rules = parse_mark(mark.group(1), where)
             body = textwrap.dedent("\n".join(lines[index + 1 : end]))
             for rule in rules:
-                if not any(rule.matches(command) for command in commands(body)):
+                if rule.prefixes and not any(rule.matches(command) for command in commands(body)):
                     raise MarkError(f"{where}: no command of the block starts with {' or '.join(rule.prefixes)!r}")
             found.append(Block(path, index + 1, body, run, reason, rules))
         index = end + 1
@@ -165,6 +171,8 @@ def script(block: Block, number: int) -> str:
         'source "$DOCS_STATE/prelude.sh"',
         f"# {block.where}",
     ]
+    if any(rule.kind == "stop" for rule in block.rules):
+        parts.append("docs_stop_server")
     for index, command in enumerate(commands(block.text)):
         rule = next((rule for rule in block.rules if rule.matches(command)), None)
         if rule is None:

@@ -159,3 +159,8 @@ def test_report_reads_the_cpu_snapshots(tmp_path: Path, monkeypatch: pytest.Monk
     assert "- its encoder processes (isolation: process): 1.00 cores (10 CPU-s)" in lines
     assert "- major page faults (pages read back from disk), service and encoder processes: 50" in lines
     assert "- some task waited on IO 25.0 % of the time (/proc/pressure/io)" in lines
+    # Locust exits 1 when a request failed, and /usr/bin/time says so first: the report still reads its figures.
+    (tmp_path / "locust-time.txt").write_text(
+        "Command exited with non-zero status 1\nlocust_wall 12.0\nlocust_user 5.0\nlocust_sys 1.0\n"
+    )
+    assert "- Locust: 0.50 cores (6 CPU-s over its 12 s, start-up included)" in report.cpu_lines(tmp_path)

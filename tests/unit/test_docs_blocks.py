@@ -71,6 +71,16 @@ def test_marks_rules_and_commands_are_read_as_documented() -> None:
     assert "\nnobackfill fit SUPPORT \\\n    --out PROFILE\n" in script
 
 
+def test_a_block_marked_stop_the_server_stops_the_earlier_blocks_server_first() -> None:
+    # loadtest/run.sh load-tests whatever answers on its port: without the stop it would test the cut-over
+    # server an earlier block left running instead of starting the service it names.
+    (block,) = run_docs.blocks("doc.md", "<!-- docs: run; stop the server -->\n```bash\nloadtest/run.sh\n```\n")
+    script = run_docs.script(block, 1)
+    assert script.index("docs_stop_server") < script.index("loadtest/run.sh")
+    (plain,) = run_docs.blocks("doc.md", "<!-- docs: run -->\n```bash\nloadtest/run.sh\n```\n")
+    assert "docs_stop_server" not in run_docs.script(plain, 1)
+
+
 @pytest.mark.parametrize(
     ("markdown", "message"),
     [
