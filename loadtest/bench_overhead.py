@@ -11,6 +11,8 @@ same one-query requests (benchlib.interleave):
     served, given         Pipeline.search with both embeddings sent by the caller: validation, admission,
                           transform, the hop, the search, the result objects; no encoder
     served                Pipeline.search of the text: the same plus both (synthetic) encoders and their batchers
+    served, 2 ms window   the same with both batchers waiting up to 2 ms for company before a batch
+                          (NOBACKFILL_*__MAX_WAIT_MS=2, the default until 2026-12-07; 0 now)
 
 served, given minus gallery search is what nobackfill itself adds to a compatible search.
 """
@@ -32,10 +34,11 @@ from service.compat.heads import transform  # noqa: E402
 from service.encoders.synthetic import SyntheticNewEncoder, SyntheticOldEncoder  # noqa: E402
 from service.pipeline import Pipeline  # noqa: E402
 from service.query.job import Query  # noqa: E402
-from service.settings import CompatSettings, IndexSettings, Settings  # noqa: E402
+from service.settings import CompatSettings, EncoderSettings, IndexSettings, Settings  # noqa: E402
 from service.vocabulary import Modality  # noqa: E402
 
 CAPTION = "item-{:010d} caption-1"
+WINDOW_MS = 2.0  # the batchers' collection window the served path is compared with
 
 
 async def measure(demo: Path, queries: int) -> list[dict[str, Any]]:
@@ -44,6 +47,13 @@ async def measure(demo: Path, queries: int) -> list[dict[str, Any]]:
         index=IndexSettings(gallery_dir=demo / "gallery"), compat=CompatSettings(profile_dir=demo / "profile")
     )
     pipeline = await Pipeline.build(settings)
+    windowed = await Pipeline.build(
+        settings.model_copy(
+            update={
+                side: EncoderSettings(backend=f"synthetic-{side}", max_wait_ms=WINDOW_MS) for side in ("old", "new")
+            }
+        )
+    )
     assert pipeline.profile is not None
     profile, gallery, nprobe = pipeline.profile, pipeline.gallery, settings.index.nprobe
     texts = [CAPTION.format((i * 7919) % gallery.ntotal) for i in range(queries)]
@@ -67,10 +77,14 @@ async def measure(demo: Path, queries: int) -> list[dict[str, Any]]:
             [Query(Modality.text, old_embedding=old[i], new_embedding=new[i])], k=10, mode="slerp"
         ),
         "served": lambda i: pipeline.search([Query(Modality.text, texts[i])], k=10, mode="slerp"),
+        f"served, {WINDOW_MS:g} ms window": lambda i: windowed.search(
+            [Query(Modality.text, texts[i])], k=10, mode="slerp"
+        ),
     }
     try:
         samples = await warmed_interleave(calls, queries, warm=50)
     finally:
+        await windowed.aclose()
         await pipeline.aclose()
     stats = {name: percentiles(times) for name, times in samples.items()}
     bare = stats["gallery search"]["p50_ms"]

@@ -12,8 +12,8 @@ indexed by `backfill index`.  Times, interleaved on the same one-query requests 
     pgvector bare     the table's own search of that row: one SQL statement, hnsw.ef_search 40
     faiss served      nobackfill over the adopted index, the profile's head (in-process Pipeline)
     pgvector served   nobackfill over the table, same head
-    ..., no window    the same with both batchers' 2 ms collection window at 0 (MAX_WAIT_MS=0: a lone
-                      query is encoded at once instead of waiting for company)
+    ..., 2 ms window  the same with both batchers waiting up to 2 ms for company before a batch
+                      (MAX_WAIT_MS=2, the default until 2026-12-07; 0 now: a lone query is encoded at once)
     ..., embeddings given   the same service, the caller sending both embeddings (no encoder at all):
                       what nobackfill itself adds over the store (the head, the search call, the merge)
     pgvector hybrid   nobackfill over both columns at --moved (the old one's search WHERE new IS NULL)
@@ -107,7 +107,7 @@ def build(work: Path, items: int, moved: float) -> tuple[str, Any]:
 
 def settings(work: Path, dsn: str | None, new_column: str | None = None, window_ms: float | None = None) -> Settings:
     """Served over the adopted FAISS index (dsn None), or over the table (with its new column for hybrid);
-    window_ms: both batchers' collection window (NOBACKFILL_OLD__MAX_WAIT_MS / NEW__, default 2 ms)."""
+    window_ms: both batchers' collection window (NOBACKFILL_OLD__MAX_WAIT_MS / NEW__; None: the default, 0)."""
     index = (
         IndexSettings(gallery_dir=work / "adopted")
         if dsn is None
@@ -146,7 +146,7 @@ async def measure(work: Path, dsn: str, queries: int, items: int) -> list[dict[s
     served = {
         "faiss served": await Pipeline.build(settings(work, None)),
         "pgvector served": await Pipeline.build(settings(work, dsn)),
-        "pgvector served, no window": await Pipeline.build(settings(work, dsn, window_ms=0.0)),
+        "pgvector served, 2 ms window": await Pipeline.build(settings(work, dsn, window_ms=2.0)),
         "pgvector hybrid": await Pipeline.build(settings(work, dsn, NEW)),
     }
 
