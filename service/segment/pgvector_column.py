@@ -317,6 +317,10 @@ class PgvectorColumn:
             "ORDER BY {new} " + state.operator + " %s::vector LIMIT %s"
         )
         settings = {"hnsw.ef_search": str(max(ef_search, k))} if state.index_method == "hnsw" else {}
+        if state.index_method is not None:
+            # The index holds exactly the moved rows; statistics from early in the backfill (few of them)
+            # would have the planner read the whole table and sort it instead (index/pgvector.py says more).
+            settings["enable_seqscan"] = "off"
         return ranked(conn, statement, queries, k, state.metric, settings)
 
     def _sql(self, template: str, stage: Any = None) -> Any:
@@ -390,9 +394,14 @@ class PgvectorColumnSegment(InStoreSegment[ColumnState]):
             label = cut_over_label(new_rows.state(conn), new_rows.where, "segment", ArtifactError)
             ntotal = new_rows.rows(conn)
         segment = cls.open(new_rows, model, label.gallery, ntotal)
-        refuse_unless_every_row(
-            new_rows.where, segment.snapshot.count, ntotal, "rows", SERVE_ONCE_DONE, ArtifactError, whose="the table's "
-        )
+        try:
+            refuse_unless_every_row(
+                new_rows.where, segment.snapshot.count, ntotal, "rows", SERVE_ONCE_DONE, ArtifactError,
+                whose="the table's ",
+            )  # fmt: skip
+        except ArtifactError:
+            segment.close()  # a refused start holds no connection
+            raise
         return segment
 
     @property

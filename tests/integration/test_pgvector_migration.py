@@ -8,6 +8,7 @@ compatible search, at 100 % it is the new model's exact search over the new colu
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -121,6 +122,7 @@ async def test_the_migration_fills_the_new_rows_and_hybrid_rises_from_compat_to_
     await stores.assert_both_answer_at_half(
         layout.settings(env, world, segment_refresh_s=0.2), CAPTIONS, "pgvector-column", 1000
     )
+    await assert_an_early_cut_over_start_is_refused_and_holds_no_connection(env, layout)
     with psycopg.connect(env) as conn:
         moved = {r[0] for r in conn.execute(layout.moved_sql).fetchall()}
     gallery = PgvectorGallery.open(settings(env, world).index)
@@ -150,23 +152,49 @@ async def test_the_migration_fills_the_new_rows_and_hybrid_rises_from_compat_to_
 
     built = cli("backfill", "index", layout.spec)
     assert built.returncode == 0 and "HNSW" in built.stdout, built.stderr
-    cut_over = Settings(
-        old=EncoderSettings(backend="none"),
-        index=IndexSettings(
-            backend="pgvector",
-            pgvector_dsn=env,
-            pgvector_table=TABLE,
-            pgvector_ef_search=400,
-            **{layout.setting: layout.name},
-        ),  # fmt: skip
-    )
-    info, alone = await stores.served_alone(cut_over, CAPTIONS)
+    info, alone = await stores.served_alone(cut_over_settings(env, layout), CAPTIONS)
     assert info["segment"]["index"] == "hnsw" and info["modes"] == ["new"]
     overlap = np.mean([len(set(a["ids"]) & set(w)) / 10 for a, w in zip(alone, want, strict=True)])
     assert overlap >= 0.9  # through the column's own HNSW index now (exact above)
     assert old_column_digest(env) == before  # the user's old vectors were never written
     if layout is SIDE:
         assert table_columns(env) == columns  # nor the user's table changed at all
+
+
+def cut_over_settings(dsn: str, layout: Layout) -> Settings:
+    """The service after the cut-over: the new rows alone, no old model, no gallery beside them."""
+    index = IndexSettings(
+        backend="pgvector",
+        pgvector_dsn=dsn,
+        pgvector_table=TABLE,
+        pgvector_ef_search=400,
+        **{layout.setting: layout.name},
+    )
+    return Settings(old=EncoderSettings(backend="none"), index=index)
+
+
+def others_connected(dsn: str) -> int:
+    """Connections to the database other than the one asking."""
+    with psycopg.connect(dsn) as conn:
+        return conn.execute(
+            "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND pid <> pg_backend_pid()"
+        ).fetchone()[0]
+
+
+async def assert_an_early_cut_over_start_is_refused_and_holds_no_connection(dsn: str, layout: Layout) -> None:
+    """A cut-over service started at half is refused in one line, and the refused segment closed its connections
+    (a backend leaves pg_stat_activity shortly after its client disconnects: waited for, never timed)."""
+    from service.errors import ArtifactError
+    from service.pipeline import Pipeline
+
+    before = others_connected(dsn)
+    with pytest.raises(ArtifactError, match="cut over .* once `nobackfill backfill status` says 100 %"):
+        await Pipeline.build(cut_over_settings(dsn, layout))
+    for _ in range(600):
+        if others_connected(dsn) <= before:
+            break
+        await asyncio.sleep(0.05)
+    assert others_connected(dsn) <= before
 
 
 def column_count(dsn: str, column: str) -> int:
