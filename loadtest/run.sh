@@ -55,6 +55,9 @@ if ! curl -sf "$HOST/readyz" >/dev/null 2>&1; then
   curl -sf "$HOST/readyz" >/dev/null || { echo "service not ready; see $OUT/service.log" >&2; exit 1; }
 fi
 
+# What was served (encoders with their runtime, gallery, profile), kept beside the results.
+curl -sf "$HOST/v1/info" >"$OUT/info.json" 2>/dev/null || true
+
 # Scrape /metrics every 5 s for the cache-hit-ratio plot; the last scrape holds the stage breakdown.
 ( while true; do
     printf '### %s\n' "$(date +%s)"; curl -sf "$HOST/metrics" || true; sleep 5
