@@ -318,8 +318,9 @@ class PgvectorColumn:
         )
         settings = {"hnsw.ef_search": str(max(ef_search, k))} if state.index_method == "hnsw" else {}
         if state.index_method is not None:
-            # The index holds exactly the moved rows; statistics from early in the backfill (few of them)
-            # would have the planner read the whole table and sort it instead (index/pgvector.py says more).
+            # The index holds exactly the moved rows, but early in a backfill the planner expects so few
+            # of them that it reads the whole table and sorts it instead (20 of 20,000 moved: 1.1 ms
+            # against 0.04 through the index; index/pgvector.py says the same of the unmoved rows).
             settings["enable_seqscan"] = "off"
         return ranked(conn, statement, queries, k, state.metric, settings)
 

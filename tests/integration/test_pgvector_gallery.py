@@ -151,6 +151,33 @@ def test_moved_rows_are_left_out_through_the_index_even_before_the_table_is_anal
     assert not np.isin(kept, moved).any() and recall > 0.9
 
 
+def test_the_few_rows_moved_early_in_a_backfill_are_searched_through_their_index(dsn: str) -> None:
+    # 1 % moved, the table analyzed: the planner expects so few rows with a new row that it reads the whole
+    # table and sorts them, though the new column's index holds exactly those rows.  The segment's search
+    # (segment/pgvector_column.py) must walk the index.
+    from service.segment.pgvector_column import ColumnState, PgvectorColumn
+
+    moved = IDS[:20]
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        _copy(conn, "items_early", IDS, ROWS, DIM)
+        conn.execute("ALTER TABLE items_early SET (autovacuum_enabled = false)")
+        conn.execute(f"ALTER TABLE items_early ADD COLUMN moved vector({DIM})")
+        conn.execute("UPDATE items_early SET moved = embedding WHERE id = ANY(%s)", (moved.tolist(),))
+        conn.execute("CREATE INDEX ON items_early USING hnsw (moved vector_ip_ops)")
+        conn.execute("ANALYZE items_early")
+        before = index_scans(conn, "items_early")
+        settings = IndexSettings(backend="pgvector", pgvector_dsn=dsn, pgvector_table="items_early")
+        state = ColumnState(dim=DIM, label=None, operator="<#>", metric="ip", index_method="hnsw")
+        with psycopg.connect(dsn, autocommit=True) as searching:
+            _, ids = PgvectorColumn(settings, "moved").search(searching, state, QUERIES, 10, ef_search=100)
+        for _ in range(600):  # the searching connection reports its scans as it ends: waited for, never timed
+            if index_scans(conn, "items_early") - before >= len(QUERIES):
+                break
+            time.sleep(0.05)
+        assert index_scans(conn, "items_early") - before == len(QUERIES)  # each query one index scan
+    assert set(ids.ravel().tolist()) <= set(moved.tolist())
+
+
 def test_what_cannot_be_served_is_refused_in_one_line(dsn: str) -> None:
     for table, column, message in (
         ("nowhere", "embedding", "no table 'nowhere'"),
