@@ -25,6 +25,7 @@ from typing import Any, TypeVar
 
 from service import metrics
 from service.artifact_check import check_compatible, encoder_line
+from service.blas_threads import one_blas_thread
 from service.cache import EmbeddingCache, create_cache
 from service.compat.hubness import Corrected, load_hubness
 from service.compat.profile import CompatProfile, load_profile
@@ -88,6 +89,7 @@ async def acquire_parts(settings: Settings) -> Parts:
     """Acquire every part (loading off the event loop), check they fit, start the batchers; any failure unwinds."""
     refuse_missing(settings)  # before any model loads: every missing folder in one line
     async with AsyncExitStack() as stack:
+        stack.enter_context(one_blas_thread())  # small products, spinning BLAS threads: blas_threads.py
         old_replicas, new_replicas = await _acquire_encoders(stack, settings)
         gallery, profile = await _acquire_artifacts(stack, settings, old_replicas, new_replicas)
         _refuse_nprobe_over_nlist(settings, gallery)

@@ -247,6 +247,24 @@ async def test_searches_run_on_the_pipelines_own_pool_of_the_configured_size(wor
     assert part_threads() == []
 
 
+def blas_threads() -> list[int]:
+    """Threads of each BLAS library loaded in this process (numpy's and faiss's OpenBLAS)."""
+    from threadpoolctl import threadpool_info  # type: ignore[import-untyped]
+
+    return [pool["num_threads"] for pool in threadpool_info() if pool["user_api"] == "blas"]
+
+
+async def test_blas_runs_on_one_thread_while_a_pipeline_serves_and_gets_its_threads_back_after(world: World) -> None:
+    # A request's products are too small to split; spare BLAS threads only spin on the cores the next
+    # request needs (service/blas_threads.py).  Offline work in the same process keeps its threads.
+    before = blas_threads()
+    async with serving(settings_for(world, isolation="thread")) as running:
+        assert blas_threads() and set(blas_threads()) == {1}
+        answer = await running.search(queries=[{"text": TEXT}], k=3)
+        assert answer.status_code == 200
+    assert blas_threads() == before
+
+
 def test_the_search_pool_size_setting(monkeypatch: pytest.MonkeyPatch) -> None:
     assert search_pool_size(IndexSettings()) == usable_cpus()  # FAISS computes: one thread per usable CPU
     assert search_pool_size(IndexSettings(backend="milvus")) == min(32, usable_cpus() + 4)  # Milvus mostly waits
