@@ -26,7 +26,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from loadtest import bench_hybrid  # noqa: E402
-from loadtest.benchlib import interleave, percentiles, table  # noqa: E402
+from loadtest.benchlib import percentiles, table  # noqa: E402
 
 
 async def measure(work: Path, segment: Path, queries: int, items: int, nprobe: int, default_pool: bool) -> Any:
@@ -34,8 +34,6 @@ async def measure(work: Path, segment: Path, queries: int, items: int, nprobe: i
     from threadpoolctl import ThreadpoolController, threadpool_info  # type: ignore[import-untyped]
 
     from service.pipeline import Pipeline
-    from service.query.job import Query
-    from service.vocabulary import Modality
 
     started_with = max(pool["num_threads"] for pool in threadpool_info() if pool["user_api"] == "blas")
     pipelines = {
@@ -44,16 +42,8 @@ async def measure(work: Path, segment: Path, queries: int, items: int, nprobe: i
     }
     if default_pool:  # undo what Pipeline.build set, for this process
         ThreadpoolController().limit(limits=started_with, user_api="blas")
-    texts = [bench_hybrid.CAPTION.format((i * 7919) % items) for i in range(queries)]
     try:
-        for pipeline in pipelines.values():  # warm: caches filled, threads started
-            for text in texts[:20]:
-                await pipeline.search([Query(Modality.text, text)], k=10)
-        calls = {
-            name: (lambda i, p=pipeline: p.search([Query(Modality.text, texts[i])], k=10))
-            for name, pipeline in pipelines.items()
-        }
-        samples = await interleave(calls, queries)
+        samples = await bench_hybrid.timed(pipelines, queries, items)
     finally:
         for pipeline in pipelines.values():
             await pipeline.aclose()

@@ -73,21 +73,26 @@ def settings(work: Path, segment: Path | None, nprobe: int) -> Settings:
     )
 
 
+async def timed(pipelines: dict[str, Pipeline], queries: int, items: int) -> dict[str, list[float]]:
+    """Each pipeline warmed on the first texts, then the same one-query requests timed, interleaved."""
+    texts = [CAPTION.format((i * 7919) % items) for i in range(queries)]
+    for pipeline in pipelines.values():  # warm: every query's old row cached, every thread started
+        for text in texts[:20]:
+            await pipeline.search([Query(Modality.text, text)], k=10)
+    calls = {
+        name: (lambda i, p=pipeline: p.search([Query(Modality.text, texts[i])], k=10))
+        for name, pipeline in pipelines.items()
+    }
+    return await interleave(calls, queries)
+
+
 async def measure(work: Path, segments: dict[float, Path], queries: int, items: int, nprobe: int) -> dict[str, Any]:
     """Time every variant on the same queries, interleaved; rows of p50 / p99 and their ratios to compat."""
     variants = {"compat": await Pipeline.build(settings(work, None, nprobe))}
     for share, folder in segments.items():
         variants[f"hybrid {share:.0%}"] = await Pipeline.build(settings(work, folder, nprobe))
-    texts = [CAPTION.format((i * 7919) % items) for i in range(queries)]
     try:
-        for pipeline in variants.values():  # warm: every query's old row cached, every thread started
-            for text in texts[:20]:
-                await pipeline.search([Query(Modality.text, text)], k=10)
-        calls = {
-            name: (lambda i, p=pipeline: p.search([Query(Modality.text, texts[i])], k=10))
-            for name, pipeline in variants.items()
-        }
-        samples = await interleave(calls, queries)
+        samples = await timed(variants, queries, items)
     finally:
         for pipeline in variants.values():
             await pipeline.aclose()

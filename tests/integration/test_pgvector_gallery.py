@@ -122,6 +122,27 @@ def index_scans(conn: Any, table: str) -> int:
     return int(row[0] or 0)
 
 
+def table_with_moved_column(conn: Any, table: str, moved: np.ndarray, indexed: str) -> int:
+    """A copy of the rows whose `moved` column is set on `moved`, autovacuum off (so nothing analyzes it behind
+    the test), an HNSW index on column `indexed`; the index scans counted so far."""
+    _copy(conn, table, IDS, ROWS, DIM)
+    conn.execute(f"ALTER TABLE {table} SET (autovacuum_enabled = false)")
+    conn.execute(f"ALTER TABLE {table} ADD COLUMN moved vector({DIM})")
+    conn.execute(f"UPDATE {table} SET moved = embedding WHERE id = ANY(%s)", (moved.tolist(),))
+    conn.execute(f"CREATE INDEX ON {table} USING hnsw ({indexed} vector_ip_ops)")
+    return index_scans(conn, table)
+
+
+def assert_one_index_scan_per_query(conn: Any, table: str, before: int) -> None:
+    """Each of QUERIES was one index scan of `table` (the searching connection, closed, reports its scans as it
+    ends: waited for, never timed)."""
+    for _ in range(600):
+        if index_scans(conn, table) - before >= len(QUERIES):
+            break
+        time.sleep(0.05)
+    assert index_scans(conn, table) - before == len(QUERIES)
+
+
 def test_moved_rows_are_left_out_through_the_index_even_before_the_table_is_analyzed(dsn: str) -> None:
     # A backfill half done, the table never analyzed since (autovacuum off here, so it cannot step in): by the
     # default selectivity of `moved IS NULL` almost no row is unmoved, and left alone the planner reads every
@@ -130,22 +151,13 @@ def test_moved_rows_are_left_out_through_the_index_even_before_the_table_is_anal
 
     moved = IDS[::2]
     with psycopg.connect(dsn, autocommit=True) as conn:
-        _copy(conn, "items_moving", IDS, ROWS, DIM)
-        conn.execute("ALTER TABLE items_moving SET (autovacuum_enabled = false)")
-        conn.execute(f"ALTER TABLE items_moving ADD COLUMN moved vector({DIM})")
-        conn.execute("UPDATE items_moving SET moved = embedding WHERE id = ANY(%s)", (moved.tolist(),))
-        conn.execute("CREATE INDEX ON items_moving USING hnsw (embedding vector_ip_ops)")
+        before = table_with_moved_column(conn, "items_moving", moved, indexed="embedding")
         assert conn.execute("SELECT count(*) FROM pg_stats WHERE tablename = 'items_moving'").fetchone()[0] == 0
-        before = index_scans(conn, "items_moving")
         gallery = _open(dsn, "items_moving", pgvector_ef_search=100)
         unmoved = Exclusion(np.zeros(0, np.int64), InTable("column", "moved"))
         _, kept = gallery.search(QUERIES, 10, nprobe=1, exclude=unmoved)
-        gallery.close()  # its connection reports its scans as it ends: waited for, never timed
-        for _ in range(600):
-            if index_scans(conn, "items_moving") - before >= len(QUERIES):
-                break
-            time.sleep(0.05)
-        assert index_scans(conn, "items_moving") - before == len(QUERIES)  # each query one index scan
+        gallery.close()
+        assert_one_index_scan_per_query(conn, "items_moving", before)
     want = _exact(QUERIES, 10, moved)
     recall = np.mean([len(set(w) & set(g)) / 10 for w, g in zip(want.tolist(), kept.tolist(), strict=True)])
     assert not np.isin(kept, moved).any() and recall > 0.9
@@ -159,22 +171,14 @@ def test_the_few_rows_moved_early_in_a_backfill_are_searched_through_their_index
 
     moved = IDS[:20]
     with psycopg.connect(dsn, autocommit=True) as conn:
-        _copy(conn, "items_early", IDS, ROWS, DIM)
-        conn.execute("ALTER TABLE items_early SET (autovacuum_enabled = false)")
-        conn.execute(f"ALTER TABLE items_early ADD COLUMN moved vector({DIM})")
-        conn.execute("UPDATE items_early SET moved = embedding WHERE id = ANY(%s)", (moved.tolist(),))
-        conn.execute("CREATE INDEX ON items_early USING hnsw (moved vector_ip_ops)")
+        table_with_moved_column(conn, "items_early", moved, indexed="moved")
         conn.execute("ANALYZE items_early")
         before = index_scans(conn, "items_early")
         settings = IndexSettings(backend="pgvector", pgvector_dsn=dsn, pgvector_table="items_early")
         state = ColumnState(dim=DIM, label=None, operator="<#>", metric="ip", index_method="hnsw")
         with psycopg.connect(dsn, autocommit=True) as searching:
             _, ids = PgvectorColumn(settings, "moved").search(searching, state, QUERIES, 10, ef_search=100)
-        for _ in range(600):  # the searching connection reports its scans as it ends: waited for, never timed
-            if index_scans(conn, "items_early") - before >= len(QUERIES):
-                break
-            time.sleep(0.05)
-        assert index_scans(conn, "items_early") - before == len(QUERIES)  # each query one index scan
+        assert_one_index_scan_per_query(conn, "items_early", before)
     assert set(ids.ravel().tolist()) <= set(moved.tolist())
 
 
