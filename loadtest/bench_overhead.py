@@ -29,12 +29,12 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from loadtest.benchlib import percentiles, table, warmed_interleave  # noqa: E402
+from loadtest.benchlib import percentiles, synthetic_encoders, table, warmed_interleave  # noqa: E402
 from service.compat.heads import transform  # noqa: E402
 from service.encoders.synthetic import SyntheticNewEncoder, SyntheticOldEncoder  # noqa: E402
 from service.pipeline import Pipeline  # noqa: E402
 from service.query.job import Query  # noqa: E402
-from service.settings import CompatSettings, EncoderSettings, IndexSettings, Settings  # noqa: E402
+from service.settings import CompatSettings, IndexSettings, Settings  # noqa: E402
 from service.vocabulary import Modality  # noqa: E402
 
 CAPTION = "item-{:010d} caption-1"
@@ -47,13 +47,7 @@ async def measure(demo: Path, queries: int) -> list[dict[str, Any]]:
         index=IndexSettings(gallery_dir=demo / "gallery"), compat=CompatSettings(profile_dir=demo / "profile")
     )
     pipeline = await Pipeline.build(settings)
-    windowed = await Pipeline.build(
-        settings.model_copy(
-            update={
-                side: EncoderSettings(backend=f"synthetic-{side}", max_wait_ms=WINDOW_MS) for side in ("old", "new")
-            }
-        )
-    )
+    windowed = await Pipeline.build(settings.model_copy(update=synthetic_encoders(max_wait_ms=WINDOW_MS)))
     assert pipeline.profile is not None
     profile, gallery, nprobe = pipeline.profile, pipeline.gallery, settings.index.nprobe
     texts = [CAPTION.format((i * 7919) % gallery.ntotal) for i in range(queries)]

@@ -37,10 +37,10 @@ sys.path.insert(0, str(ROOT))
 
 import numpy as np  # noqa: E402
 
-from loadtest.benchlib import cli, percentiles, store_bench_args, table, warmed_interleave  # noqa: E402
+from loadtest.benchlib import cli, percentiles, store_bench_args, synthetic_encoders, table, warmed_interleave  # noqa: E402
 from service.pipeline import Pipeline  # noqa: E402
 from service.query.job import Query  # noqa: E402
-from service.settings import CompatSettings, EncoderSettings, IndexSettings, Settings  # noqa: E402
+from service.settings import CompatSettings, IndexSettings, Settings  # noqa: E402
 from service.vocabulary import Modality  # noqa: E402
 
 CAPTION = "item-{:010d} caption-1"
@@ -119,11 +119,7 @@ def settings(work: Path, dsn: str | None, new_column: str | None = None, window_
             segment_refresh_s=3600,
         )  # fmt: skip
     )
-    encoders = {}
-    if window_ms is not None:
-        encoders = {
-            side: EncoderSettings(backend=f"synthetic-{side}", max_wait_ms=window_ms) for side in ("old", "new")
-        }
+    encoders = {} if window_ms is None else synthetic_encoders(max_wait_ms=window_ms)
     return Settings(index=index, compat=CompatSettings(profile_dir=work / "profile"), **encoders)
 
 

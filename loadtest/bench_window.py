@@ -31,7 +31,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from loadtest.benchlib import percentiles, table  # noqa: E402
+from loadtest.benchlib import percentiles, synthetic_encoders, table  # noqa: E402
 from service import metrics  # noqa: E402
 from service.pipeline import Pipeline  # noqa: E402
 from service.query.job import Query  # noqa: E402
@@ -74,25 +74,22 @@ async def round_of(pipeline: Pipeline, texts: list[str], clients: int) -> dict[s
     }
 
 
+def encoders(window_ms: float, args: argparse.Namespace) -> dict[str, EncoderSettings]:
+    """Both synthetic encoders with this window, padded to the model's cost."""
+    return synthetic_encoders(
+        max_wait_ms=window_ms,
+        simulated_cost_ms=args.encoder_ms,
+        simulated_cost_per_item_ms=args.encoder_item_ms,
+    )
+
+
 async def measure(args: argparse.Namespace) -> list[dict[str, Any]]:
     """Each window at each concurrency, the windows taking turns round by round."""
     base = Settings(
         index=IndexSettings(gallery_dir=args.demo / "gallery"),
         compat=CompatSettings(profile_dir=args.demo / "profile"),
     )
-
-    def encoders(window_ms: float) -> dict[str, EncoderSettings]:
-        return {
-            side: EncoderSettings(
-                backend=f"synthetic-{side}",
-                max_wait_ms=window_ms,
-                simulated_cost_ms=args.encoder_ms,
-                simulated_cost_per_item_ms=args.encoder_item_ms,
-            )
-            for side in ("old", "new")
-        }
-
-    pipelines = {window: await Pipeline.build(base.model_copy(update=encoders(window))) for window in args.windows}
+    pipelines = {w: await Pipeline.build(base.model_copy(update=encoders(w, args))) for w in args.windows}
     rows: list[dict[str, Any]] = []
     try:
         for clients in args.clients:

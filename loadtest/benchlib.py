@@ -25,6 +25,7 @@ from service.compat.profile import CompatProfile, save_profile
 from service.encoders.base import Encoder
 from service.encoders.batcher import MicroBatcher
 from service.index.gallery import Gallery
+from service.settings import EncoderSettings
 
 
 def cli(*args: str | Path) -> None:
@@ -62,6 +63,11 @@ class Baseline:
         """Encode and search, as the pipeline does (search on a worker thread)."""
         rows = await self.batcher.encode([text], "text")
         await asyncio.to_thread(self.gallery.search, rows, 10, self.nprobe)
+
+
+def synthetic_encoders(**fields: Any) -> dict[str, EncoderSettings]:
+    """Both synthetic encoders with the same further settings, as a Settings update ({"old": ..., "new": ...})."""
+    return {side: EncoderSettings(backend=f"synthetic-{side}", **fields) for side in ("old", "new")}
 
 
 def free_port() -> int:

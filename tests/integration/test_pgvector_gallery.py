@@ -8,7 +8,6 @@ cosines, refuses a table it cannot serve in one line, and answers 503 when Postg
 
 from __future__ import annotations
 
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -21,7 +20,7 @@ from service.index.base import Exclusion
 from service.settings import CompatSettings, IndexSettings, Settings
 from tests.support.app import serving
 from tests.support.postgres import started, user_table
-from tests.support.stores import Captions, assert_old_rows_are_served_exactly
+from tests.support.stores import Captions, assert_old_rows_are_served_exactly, wait_until
 from tests.support.world import World
 
 psycopg = pytest.importorskip("psycopg")
@@ -136,10 +135,7 @@ def table_with_moved_column(conn: Any, table: str, moved: np.ndarray, indexed: s
 def assert_one_index_scan_per_query(conn: Any, table: str, before: int) -> None:
     """Each of QUERIES was one index scan of `table` (the searching connection, closed, reports its scans as it
     ends: waited for, never timed)."""
-    for _ in range(600):
-        if index_scans(conn, table) - before >= len(QUERIES):
-            break
-        time.sleep(0.05)
+    wait_until(lambda: index_scans(conn, table) - before >= len(QUERIES), f"{table}'s index scans", timeout_s=30)
     assert index_scans(conn, table) - before == len(QUERIES)
 
 

@@ -8,7 +8,6 @@ compatible search, at 100 % it is the new model's exact search over the new colu
 
 from __future__ import annotations
 
-import asyncio
 import hashlib
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -190,11 +189,7 @@ async def assert_an_early_cut_over_start_is_refused_and_holds_no_connection(dsn:
     before = others_connected(dsn)
     with pytest.raises(ArtifactError, match="cut over .* once `nobackfill backfill status` says 100 %"):
         await Pipeline.build(cut_over_settings(dsn, layout))
-    for _ in range(600):
-        if others_connected(dsn) <= before:
-            break
-        await asyncio.sleep(0.05)
-    assert others_connected(dsn) <= before
+    stores.wait_until(lambda: others_connected(dsn) <= before, "the refused segment's connection closed", timeout_s=30)
 
 
 def column_count(dsn: str, column: str) -> int:
