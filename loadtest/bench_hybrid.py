@@ -1,6 +1,7 @@
 """Hybrid search against the compatible service, side by side in one run: p50 / p99 ratios at moved shares.
 
     .venv/bin/python loadtest/bench_hybrid.py --items 1000000 --moved 0.1,0.5 --queries 400
+    .venv/bin/python loadtest/bench_hybrid.py --items 100000 --whole-references   # the calibration's reference width
 
 Builds once into --work (kept between runs): a synthetic gallery of N items, its item store, a
 profile, and one segment per moved share (`backfill run --order random`, each share a copy of the
@@ -65,12 +66,33 @@ def build(work: Path, items: int, moved: list[float]) -> dict[float, Path]:
     return segments
 
 
-def settings(work: Path, segment: Path | None, nprobe: int) -> Settings:
+def settings(work: Path, segment: Path | None, nprobe: int, profile: str = "profile") -> Settings:
     """One variant's settings: the world, with or without a segment."""
     return Settings(
         index=IndexSettings(gallery_dir=work / "gallery", nprobe=nprobe, segment_dir=segment, segment_refresh_s=3600),
-        compat=CompatSettings(profile_dir=work / "profile"),
+        compat=CompatSettings(profile_dir=work / profile),
     )
+
+
+def whole_references_profile(work: Path) -> str:
+    """A copy of the profile whose backgrounds read the same references at their spaces' full width (as profiles
+    stored them before calibration.REFERENCE_RANK): the rows expanded back out of their bases, which gives the same
+    backgrounds, so the same answers, at the old cost.  Its folder name under `work`."""
+    from dataclasses import replace
+
+    from service.compat.calibration import basis_tensors, reference_tensors
+    from service.compat.profile import load_profile, save_profile
+
+    profile = load_profile(work / "profile")
+    tensors, calibration = dict(profile.tensors), dict(profile.calibration or {})
+    for modality, line in calibration.items():
+        for rows_name, basis_name in zip(reference_tensors(modality), basis_tensors(modality), strict=True):
+            basis = tensors.pop(basis_name, None)
+            if basis is not None:
+                tensors[rows_name] = tensors[rows_name] @ basis.T
+        calibration[modality] = {**line, "background": {k: v for k, v in line["background"].items() if k != "bases"}}
+    save_profile(replace(profile, tensors=tensors, calibration=calibration), work / "profile-whole", overwrite=True)
+    return "profile-whole"
 
 
 async def timed(pipelines: dict[str, Pipeline], queries: int, items: int) -> dict[str, list[float]]:
@@ -86,11 +108,21 @@ async def timed(pipelines: dict[str, Pipeline], queries: int, items: int) -> dic
     return await interleave(calls, queries)
 
 
-async def measure(work: Path, segments: dict[float, Path], queries: int, items: int, nprobe: int) -> dict[str, Any]:
-    """Time every variant on the same queries, interleaved; rows of p50 / p99 and their ratios to compat."""
+async def measure(
+    work: Path, segments: dict[float, Path], queries: int, items: int, nprobe: int, whole: bool = False
+) -> dict[str, Any]:
+    """Time every variant on the same queries, interleaved; rows of p50 / p99 and their ratios to compat.
+
+    whole: also each share with the references at their spaces' full width (whole_references_profile).
+    """
     variants = {"compat": await Pipeline.build(settings(work, None, nprobe))}
+    wide = whole_references_profile(work) if whole else None
     for share, folder in segments.items():
         variants[f"hybrid {share:.0%}"] = await Pipeline.build(settings(work, folder, nprobe))
+        if wide is not None:
+            variants[f"hybrid {share:.0%}, whole-width references"] = await Pipeline.build(
+                settings(work, folder, nprobe, wide)
+            )
     try:
         samples = await timed(variants, queries, items)
     finally:
@@ -120,9 +152,12 @@ def main() -> None:
     parser.add_argument("--moved", default="0.1,0.5", help="Moved shares, comma-separated.")
     parser.add_argument("--queries", type=int, default=300)
     parser.add_argument("--nprobe", type=int, default=16)
+    parser.add_argument(
+        "--whole-references", action="store_true", help="Also each share with full-width calibration references."
+    )
     args, work = parse_args_and_work_folder(parser, WORK)
     segments = build(work, args.items, [float(s) for s in args.moved.split(",")])
-    result = asyncio.run(measure(work, segments, args.queries, args.items, args.nprobe))
+    result = asyncio.run(measure(work, segments, args.queries, args.items, args.nprobe, args.whole_references))
     print(json.dumps(result) if args.json else table(result["rows"]))
 
 

@@ -7,7 +7,7 @@ the functions, as in every command module.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import typer
 
@@ -76,12 +76,22 @@ def _hubness_lines(profile: CompatProfile) -> list[str]:
     return lines
 
 
+def _directions(report: dict[str, Any]) -> str:
+    """', read in 128 / 128 principal directions' where a space's references were reduced (old / new; 'whole')."""
+    kept = report.get("reference_directions") or [None, None]
+    if not any(kept):
+        return ""
+    return ", read in " + " / ".join("whole" if r is None else str(r) for r in kept) + " principal directions"
+
+
 def _calibration_lines(profile: CompatProfile) -> list[str]:
     """One line per modality on the hybrid merge's score map (none where the support had no new targets)."""
     lines = []
     for modality, report in (profile.fit_report.get("calibration") or {}).items():
         background = report.get("background")
-        over = f" over each query's background ({background['references']:,} reference rows)" if background else ""
+        over = ""
+        if background:
+            over = f" over each query's background ({background['references']:,} reference rows{_directions(report)})"
         lines.append(
             f"hybrid calibration ({modality}): segment score x {report['scale']:.3f} {report['shift']:+.3f}{over} "
             f"onto the old scale; {report['right_decisions']:.1%} of {report['queries']:,} support queries' "

@@ -8,7 +8,11 @@ search, scores included.
 How high a score is depends on the query as much as on the item: some queries sit in a crowded
 part of their space and score high against everything.  So each query's scores are first read
 against its own background in each space: the mean of its BACKGROUND_K best cosines over a fixed
-set of reference rows, the support's targets in both spaces (stored in the profile).  The map is
+set of reference rows, the support's targets in both spaces (stored in the profile).  The rows are
+stored in their own top REFERENCE_RANK principal directions, and a query is read in the same ones:
+a request then reads a sixth of the bytes in a 768-d space (references evicted from cache between
+requests cost hybrid search more than the arithmetic), and the backgrounds came out the same
+(docs/backfill.md: R@1 unchanged at 50 % moved on the synthetic and the real upgrade).  The map is
     s_new -> b_old(q) + scale * (s_new - b_new(q)) + shift
 a line between the two spaces' distances above the query's background.  The references do not
 change as items move, so neither does the map; a profile fitted before references were stored has
@@ -39,21 +43,27 @@ if TYPE_CHECKING:
     from service.compat.metrics import Relevance  # only the type: profiles load without torch
 
 MAX_QUERIES = 5000
-MAX_REFERENCES = 4000  # rows per space: a query's backgrounds cost 2 x 4000 dot products (about 0.2 ms)
+MAX_REFERENCES = 4000  # rows per space: a query's backgrounds cost 2 x 4000 dot products
 BACKGROUND_K = 20
+REFERENCE_RANK = 128  # principal directions kept per space (a space of at most this dim is kept whole)
 _CHUNK = 256
 
 
 @dataclass(frozen=True, eq=False)
 class References:
-    """The rows a query's background is read against, in both spaces (unit rows, one per support target).
+    """The rows a query's background is read against, in both spaces (one per support target).
 
+    Without a basis a side's rows are unit rows of its space; with one ([d, r], orthonormal columns:
+    the rows' top principal directions) they are the rows' coordinates in it, and a query is read in
+    the same coordinates, so its cosines with them are those of its projection.
     Compared by identity (eq=False): two maps are equal when they read the same stored rows.
     """
 
-    old: F32  # [n, d_old]
-    new: F32  # [n, d_new]
+    old: F32  # [n, d_old], or [n, r_old] in old_basis's coordinates
+    new: F32  # [n, d_new], or [n, r_new]
     k: int = BACKGROUND_K
+    old_basis: F32 | None = None  # [d_old, r_old]
+    new_basis: F32 | None = None  # [d_new, r_new]
 
     def __post_init__(self) -> None:
         if self.old.ndim != 2 or self.new.ndim != 2 or len(self.old) != len(self.new):
@@ -61,14 +71,37 @@ class References:
             raise ValueError(f"reference rows must be two matrices of as many rows, got {shapes}")
         if not 1 <= self.k <= len(self.old):
             raise ValueError(f"background k must be within 1..{len(self.old)} (the reference rows), got {self.k}")
+        for side, rows, basis in (("old", self.old, self.old_basis), ("new", self.new, self.new_basis)):
+            if basis is not None and (basis.ndim != 2 or basis.shape[1] != rows.shape[1]):
+                raise ValueError(f"the {side} basis is {basis.shape}, its reference rows {rows.shape}: columns differ")
+
+    @property
+    def dims(self) -> tuple[int, int]:
+        """The widths of the query rows each side reads: (d_old, d_new)."""
+        old = self.old if self.old_basis is None else self.old_basis.T
+        new = self.new if self.new_basis is None else self.new_basis.T
+        return old.shape[1], new.shape[1]
 
     def background(self, queries: F32, side: str) -> F32:
         """Per unit query row: the mean of its k best cosines against this side's references."""
-        refs = self.old if side == "old" else self.new
-        scores = np.asarray(queries, dtype=np.float32) @ refs.T
+        refs, basis = (self.old, self.old_basis) if side == "old" else (self.new, self.new_basis)
+        rows = np.asarray(queries, dtype=np.float32)
+        if basis is not None:
+            rows = rows @ basis
+        scores = rows @ refs.T
         best = np.partition(scores, len(refs) - self.k, axis=1)[:, len(refs) - self.k :]
         means: F32 = best.mean(axis=1, dtype=np.float64).astype(np.float32)
         return means
+
+
+def in_principal_directions(rows: F32, rank: int) -> tuple[F32, F32 | None]:
+    """The rows' coordinates in their own top `rank` principal directions (uncentred: the directions that keep
+    most of their dot products) and that basis [d, r]; the rows unchanged, and no basis, when rank >= d."""
+    if rank >= rows.shape[1]:
+        return rows, None
+    _, _, vt = np.linalg.svd(np.asarray(rows, dtype=np.float64), full_matrices=False)
+    basis = np.ascontiguousarray(vt[:rank].T, dtype=np.float32)
+    return np.ascontiguousarray(rows @ basis, dtype=np.float32), basis
 
 
 @dataclass(frozen=True)
@@ -102,15 +135,20 @@ class ScoreMap:
         return mapped.astype(np.float32)
 
     def as_dict(self) -> dict[str, Any]:
-        """JSON form, as profile.json stores it (the reference rows go into the tensors file)."""
+        """JSON form, as profile.json stores it (the reference rows and bases go into the tensors file)."""
         line: dict[str, Any] = {"scale": self.scale, "shift": self.shift}
-        if self.references is not None:
-            line["background"] = {"k": self.references.k, "references": len(self.references.old)}
+        refs = self.references
+        if refs is not None:
+            line["background"] = {"k": refs.k, "references": len(refs.old)}
+            if refs.old_basis is not None or refs.new_basis is not None:
+                line["background"]["bases"] = [refs.old_basis is not None, refs.new_basis is not None]
         return line
 
     @classmethod
-    def from_dict(cls, data: Any, references: tuple[F32, F32] | None = None) -> ScoreMap:
-        """Parse as_dict's form with its reference rows (old, new); ValueError when anything is out of range."""
+    def from_dict(
+        cls, data: Any, references: tuple[F32, F32] | None = None, bases: tuple[F32 | None, F32 | None] = (None, None)
+    ) -> ScoreMap:
+        """Parse as_dict's form with its reference rows (old, new) and bases; ValueError when anything is off."""
         scale, shift = float(data["scale"]), float(data["shift"])
         if not (np.isfinite(scale) and np.isfinite(shift) and scale > 0):
             raise ValueError(f"scale must be finite and > 0, shift finite; got {scale}, {shift}")
@@ -122,7 +160,10 @@ class ScoreMap:
         old, new = references
         if int(background["references"]) != len(old):
             raise ValueError(f"{background['references']} reference rows named, {len(old)} stored")
-        return cls(scale, shift, References(old, new, int(background["k"])))
+        named = [bool(b) for b in background.get("bases", [False, False])]
+        if named != [b is not None for b in bases]:
+            raise ValueError(f"bases named for (old, new): {named}, stored: {[b is not None for b in bases]}")
+        return cls(scale, shift, References(old, new, int(background["k"]), *bases))
 
 
 IDENTITY = ScoreMap(1.0, 0.0)
@@ -131,6 +172,11 @@ IDENTITY = ScoreMap(1.0, 0.0)
 def reference_tensors(modality: str) -> tuple[str, str]:
     """The tensor names of a modality's reference rows (old space, new space) in the profile."""
     return f"calibration.{modality}.old_references", f"calibration.{modality}.new_references"
+
+
+def basis_tensors(modality: str) -> tuple[str, str]:
+    """The tensor names of a modality's reference bases (old space, new space), where the rows have them."""
+    return f"calibration.{modality}.old_basis", f"calibration.{modality}.new_basis"
 
 
 SCALES = np.exp(np.linspace(np.log(0.05), np.log(20.0), 161))
@@ -177,14 +223,16 @@ def fit_score_map(
     """The map of new scores onto the old scale (see the module docstring) and a JSON-able report.
 
     All rows must be unit: served = the compatible queries, new_queries / new_targets = the new model's.
-    The references are up to MAX_REFERENCES of the targets, drawn at random.
+    The references are up to MAX_REFERENCES of the targets, drawn at random, each side in its own top
+    REFERENCE_RANK principal directions (the fit reads the backgrounds as a request will).
     """
     rng = np.random.default_rng(seed)
     with_rel = np.unique(rel.query_index)
     rows = with_rel if len(with_rel) <= MAX_QUERIES else np.sort(rng.choice(with_rel, MAX_QUERIES, replace=False))
     picked = np.sort(rng.choice(len(old_targets), min(MAX_REFERENCES, len(old_targets)), replace=False))
-    old_refs, new_refs = np.ascontiguousarray(old_targets[picked]), np.ascontiguousarray(new_targets[picked])
-    references = References(old_refs, new_refs, min(BACKGROUND_K, len(picked)))
+    old_refs, old_basis = in_principal_directions(old_targets[picked], REFERENCE_RANK)
+    new_refs, new_basis = in_principal_directions(new_targets[picked], REFERENCE_RANK)
+    references = References(old_refs, new_refs, min(BACKGROUND_K, len(picked)), old_basis, new_basis)
     b_old = references.background(served[rows], "old").astype(np.float64)
     b_new = references.background(new_queries[rows], "new").astype(np.float64)
     r_old, n_old = best_scores(served, old_targets, rel, rows)
@@ -195,6 +243,8 @@ def fit_score_map(
         "method": "rank-1 decisions over each query's background",
         "queries": int(len(rows)),
         "right_decisions": round(right, 4),
+        # per space (old, new): the principal directions its references are read in, None where kept whole
+        "reference_directions": [None if b is None else int(b.shape[1]) for b in (old_basis, new_basis)],
         "median_scores": {
             "old_hit": float(np.median(r_old)),
             "old_miss": float(np.median(n_old)),

@@ -24,7 +24,7 @@ from typing import Any
 import numpy as np
 
 from service.compat import selection
-from service.compat.calibration import fit_score_map, reference_tensors
+from service.compat.calibration import basis_tensors, fit_score_map, reference_tensors
 from service.compat.fit_inputs import ModelIds, model_ids, query_pairs
 from service.compat.fit_options import FitOptions, FitOutcome, check_options
 from service.compat.heads import transform_in_chunks
@@ -155,9 +155,13 @@ def _calibrated(outcome: FitOutcome, splits: Mapping[str, Split]) -> FitOutcome:
             seed=0,
         )
         calibration[modality], reports[modality] = score_map.as_dict(), report
-        if score_map.references is not None:
+        refs = score_map.references
+        if refs is not None:
             old_name, new_name = reference_tensors(modality)
-            tensors[old_name], tensors[new_name] = score_map.references.old, score_map.references.new
+            tensors[old_name], tensors[new_name] = refs.old, refs.new
+            for name, basis in zip(basis_tensors(modality), (refs.old_basis, refs.new_basis), strict=True):
+                if basis is not None:
+                    tensors[name] = basis
     if not calibration:
         return outcome
     fit_report = {**outcome.profile.fit_report, "calibration": reports}

@@ -142,13 +142,14 @@ class CompatProfile:
     @cached_property
     def _score_maps(self) -> dict[str, ScoreMap]:
         """Every modality's calibration with its reference rows, built once (a request reads it)."""
-        from service.compat.calibration import ScoreMap, reference_tensors
+        from service.compat.calibration import ScoreMap, basis_tensors, reference_tensors
 
         maps = {}
         for modality, line in (self.calibration or {}).items():
             names = reference_tensors(modality)
             refs = tuple(self.tensors[n] for n in names) if all(n in self.tensors for n in names) else None
-            maps[modality] = ScoreMap.from_dict(line, refs)  # type: ignore[arg-type]
+            old_basis, new_basis = (self.tensors.get(n) for n in basis_tensors(modality))
+            maps[modality] = ScoreMap.from_dict(line, refs, (old_basis, new_basis))  # type: ignore[arg-type]
         return maps
 
     @property
@@ -257,10 +258,10 @@ def _validate_calibration(profile: CompatProfile, where: Path | str) -> None:
         except (KeyError, TypeError, ValueError) as exc:
             raise ArtifactError(f"{where}: calibration for modality {modality!r}: {exc}") from exc
         refs = score_map.references
-        if refs is not None and (refs.old.shape[1] != profile.old_dim or refs.new.shape[1] != profile.new_dim):
+        if refs is not None and refs.dims != (profile.old_dim, profile.new_dim):
             old_name, new_name = reference_tensors(modality)
             raise ArtifactError(
-                f"{where}: {old_name} / {new_name} have {refs.old.shape[1]} / {refs.new.shape[1]} columns, "
+                f"{where}: {old_name} / {new_name} read {refs.dims[0]} / {refs.dims[1]}-d queries (with their bases), "
                 f"expected old_dim {profile.old_dim} / new_dim {profile.new_dim}"
             )
 

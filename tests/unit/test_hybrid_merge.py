@@ -5,7 +5,14 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from service.compat.calibration import IDENTITY, References, ScoreMap, best_line, fit_score_map
+from service.compat.calibration import (
+    IDENTITY,
+    References,
+    ScoreMap,
+    best_line,
+    fit_score_map,
+    in_principal_directions,
+)
 from service.compat.metrics import relevance
 from service.scoring.migration import Spaces, curve, merged_ranks, move_order
 from service.segment.merge import merge
@@ -115,6 +122,52 @@ def test_offsets_read_each_query_against_its_background_in_both_spaces() -> None
         ScoreMap.from_dict(score_map.as_dict())  # named, not stored
     with pytest.raises(ValueError, match="background k"):
         References(old_refs, new_refs, k=31)
+
+
+def test_references_in_their_principal_directions_read_the_same_backgrounds_and_round_trip() -> None:
+    """Rows spanning 5 of 12 dimensions keep every cosine in 5 coordinates; a query is read in the same ones."""
+    rng = np.random.default_rng(7)
+    old_refs = _unit(rng.standard_normal((40, 5)) @ rng.standard_normal((5, 12)))
+    new_refs = _unit(rng.standard_normal((40, 8)))
+    served, new_q = _unit(rng.standard_normal((6, 12))), _unit(rng.standard_normal((6, 8)))
+    old_rows, old_basis = in_principal_directions(old_refs, 5)
+    new_rows, new_basis = in_principal_directions(new_refs, 8)  # a space of at most the rank stays whole
+    assert old_rows.shape == (40, 5) and old_basis is not None and old_basis.shape == (12, 5)
+    np.testing.assert_allclose(old_basis.T @ old_basis, np.eye(5), atol=1e-5)
+    assert new_basis is None and new_rows is new_refs
+    whole = References(old_refs, new_refs, k=4)
+    reduced = References(old_rows, new_rows, 4, old_basis, None)
+    assert reduced.dims == whole.dims == (12, 8)
+    np.testing.assert_allclose(reduced.background(served, "old"), whole.background(served, "old"), atol=1e-5)
+    np.testing.assert_allclose(reduced.background(new_q, "new"), whole.background(new_q, "new"), atol=1e-6)
+    # Fewer directions than the rows span: the background of each query's projection, not the same numbers.
+    few_rows, few_basis = in_principal_directions(old_refs, 2)
+    few = References(few_rows, new_rows, 4, few_basis, None)
+    assert not np.allclose(few.background(served, "old"), whole.background(served, "old"), atol=1e-3)
+    # profile.json names the bases; the tensors file must hold exactly those.
+    line = ScoreMap(1.2, 0.0, reduced).as_dict()
+    assert line["background"]["bases"] == [True, False]
+    loaded = ScoreMap.from_dict(line, (old_rows, new_rows), (old_basis, None))
+    assert loaded.references is not None and loaded.references.dims == (12, 8)
+    with pytest.raises(ValueError, match="bases named"):
+        ScoreMap.from_dict(line, (old_rows, new_rows))
+    with pytest.raises(ValueError, match="columns differ"):
+        References(old_rows, new_rows, 4, few_basis, None)
+
+
+def test_a_fitted_profile_stores_its_references_in_128_directions() -> None:
+    """fit_score_map keeps REFERENCE_RANK directions of a wider space, and the backgrounds it fits on are those."""
+    rng = np.random.default_rng(8)
+    n = 300
+    old_t, new_t = _unit(rng.standard_normal((n, 160))), _unit(rng.standard_normal((n, 96)))
+    served = _unit(old_t + 0.3 * rng.standard_normal((n, 160)))
+    new_q = _unit(new_t + 0.3 * rng.standard_normal((n, 96)))
+    fitted, report = fit_score_map(served, old_t, new_q, new_t, relevance(np.arange(n), np.arange(n)))
+    refs = fitted.references
+    assert refs is not None and refs.old.shape == (n, 128) and refs.old_basis is not None
+    assert refs.new_basis is None and refs.new.shape == (n, 96)  # 96-d: kept whole
+    assert report["background"] == {"k": 20, "references": n, "bases": [True, False]}
+    assert report["reference_directions"] == [128, None]
 
 
 def _unit(x: np.ndarray) -> np.ndarray:
