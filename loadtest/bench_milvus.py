@@ -2,15 +2,17 @@
 
 For each size N (default 10^5 and 10^6): the synthetic world's old-model vectors of items 0..N-1 go
 into one .npy; from it `build_gallery` makes the local FAISS IVF-PQ gallery (builder defaults: nlist
-about 4 sqrt N, PQ64x8) and `build_collection` loads a Milvus collection (IVF_FLAT at the same nlist:
-milvus-lite has no PQ index) in a `milvus-lite server` process on this machine, reached over gRPC as a
-remote Milvus would be.  Both are then searched through the service's own GalleryBackend objects
+about 4 sqrt N, PQ64x8) and `build_collection` loads a Milvus collection at the same nlist, in a server
+process on this machine reached over gRPC as a remote Milvus would be: a `milvus-lite server` (IVF_FLAT:
+milvus-lite has no PQ index), or with `--server standalone` a real Milvus 2.3.5 (IVF_PQ m=64, the same
+code size as the local gallery).  Both are then searched through the service's own GalleryBackend objects
 (`Gallery`, `MilvusGallery`), one query at a time, top-10 at the same nprobe, interleaved (the order
 alternates per query) so the machine's noise falls on both alike.  Queries are caption views of random
 items through the old encoder (as `gallery eval`); recall@10 is the overlap with the exact top-10 by
 brute force over all N true vectors.  Prints one table of ratios (milvus / faiss) per size.
 
     .venv/bin/python loadtest/bench_milvus.py --sizes 100000,1000000 --json loadtest/results/milvus.json
+    .venv/bin/python loadtest/bench_milvus.py --sizes 100000 --server standalone
 
 Artifacts are kept under --work and reused by a re-run (the Milvus load resumes where it stopped).
 """
@@ -92,7 +94,42 @@ def exact_top10(queries: np.ndarray[Any, Any], vectors: np.ndarray[Any, Any]) ->
     return best_ids
 
 
-def run_size(n: int, work: Path, queries: int, nprobe: int, seed: int) -> dict[str, Any]:
+class Server:
+    """The Milvus server of a run: a `milvus-lite server` process (IVF_FLAT: it has no PQ), or a real Milvus 2.3.5
+    standalone (tests/support/milvus.py, the `milvus` wheel) searched through IVF_PQ m=64 like the local gallery."""
+
+    def __init__(self, kind: str, data_dir: Path) -> None:
+        self.kind = kind
+        self.data_dir = data_dir
+        self.index_type = "IVF_PQ" if kind == "standalone" else "IVF_FLAT"
+        self.version = _version("milvus") if kind == "standalone" else _version("milvus_lite")
+        self.standalone: Any = None
+        self.process: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> str:
+        """Start it; its URI once it answers."""
+        if self.kind == "lite":
+            self.process, uri = start_milvus_lite(self.data_dir)
+            return uri
+        from tests.support.milvus import MilvusStandalone
+
+        self.standalone = MilvusStandalone(self.data_dir)
+        self.standalone.start()
+        return str(self.standalone.uri)
+
+    def stop(self) -> None:
+        """Stop it (milvus-lite by SIGTERM, so it flushes; the standalone by SIGKILL: its data is in its folder)."""
+        if self.standalone is not None:
+            self.standalone.stop()
+        if self.process is not None:
+            self.process.send_signal(signal.SIGTERM)
+            try:
+                self.process.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+
+
+def run_size(n: int, work: Path, queries: int, nprobe: int, seed: int, server_kind: str) -> dict[str, Any]:
     """Build (or reuse) both galleries of n items, time and score them side by side."""
     folder = work / f"n{n}"
     folder.mkdir(parents=True, exist_ok=True)
@@ -109,7 +146,8 @@ def run_size(n: int, work: Path, queries: int, nprobe: int, seed: int) -> dict[s
         build_gallery(source, gallery_dir, params, force=True)
         faiss_build_s = time.perf_counter() - started
     faiss_gallery = Gallery.load(gallery_dir, coarse="flat")
-    process, uri = start_milvus_lite(folder / "milvus")
+    server = Server(server_kind, folder / ("milvus" if server_kind == "lite" else f"milvus-{server_kind}"))
+    uri = server.start()
     try:
         started = time.perf_counter()
         client = connect(uri, None, 1800.0)
@@ -123,7 +161,7 @@ def run_size(n: int, work: Path, queries: int, nprobe: int, seed: int) -> dict[s
                 client,
                 COLLECTION,
                 source,
-                index_type="IVF_FLAT",
+                index_type=server.index_type,
                 nlist=faiss_gallery.nlist,
                 log=lambda line: print(line, file=sys.stderr),
             )
@@ -158,18 +196,14 @@ def run_size(n: int, work: Path, queries: int, nprobe: int, seed: int) -> dict[s
             floor.append(time.perf_counter() - t0)
         milvus.close()
     finally:
-        process.send_signal(signal.SIGTERM)
-        try:
-            process.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            process.kill()
+        server.stop()
     result: dict[str, Any] = {
         "n": n,
         "dim": source.dim,
         "queries": queries,
         "nprobe": nprobe,
         "faiss_index": faiss_gallery.meta.get("factory"),
-        "milvus_index": f"IVF_FLAT nlist={faiss_gallery.nlist} (milvus-lite {_version('milvus_lite')})",
+        "milvus_index": f"{server.index_type} nlist={faiss_gallery.nlist} ({server.kind} {server.version})",
         "vectors_s": vectors_s,
         "faiss_build_s": faiss_build_s,
         "milvus_build_s": milvus_build_s,
@@ -220,11 +254,14 @@ def main() -> None:
     parser.add_argument("--nprobe", type=int, default=16)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--json", type=Path, default=None)
+    parser.add_argument(
+        "--server", choices=("lite", "standalone"), default="lite", help="milvus-lite, or a real Milvus 2.3.5"
+    )
     args = parser.parse_args()
     results = []
     for n in (int(s) for s in args.sizes.split(",") if s.strip()):
         started = time.perf_counter()
-        result = run_size(n, args.work, args.queries, args.nprobe, args.seed)
+        result = run_size(n, args.work, args.queries, args.nprobe, args.seed, args.server)
         result["wall_s"] = time.perf_counter() - started
         result["loadavg"] = os.getloadavg()
         results.append(result)
