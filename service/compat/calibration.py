@@ -10,7 +10,7 @@ part of their space and score high against everything.  So each query's scores a
 against its own background in each space: the mean of its BACKGROUND_K best cosines over a fixed
 set of reference rows, the support's targets in both spaces (stored in the profile).  The rows are
 stored in their own top REFERENCE_RANK principal directions, and a query is read in the same ones:
-a request then reads a sixth of the bytes in a 768-d space (references evicted from cache between
+a request then reads a fifth of the bytes in a 768-d space (references evicted from cache between
 requests cost hybrid search more than the arithmetic), and the backgrounds came out the same
 (docs/backfill.md: R@1 unchanged at 50 % moved on the synthetic and the real upgrade).  The map is
     s_new -> b_old(q) + scale * (s_new - b_new(q)) + shift
