@@ -110,7 +110,11 @@ class MilvusStandalone(ServerProcess):
                 stderr=subprocess.DEVNULL,
                 start_new_session=True,  # the wrapper and the binary it starts: stopped, frozen and killed together
             )
-            _wait_answering(self.uri, self.process, "Milvus standalone", timeout_s=120)
+            try:
+                _wait_answering(self.uri, self.process, "Milvus standalone", timeout_s=120)
+            except BaseException:
+                self.stop()  # no half-started server left holding its ports and etcd
+                raise
 
     def _environment(self, etcd_config: Path) -> dict[str, str]:
         """Milvus settings that win over the config file the wrapper writes.
