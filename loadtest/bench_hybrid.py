@@ -90,7 +90,8 @@ def whole_references_profile(work: Path) -> str:
             basis = tensors.pop(basis_name, None)
             if basis is not None:
                 tensors[rows_name] = tensors[rows_name] @ basis.T
-        calibration[modality] = {**line, "background": {k: v for k, v in line["background"].items() if k != "bases"}}
+        whole = {k: v for k, v in line["background"].items() if k != "directions"}
+        calibration[modality] = {**line, "background": whole}
     save_profile(replace(profile, tensors=tensors, calibration=calibration), work / "profile-whole", overwrite=True)
     return "profile-whole"
 

@@ -76,10 +76,10 @@ def _hubness_lines(profile: CompatProfile) -> list[str]:
     return lines
 
 
-def _directions(report: dict[str, Any]) -> str:
+def _directions(background: dict[str, Any]) -> str:
     """', read in 128 / 128 principal directions' where a space's references were reduced (old / new; 'whole')."""
-    kept = report.get("reference_directions") or [None, None]
-    if not any(kept):
+    kept = background.get("directions")
+    if not kept:
         return ""
     return ", read in " + " / ".join("whole" if r is None else str(r) for r in kept) + " principal directions"
 
@@ -91,7 +91,8 @@ def _calibration_lines(profile: CompatProfile) -> list[str]:
         background = report.get("background")
         over = ""
         if background:
-            over = f" over each query's background ({background['references']:,} reference rows{_directions(report)})"
+            rows = f"{background['references']:,} reference rows{_directions(background)}"
+            over = f" over each query's background ({rows})"
         lines.append(
             f"hybrid calibration ({modality}): segment score x {report['scale']:.3f} {report['shift']:+.3f}{over} "
             f"onto the old scale; {report['right_decisions']:.1%} of {report['queries']:,} support queries' "

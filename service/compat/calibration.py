@@ -76,11 +76,16 @@ class References:
                 raise ValueError(f"the {side} basis is {basis.shape}, its reference rows {rows.shape}: columns differ")
 
     @property
+    def bases(self) -> tuple[F32 | None, F32 | None]:
+        """(old_basis, new_basis)."""
+        return self.old_basis, self.new_basis
+
+    @property
     def dims(self) -> tuple[int, int]:
         """The widths of the query rows each side reads: (d_old, d_new)."""
-        old = self.old if self.old_basis is None else self.old_basis.T
-        new = self.new if self.new_basis is None else self.new_basis.T
-        return old.shape[1], new.shape[1]
+        d_old = self.old.shape[1] if self.old_basis is None else self.old_basis.shape[0]
+        d_new = self.new.shape[1] if self.new_basis is None else self.new_basis.shape[0]
+        return d_old, d_new
 
     def background(self, queries: F32, side: str) -> F32:
         """Per unit query row: the mean of its k best cosines against this side's references."""
@@ -141,7 +146,8 @@ class ScoreMap:
         if refs is not None:
             line["background"] = {"k": refs.k, "references": len(refs.old)}
             if refs.old_basis is not None or refs.new_basis is not None:
-                line["background"]["bases"] = [refs.old_basis is not None, refs.new_basis is not None]
+                # per space (old, new): the principal directions its references are read in, null where whole
+                line["background"]["directions"] = [None if b is None else int(b.shape[1]) for b in refs.bases]
         return line
 
     @classmethod
@@ -160,9 +166,10 @@ class ScoreMap:
         old, new = references
         if int(background["references"]) != len(old):
             raise ValueError(f"{background['references']} reference rows named, {len(old)} stored")
-        named = [bool(b) for b in background.get("bases", [False, False])]
-        if named != [b is not None for b in bases]:
-            raise ValueError(f"bases named for (old, new): {named}, stored: {[b is not None for b in bases]}")
+        named = background.get("directions", [None, None])
+        stored = [None if b is None else int(b.shape[1]) for b in bases]
+        if named != stored:
+            raise ValueError(f"bases named for (old, new): {named} directions, stored: {stored}")
         return cls(scale, shift, References(old, new, int(background["k"]), *bases))
 
 
@@ -243,8 +250,6 @@ def fit_score_map(
         "method": "rank-1 decisions over each query's background",
         "queries": int(len(rows)),
         "right_decisions": round(right, 4),
-        # per space (old, new): the principal directions its references are read in, None where kept whole
-        "reference_directions": [None if b is None else int(b.shape[1]) for b in (old_basis, new_basis)],
         "median_scores": {
             "old_hit": float(np.median(r_old)),
             "old_miss": float(np.median(n_old)),

@@ -159,7 +159,7 @@ def _calibrated(outcome: FitOutcome, splits: Mapping[str, Split]) -> FitOutcome:
         if refs is not None:
             old_name, new_name = reference_tensors(modality)
             tensors[old_name], tensors[new_name] = refs.old, refs.new
-            for name, basis in zip(basis_tensors(modality), (refs.old_basis, refs.new_basis), strict=True):
+            for name, basis in zip(basis_tensors(modality), refs.bases, strict=True):
                 if basis is not None:
                     tensors[name] = basis
     if not calibration:

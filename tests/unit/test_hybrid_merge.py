@@ -146,7 +146,7 @@ def test_references_in_their_principal_directions_read_the_same_backgrounds_and_
     assert not np.allclose(few.background(served, "old"), whole.background(served, "old"), atol=1e-3)
     # profile.json names the bases; the tensors file must hold exactly those.
     line = ScoreMap(1.2, 0.0, reduced).as_dict()
-    assert line["background"]["bases"] == [True, False]
+    assert line["background"]["directions"] == [5, None]
     loaded = ScoreMap.from_dict(line, (old_rows, new_rows), (old_basis, None))
     assert loaded.references is not None and loaded.references.dims == (12, 8)
     with pytest.raises(ValueError, match="bases named"):
@@ -166,8 +166,7 @@ def test_a_fitted_profile_stores_its_references_in_128_directions() -> None:
     refs = fitted.references
     assert refs is not None and refs.old.shape == (n, 128) and refs.old_basis is not None
     assert refs.new_basis is None and refs.new.shape == (n, 96)  # 96-d: kept whole
-    assert report["background"] == {"k": 20, "references": n, "bases": [True, False]}
-    assert report["reference_directions"] == [128, None]
+    assert report["background"] == {"k": 20, "references": n, "directions": [128, None]}
 
 
 def _unit(x: np.ndarray) -> np.ndarray:
