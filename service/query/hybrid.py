@@ -51,18 +51,19 @@ class SegmentSearch:
         usable = np.any(job.new != 0, axis=1)
         groups = _by_modality(job)
         maps = self._score_maps(job, groups)
-        beside = self.pool.submit(_segment_side, snapshot, job, batch, usable, groups, maps)
+        beside = self.pool.submit(_segment_side, snapshot, job, usable, groups, maps)
         old_s, old_i = _old_side(job, batch, gallery, snapshot, usable)
         b_old = _backgrounds(normalize_rows(batch), groups, maps, "old")
         new_s, new_i, b_new = beside.result()
-        out = Merged(old_s.copy(), old_i.copy(), np.zeros(old_s.shape, dtype=bool))
+        parts = []
         for modality, rows in groups:
             score_map = maps.get(modality)
             offsets = None if score_map is None else score_map.offset(b_old[rows], b_new[rows])
             part = merge(
                 (old_s[rows], old_i[rows]), (new_s[rows], new_i[rows]), job.depth, self.method, score_map, offsets
             )
-            out.scores[rows], out.ids[rows], out.from_segment[rows] = part.scores, part.ids, part.from_segment
+            parts.append((rows, part))
+        out = parts[0][1] if len(parts) == 1 else _gathered(parts, old_s.shape)
         from_segment = int(out.from_segment.sum())
         metrics.HYBRID_HITS.labels(source="segment").inc(from_segment)
         metrics.HYBRID_HITS.labels(source="old").inc(int((out.ids >= 0).sum()) - from_segment)
@@ -83,17 +84,12 @@ class SegmentSearch:
 
 
 def _segment_side(
-    snapshot: SegmentView,
-    job: SearchJob,
-    batch: F32,
-    usable: npt.NDArray[np.bool_],
-    groups: Groups,
-    maps: dict[str, ScoreMap],
+    snapshot: SegmentView, job: SearchJob, usable: npt.NDArray[np.bool_], groups: Groups, maps: dict[str, ScoreMap]
 ) -> tuple[F32, I64, F32]:
     """The segment's top-k of each usable row (-inf / -1 elsewhere), and each row's new-space background."""
     new_unit = normalize_rows(job.new)
-    scores = np.full((len(batch), job.depth), -np.inf, dtype=np.float32)
-    ids = np.full((len(batch), job.depth), -1, dtype=np.int64)
+    scores = np.full((len(new_unit), job.depth), -np.inf, dtype=np.float32)
+    ids = np.full((len(new_unit), job.depth), -1, dtype=np.int64)
     scores[usable], ids[usable] = snapshot.search(new_unit[usable], job.depth)
     return scores, ids, _backgrounds(new_unit, groups, maps, "new")
 
@@ -127,7 +123,18 @@ def _old_side(
     return scores, ids
 
 
+def _gathered(parts: list[tuple[npt.NDArray[np.int64], Merged]], shape: tuple[int, ...]) -> Merged:
+    """The merged rows of each modality back in the request's order."""
+    out = Merged(np.empty(shape, np.float32), np.empty(shape, np.int64), np.empty(shape, bool))
+    for rows, part in parts:
+        out.scores[rows], out.ids[rows], out.from_segment[rows] = part.scores, part.ids, part.from_segment
+    return out
+
+
 def _by_modality(job: SearchJob) -> Groups:
-    """Row indices of each query modality."""
-    modalities = np.array([str(q.modality) for q in job.queries])
-    return [(m, np.flatnonzero(modalities == m)) for m in np.unique(modalities).tolist()]
+    """Row indices of each query modality (in sorted order of modality); one group, every row, for most requests."""
+    modalities = [str(q.modality) for q in job.queries]
+    if len(set(modalities)) == 1:
+        return [(modalities[0], np.arange(len(modalities)))]
+    named = np.array(modalities)
+    return [(m, np.flatnonzero(named == m)) for m in np.unique(named).tolist()]

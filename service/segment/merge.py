@@ -51,34 +51,38 @@ def merge(
     score_map: ScoreMap | None = None,
     offsets: F32 | None = None,
 ) -> Merged:
-    """The top-k of both lists on one scale (see the module docstring); offsets: ScoreMap.offsets of each row."""
+    """The top-k of both lists on one scale (see the module docstring); offsets: ScoreMap.offsets of each row.
+
+    Written for the one-query request, where numpy's per-call cost is the whole cost: both lists in one
+    array from the start, and rows picked by flat positions rather than take_along_axis (a fifth of its cost).
+    """
     old_s, old_i = old
     new_s, new_i = new
-    old_s = np.where(old_i >= 0, old_s, -np.inf).astype(np.float32)
-    new_s = np.where(new_i >= 0, new_s, -np.inf).astype(np.float32)
-    if method == Merge.rrf:
-        old_s, new_s = _rrf(old_s), _rrf(new_s)
-    elif method == Merge.calibrated and score_map is not None:
-        new_s = np.where(np.isfinite(new_s), score_map.apply(new_s, offsets), -np.inf).astype(np.float32)
-    scores = np.concatenate([old_s, new_s], axis=1)
+    width = old_s.shape[1]  # positions at or past it are the segment's
     ids = np.concatenate([old_i, new_i], axis=1)
-    source = np.concatenate([np.zeros(old_s.shape, bool), np.ones(new_s.shape, bool)], axis=1)
+    scores = np.concatenate([old_s, new_s], axis=1).astype(np.float32)
+    padding = ids < 0
+    if method == Merge.rrf:
+        scores[padding] = -np.inf
+        scores = np.concatenate([_rrf(scores[:, :width]), _rrf(scores[:, width:])], axis=1)
+    elif method == Merge.calibrated and score_map is not None:
+        scores[:, width:] = score_map.apply(scores[:, width:], offsets)
+    scores[padding | ~np.isfinite(scores)] = -np.inf  # a map never lifts padding (nor a NaN) into the list
     order = np.argsort(-scores, axis=1, kind="stable")  # stable: the old list's hit wins a tie
     order = _first_of_each_id(scores, ids, order)[:, :k]
-    top_s = np.take_along_axis(scores, order, axis=1)
-    top_i = np.take_along_axis(ids, order, axis=1)
-    top_src = np.take_along_axis(source, order, axis=1)
-    empty = ~np.isfinite(top_s)
-    top_i = np.where(empty, -1, top_i)
-    return Merged(top_s.astype(np.float32), top_i.astype(np.int64), top_src & ~empty)
+    flat = order + np.arange(len(order))[:, None] * scores.shape[1]
+    top_s = scores.ravel()[flat]
+    empty = top_s == -np.inf
+    top_i = np.where(empty, -1, ids.ravel()[flat]).astype(np.int64)
+    return Merged(top_s, top_i, (order >= width) & ~empty)
 
 
 def _first_of_each_id(scores: F32, ids: I64, order: I64) -> I64:
     """`order` with each id's lower-ranked copy scored -inf (padding); as it was when no id is there twice."""
-    ranked = np.take_along_axis(ids, order, axis=1)
-    sorted_ids = np.sort(ranked, axis=1)
+    sorted_ids = np.sort(ids, axis=1)
     if not ((sorted_ids[:, 1:] == sorted_ids[:, :-1]) & (sorted_ids[:, 1:] >= 0)).any():
         return order
+    ranked = np.take_along_axis(ids, order, axis=1)
     for row in range(len(ranked)):
         _, first = np.unique(ranked[row], return_index=True)
         copy = np.ones(ranked.shape[1], dtype=bool)

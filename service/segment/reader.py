@@ -115,6 +115,8 @@ class Snapshot:
             missing = rows < 0  # a graph search may find fewer than kk rows: faiss pads with -1
             parts_s.append(np.where(missing, -np.inf, scores))
             parts_i.append(np.where(missing, -1, block.ids[np.maximum(rows, 0)]))
+        if len(parts_s) == 1 and parts_s[0].shape[1] == k:  # one block: faiss's list is the answer, sorted
+            return parts_s[0].astype(np.float32), parts_i[0].astype(np.int64)
         scores = np.concatenate(parts_s, axis=1)
         ids = np.concatenate(parts_i, axis=1)
         order = np.argsort(-scores, axis=1, kind="stable")[:, :k]

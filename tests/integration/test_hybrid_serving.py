@@ -18,9 +18,11 @@ import numpy as np
 import pytest
 
 from service.errors import ArtifactError, SettingsError
+from service.query.job import Query
 from service.segment.layout import SHARDS, shard_names
 from service.segment.reader import Segment
 from service.settings import ApiSettings, CompatSettings, EncoderSettings, IndexSettings, Settings
+from service.vocabulary import Modality
 from tests.support.app import Running, serving
 from tests.support.cli import cli
 from tests.support.stores import items_fixture
@@ -144,6 +146,27 @@ async def test_shards_published_while_serving_are_searched_within_a_refresh(
         assert sum(r["segment_hits"] for r in after) > 0
         metrics = (await service.client.get("/metrics")).text
         assert "nobackfill_backfill_coverage_ratio 0.5" in metrics
+
+
+async def test_a_request_mixing_modalities_answers_each_query_as_it_answers_it_alone(
+    world: World, items: Path, tmp_path: Path
+) -> None:
+    """Hybrid merges each modality's rows under its own calibration, then puts them back in the request's order."""
+    segment = tmp_path / "segment"
+    backfill(world, items, segment, "--fraction", 0.5, "--order", "random")
+    mixed = [
+        Query(Modality.image, "item-0000000042 image") if i % 3 == 1 else Query(Modality.text, CAPTION.format(item))
+        for i, item in enumerate(QUERY_ITEMS)
+    ]
+    async with serving(settings_for(world, segment)) as service:
+        # The world's profile is fitted on text only: an image query needs its weight given.
+        together = (await service.pipeline.search(mixed, k=10, mode="hybrid", alpha=0.5)).results
+        alone = [(await service.pipeline.search([q], k=10, mode="hybrid", alpha=0.5)).results[0] for q in mixed]
+    assert {q.modality for q in mixed} == {Modality.image, Modality.text}
+    assert sum(r.segment_hits or 0 for r in together) > 0  # both sides answered
+    for both, one in zip(together, alone, strict=True):
+        assert (both.ids, both.segment_hits, both.score_scale) == (one.ids, one.segment_hits, one.score_scale)
+        np.testing.assert_allclose(both.scores, one.scores, atol=5e-5)  # a batch of 8 rounds its matmuls otherwise
 
 
 async def test_a_damaged_shard_is_refused_and_the_rest_serves(world: World, full_segment: Path, tmp_path: Path) -> None:

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from service.compat.calibration import (
     IDENTITY,
@@ -45,6 +47,54 @@ def test_rrf_interleaves_by_rank_and_pads_short_lists() -> None:
     out = merge(old, new, 4, Merge.rrf)
     assert out.ids.tolist() == [[1, 3, 2, -1]]
     assert out.from_segment.tolist() == [[False, True, False, False]]
+
+
+def _sorted_list(draw: st.DrawFn, width: int, ids: st.SearchStrategy[int]) -> tuple[np.ndarray, np.ndarray]:
+    """A search's answer: scores descending (ties likely: few values), ids, padding (-1 / -inf) at the end."""
+    found = draw(st.integers(0, width))
+    scores = sorted(draw(st.lists(st.sampled_from([0.1, 0.3, 0.5, 0.7]), min_size=found, max_size=found)), reverse=True)
+    hits = draw(st.lists(ids, min_size=found, max_size=found, unique=True))
+    pad = width - found
+    return np.array([[*scores, *[NEG] * pad]], np.float32), np.array([[*hits, *[-1] * pad]], np.int64)
+
+
+def _brute_force_merge(old, new, k, method, score_map, offset):  # type: ignore[no-untyped-def]
+    """The merge spelled out: every listed hit on one scale, best first (the old hit wins a tie), each id once."""
+    hits = []
+    for source, (scores, ids) in enumerate((old, new)):
+        for rank, (score, hit) in enumerate(zip(scores[0].tolist(), ids[0].tolist(), strict=True)):
+            if hit < 0:
+                continue
+            if method == Merge.rrf:
+                score = 1.0 / (60 + rank + 1)
+            elif method == Merge.calibrated and source == 1:
+                mapped = np.float32(score) * np.float32(score_map.scale) + np.float32(score_map.shift)
+                score = float(np.float32(mapped)) + offset
+            hits.append((-np.float32(score), source, rank, hit))
+    seen: set[int] = set()
+    kept = []
+    for score, source, _, hit in sorted(hits):
+        if hit not in seen:
+            seen.add(hit)
+            kept.append((hit, -score, source == 1))
+    kept = kept[:k] + [(-1, NEG, False)] * max(0, k - len(kept))
+    return [h for h, _, _ in kept], [s for _, s, _ in kept], [f for _, _, f in kept]
+
+
+@settings(max_examples=300, deadline=None)
+@given(data=st.data(), method=st.sampled_from(list(Merge)), k=st.integers(1, 8))
+def test_the_merge_is_the_brute_force_merge(data: st.DataObject, method: Merge, k: int) -> None:
+    """Any two answers, an id in both included (a live store moved it between the searches), any merge."""
+    ids = st.integers(0, 12)  # a small id range: the same id in both lists is common
+    old = data.draw(st.composite(lambda d: _sorted_list(d, 5, ids))())
+    new = data.draw(st.composite(lambda d: _sorted_list(d, 4, ids))())
+    score_map = ScoreMap(data.draw(st.sampled_from([0.5, 1.0, 2.0])), data.draw(st.sampled_from([-0.1, 0.0, 0.2])))
+    offset = data.draw(st.sampled_from([0.0, 0.1]))
+    out = merge(old, new, k, method, score_map, np.array([offset], np.float32))
+    want_ids, want_scores, want_segment = _brute_force_merge(old, new, k, method, score_map, offset)
+    assert out.ids[0].tolist() == want_ids
+    assert out.from_segment[0].tolist() == want_segment
+    np.testing.assert_allclose(out.scores[0], np.array(want_scores, np.float32), rtol=1e-6)
 
 
 def test_best_line_makes_every_cross_space_decision_it_can() -> None:
