@@ -12,6 +12,7 @@ records a run.
 from __future__ import annotations
 
 import argparse
+import shutil
 import statistics
 import sys
 import tempfile
@@ -49,6 +50,8 @@ def main() -> None:
     """Build the segment, seal it, open it both ways, print the table."""
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--rows", type=int, default=100_000)
+    parser.add_argument("--ef", default="32,64,128", help="efSearch values, comma-separated.")
+    parser.add_argument("--whole-rows", action="store_true", help="Also a format-1 index: the graph over whole rows.")
     args = parser.parse_args()
     encoder = SyntheticNewEncoder()
     with tempfile.TemporaryDirectory() as tmp:
@@ -60,16 +63,22 @@ def main() -> None:
             write_shard(folder, ids, encoder.encode_items(ids), model, "bench")
         picked = np.random.default_rng(0).choice(args.rows, 200, replace=False)
         queries = encoder.encode([CAPTION.format(int(i)) for i in picked], Modality.text)
-        started = time.perf_counter()
-        done = seal(folder)
-        seal_s = time.perf_counter() - started
-        measured = []
-        for name, indexing in (("exact", Indexing(exact=True)), ("sealed HNSW, ef 32", Indexing(ef_search=32)),
-                               ("sealed HNSW, ef 64", Indexing(ef_search=64))):  # fmt: skip
+        folders = {"": folder}
+        if args.whole_rows:  # the same shards, sealed as format 1
+            shutil.copytree(folder, Path(tmp) / "whole", symlinks=True)
+            folders["whole rows, "] = Path(tmp) / "whole"
+        seals = {}
+        for label, where in folders.items():
             started = time.perf_counter()
-            segment = Segment.open(folder, indexing)
-            open_s = time.perf_counter() - started
-            measured.append((name, segment, open_s))
+            done = seal(where, whole_rows=bool(label))
+            seals[label] = f"{label or 'directions, '}{time.perf_counter() - started:.1f} s"
+        measured = [("exact", Segment.open(folder, Indexing(exact=True)), 0.0)]
+        for label, where in folders.items():
+            for ef in [int(e) for e in args.ef.split(",")]:
+                started = time.perf_counter()
+                segment = Segment.open(where, Indexing(ef_search=ef))
+                open_s = time.perf_counter() - started
+                measured.append((f"sealed HNSW, {label}ef {ef}", segment, open_s))
         _, want = measured[0][1].snapshot.search(queries, 10)
         lines = []
         for name, segment, open_s in measured:
@@ -83,7 +92,8 @@ def main() -> None:
                     "recall@10": f"{recall:.3f}",
                 }
             )
-        print(f"{args.rows:,} rows of {queries.shape[1]} floats; seal: {seal_s:.1f} s ({done.rows:,} rows)")
+        sealed = ", ".join(seals.values())
+        print(f"{args.rows:,} rows of {queries.shape[1]} floats; seal: {sealed} ({done.rows:,} rows)")
         print(table(lines))
 
 

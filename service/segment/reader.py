@@ -55,7 +55,7 @@ class Indexing:
     """
 
     exact: bool = False
-    ef_search: int = 32
+    ef_search: int = 128  # index.segment_ef_search's default
 
 
 @dataclass(frozen=True)

@@ -1,11 +1,23 @@
 """Sealed indexes: HNSW graphs built once over published shards, stored in the segment, loaded by every reader.
 
     SEGMENT/indexes/<name>/
-        index.faiss     faiss IndexHNSWFlat (inner product) over the rows, in ascending gallery-id order
-        ids.npy         int64 [n]: the gallery id of each row, ascending
-        index.json      the shards it covers, rows, links, efConstruction, dim, writer, time
-        manifest.json   size and sha256 of the three (service/manifest.py)
+        index.faiss     faiss IndexHNSWFlat (inner product) over the rows' coordinates in basis.npy
+        basis.npy       float32 [d, r]: the rows' top r principal directions (uncentred)
+        rows.npy        float32 [n, d]: the rows themselves, which re-rank the graph's candidates exactly
+        ids.npy         int64 [n]: the gallery id of each row, ascending (the rows are in this order)
+        index.json      format 2; the shards it covers, rows, directions, links, efConstruction, dim, writer, time
+        manifest.json   size and sha256 of the others (service/manifest.py)
     SEGMENT/indexes/.<name>.tmp     being written (readers never look at it)
+
+Format 1 (sealed before directions existed) has no basis or rows: its graph holds the whole rows and
+its answer is the graph's; readers serve it as it is.
+
+Why the graph walks r principal directions and the rows re-rank: a graph search reads a few thousand
+rows at random, and at 768 floats each that read is its cost.  Embeddings keep nearly all their
+length in far fewer directions (the synthetic new model's rows: 99.5 % in 128 of 768), so the graph
+over those coordinates reads a sixth of the bytes per step, which buys a wider search (ef) for the
+same time, and the candidates' full rows (RERANK x k of them) put the answer in the exact order.
+docs/backfill.md measures recall and time against the whole-row graph.
 
 Why stored, not built by each reader: a graph depends on the order its rows were added, so a service
 that built its own blocks shard by shard as they arrived searched another structure than one that
@@ -40,7 +52,7 @@ from service.errors import ArtifactError
 from service.index.base import sorted_member
 from service.json_file import read_json_object
 from service.manifest import verify_manifest, write_json_durably
-from service.rows import I64
+from service.rows import F32, I64
 from service.segment.catalog import ShardCatalog
 from service.segment.layout import fsync_path, publish_folder, save
 
@@ -49,8 +61,15 @@ SEAL_LOCK = "seal.lock"
 INDEX_FILE = "index.faiss"
 IDS_FILE = "ids.npy"
 INDEX_JSON = "index.json"
+BASIS_FILE = "basis.npy"
+ROWS_FILE = "rows.npy"
+FORMAT = 2
 LINKS = 32  # HNSW M: edges per row (docs/backfill.md measured 16, 32 and their recall)
 EF_CONSTRUCTION = 40
+KEPT_LENGTH = 0.995  # the share of the rows' squared length the graph's directions keep
+DIRECTION_STEP = 16  # the direction count is rounded up to a multiple of this (at most d)
+BASIS_SAMPLE = 20_000  # rows the directions are read from
+RERANK = 2  # candidates the graph returns per answer row, re-ranked by the full rows
 
 
 @dataclass(frozen=True)
@@ -64,11 +83,60 @@ class SealedMeta:
 
 @dataclass(frozen=True)
 class Sealed:
-    """A loaded sealed index: the faiss graph and the gallery id of each of its rows (ascending)."""
+    """A loaded sealed index: what searches it (a faiss graph, or a ProjectedGraph) and each row's gallery id."""
 
     meta: SealedMeta
     index: Any
     ids: I64
+
+
+@dataclass(frozen=True)
+class ProjectedGraph:
+    """A format-2 sealed index as a segment block searches it (the faiss calls reader.Block makes): the graph over
+    the rows' principal coordinates proposes RERANK x k rows, their full rows' inner products order them."""
+
+    graph: Any  # faiss IndexHNSWFlat over rows @ basis
+    basis: F32  # [d, r]
+    rows: F32  # [n, d], memory-mapped
+
+    @property
+    def ntotal(self) -> int:
+        return int(self.graph.ntotal)
+
+    @property
+    def d(self) -> int:
+        return int(self.rows.shape[1])
+
+    def search(self, queries: F32, k: int) -> tuple[F32, I64]:
+        """Top-k inner products of queries [b, d] with the rows: (scores, row numbers; -inf / -1 pad)."""
+        q = np.ascontiguousarray(queries, dtype=np.float32)
+        _, found = self.graph.search(np.ascontiguousarray(q @ self.basis), min(self.ntotal, RERANK * k))
+        listed = found >= 0
+        exact = np.einsum("bcd,bd->bc", self.rows[np.where(listed, found, 0)], q)
+        exact = np.where(listed, exact, -np.inf).astype(np.float32)
+        order = np.argsort(-exact, axis=1, kind="stable")[:, :k]
+        scores = np.take_along_axis(exact, order, axis=1)
+        rows = np.where(np.isfinite(scores), np.take_along_axis(found, order, axis=1), -1)
+        return scores, rows.astype(np.int64)
+
+    def reconstruct_batch(self, positions: I64) -> F32:
+        """The full rows at these positions (the cascade reads moved items' rows back)."""
+        return np.asarray(self.rows[positions], dtype=np.float32)
+
+    def reconstruct_n(self, first: int, count: int) -> F32:
+        """`count` full rows from `first`."""
+        return np.asarray(self.rows[first : first + count], dtype=np.float32)
+
+
+def directions(rows: F32) -> F32:
+    """The basis [d, r] of the sample's top principal directions (uncentred: those that keep most of the rows'
+    inner products) that keep KEPT_LENGTH of its squared length, r a multiple of DIRECTION_STEP (at most d)."""
+    sample = rows[np.linspace(0, len(rows) - 1, min(len(rows), BASIS_SAMPLE)).astype(np.int64)]
+    _, singular, vt = np.linalg.svd(np.asarray(sample, dtype=np.float64), full_matrices=False)
+    kept = np.cumsum(singular**2) / max(float(np.sum(singular**2)), 1e-30)
+    needed = int(np.searchsorted(kept, KEPT_LENGTH) + 1)
+    rank = min(rows.shape[1], vt.shape[0], -(-needed // DIRECTION_STEP) * DIRECTION_STEP)
+    return np.ascontiguousarray(vt[:rank].T, dtype=np.float32)
 
 
 def sealed_names(folder: Path) -> list[str]:
@@ -105,17 +173,25 @@ def load_sealed(folder: Path, meta: SealedMeta, dim: int, ef_search: int) -> Sea
     path = folder / INDEXES / meta.name
     if verify_manifest(path) is None:
         raise ArtifactError(f"sealed index {path}: manifest.json is missing")
+    projected = (path / BASIS_FILE).is_file()  # format 2; format 1's graph holds the whole rows
     try:
         ids = np.load(path / IDS_FILE, allow_pickle=False)
-        index = faiss.read_index(str(path / INDEX_FILE))
+        graph = faiss.read_index(str(path / INDEX_FILE))
+        basis = np.load(path / BASIS_FILE, allow_pickle=False) if projected else None
+        rows = np.load(path / ROWS_FILE, mmap_mode="r", allow_pickle=False) if projected else None
     except (OSError, ValueError, RuntimeError) as exc:
         raise ArtifactError(f"sealed index {path}: unreadable ({exc})") from exc
-    if ids.dtype != np.int64 or ids.ndim != 1 or len(ids) != meta.rows or index.ntotal != meta.rows:
-        raise ArtifactError(f"sealed index {path}: {meta.rows} rows named, {len(ids)} ids and {index.ntotal} rows held")
-    if index.d != dim or not isinstance(index, faiss.IndexHNSWFlat) or np.any(np.diff(ids) <= 0):
-        raise ArtifactError(f"sealed index {path}: not an HNSW index of dim {dim} over ascending ids")
-    index.hnsw.efSearch = ef_search
-    return Sealed(meta, index, ids)
+    if ids.dtype != np.int64 or ids.ndim != 1 or len(ids) != meta.rows or graph.ntotal != meta.rows:
+        raise ArtifactError(f"sealed index {path}: {meta.rows} rows named, {len(ids)} ids and {graph.ntotal} rows held")
+    width = dim if basis is None else basis.shape[1]
+    if graph.d != width or not isinstance(graph, faiss.IndexHNSWFlat) or np.any(np.diff(ids) <= 0):
+        raise ArtifactError(f"sealed index {path}: not an HNSW index of dim {width} over ascending ids")
+    graph.hnsw.efSearch = ef_search
+    if basis is None or rows is None:
+        return Sealed(meta, graph, ids)
+    if basis.dtype != np.float32 or basis.shape[0] != dim or rows.dtype != np.float32 or rows.shape != (meta.rows, dim):
+        raise ArtifactError(f"sealed index {path}: basis {basis.shape} and rows {rows.shape} do not fit dim {dim}")
+    return Sealed(meta, ProjectedGraph(graph, basis, rows), ids)
 
 
 @dataclass(frozen=True)
@@ -128,8 +204,11 @@ class SealReport:
     seconds: float
 
 
-def seal(folder: Path, min_rows: int = 1, writer: str = "backfill") -> SealReport:
+def seal(folder: Path, min_rows: int = 1, writer: str = "backfill", whole_rows: bool = False) -> SealReport:
     """Build one sealed index over the intact shards no sealed index covers, when they hold >= min_rows new ids.
+
+    whole_rows: format 1, the graph over the whole rows and no re-rank (what seals wrote before; benches and
+    tests compare against it).
 
     One seal at a time per segment (it waits for SEGMENT/seal.lock), so two never cover the same shards:
     parts of a parallel backfill that end together seal one after the other, the later one what is left.
@@ -138,7 +217,7 @@ def seal(folder: Path, min_rows: int = 1, writer: str = "backfill") -> SealRepor
 
     started = time.perf_counter()
     with _seal_lock(folder):
-        return _seal(folder, min_rows, writer, started)
+        return _seal(folder, min_rows, writer, started, whole_rows)
 
 
 @contextmanager
@@ -152,7 +231,7 @@ def _seal_lock(folder: Path) -> Iterator[None]:
             fcntl.flock(handle.fileno(), fcntl.LOCK_UN)
 
 
-def _seal(folder: Path, min_rows: int, writer: str, started: float) -> SealReport:
+def _seal(folder: Path, min_rows: int, writer: str, started: float, whole_rows: bool) -> SealReport:
     """seal()'s work, under the seal lock."""
     import time
 
@@ -178,10 +257,12 @@ def _seal(folder: Path, min_rows: int, writer: str, started: float) -> SealRepor
     vectors = np.concatenate(row_parts)
     order = np.argsort(ids, kind="stable")
     ids, vectors = ids[order], np.ascontiguousarray(vectors[order])
-    graph = faiss.IndexHNSWFlat(vectors.shape[1], LINKS, faiss.METRIC_INNER_PRODUCT)
+    basis = None if whole_rows else directions(vectors)
+    walked = vectors if basis is None else np.ascontiguousarray(vectors @ basis)  # what the graph's steps read
+    graph = faiss.IndexHNSWFlat(walked.shape[1], LINKS, faiss.METRIC_INNER_PRODUCT)
     graph.hnsw.efConstruction = EF_CONSTRUCTION
-    graph.add(vectors)
-    name = _publish(folder, graph, ids, [e.name for e in fresh], writer)
+    graph.add(walked)
+    name = _publish(folder, graph, basis, vectors, ids, [e.name for e in fresh], writer)
     return SealReport(name, int(len(ids)), len(fresh), time.perf_counter() - started)
 
 
@@ -202,17 +283,21 @@ def _covered_ids(folder: Path, cover: list[SealedMeta]) -> I64:
     return np.unique(np.concatenate(parts)) if parts else np.zeros(0, dtype=np.int64)
 
 
-def _publish(folder: Path, graph: Any, ids: I64, shards: list[str], writer: str) -> str:
+def _publish(folder: Path, graph: Any, basis: F32 | None, rows: F32, ids: I64, shards: list[str], writer: str) -> str:
     """Write a sealed index hidden, manifest last, then one rename (layout.publish_folder); returns its name."""
 
     def fill(tmp: Path) -> None:
         faiss.write_index(graph, str(tmp / INDEX_FILE))
         fsync_path(tmp / INDEX_FILE)  # faiss does not: the index is renamed into place only once on disk
+        if basis is not None:  # format 2: the graph walks the basis's coordinates, the rows re-rank
+            save(tmp / BASIS_FILE, basis)
+            save(tmp / ROWS_FILE, rows)
         save(tmp / IDS_FILE, ids)
         document = {
-            "format_version": 1,
+            "format_version": 1 if basis is None else FORMAT,
             "rows": int(len(ids)),
             "shards": shards,
+            "directions": int(rows.shape[1] if basis is None else basis.shape[1]),
             "links": LINKS,
             "ef_construction": EF_CONSTRUCTION,
             "dim": int(graph.d),

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import numpy as np
@@ -135,3 +136,50 @@ def test_rows_a_new_sealed_index_leaves_out_stay_searched_after_the_cover_change
     at_once = Segment.open(segment)
     np.testing.assert_array_equal(live.snapshot.search(rows[::7], 10)[1], at_once.snapshot.search(rows[::7], 10)[1])
     assert first in live.snapshot.shards
+
+
+def _in_few_directions(rng: np.random.Generator, n: int, dim: int = 64, spanned: int = 12) -> np.ndarray:
+    """Clustered unit rows of `dim` floats that nearly lie in `spanned` directions, as embeddings do."""
+    mixing = np.linalg.qr(rng.standard_normal((dim, spanned)))[0].T.astype(np.float32)
+    centres = rng.standard_normal((30, spanned)).astype(np.float32)
+    rows = (centres[rng.integers(0, 30, n)] + 0.3 * rng.standard_normal((n, spanned)).astype(np.float32)) @ mixing
+    rows += 0.02 * rng.standard_normal((n, dim)).astype(np.float32)  # a little length outside them
+    return rows / np.linalg.norm(rows, axis=1, keepdims=True)
+
+
+def test_the_graph_walks_the_rows_principal_directions_and_the_whole_rows_rank_its_answer(tmp_path: Path) -> None:
+    model = ModelIdentity("synthetic-new", "synthetic-new", None, 64)
+    create_segment(tmp_path / "seg", model, GALLERY)
+    rng = np.random.default_rng(11)
+    rows = _in_few_directions(rng, 3000)
+    write_shard(tmp_path / "seg", np.arange(3000) * 3, rows, model, "t")
+    name = seal(tmp_path / "seg").name
+    assert name is not None
+    document = json.loads((tmp_path / "seg" / INDEXES / name / "index.json").read_text())
+    assert document["format_version"] == 2 and document["directions"] == 16  # 12 spanned, rounded up to 16
+    served = Segment.open(tmp_path / "seg", Indexing(ef_search=64))
+    queries = _in_few_directions(np.random.default_rng(11), 40)  # the same directions and centres
+    scores, ids = served.snapshot.search(queries, 10)
+    exact = queries @ rows.T
+    want = np.argsort(-exact, axis=1)[:, :10] * 3
+    assert np.mean([len(set(w) & set(g)) for w, g in zip(want.tolist(), ids.tolist(), strict=True)]) / 10 > 0.99
+    np.testing.assert_allclose(scores, np.take_along_axis(exact, ids // 3, axis=1), rtol=1e-5)  # whole-row scores
+    assert np.all(np.diff(scores, axis=1) <= 0)
+    found, back = served.snapshot.rows_of(np.array([3, 4, 8997]))
+    assert found.tolist() == [True, False, True]
+    np.testing.assert_array_equal(back[found], rows[[1, 2999]])  # the cascade reads the rows back whole
+
+
+def test_an_index_sealed_before_directions_is_served_as_it_was(tmp_path: Path) -> None:
+    model = ModelIdentity("synthetic-new", "synthetic-new", None, 64)
+    create_segment(tmp_path / "seg", model, GALLERY)
+    rows = _in_few_directions(np.random.default_rng(12), 2000)
+    write_shard(tmp_path / "seg", np.arange(2000), rows, model, "t")
+    name = seal(tmp_path / "seg", whole_rows=True).name
+    assert name is not None
+    assert not (tmp_path / "seg" / INDEXES / name / "basis.npy").exists()
+    served = Segment.open(tmp_path / "seg")
+    assert served.snapshot.sealed_blocks == 1 and not served.refused_indexes
+    queries = _in_few_directions(np.random.default_rng(12), 30)
+    want = np.argsort(-(queries @ rows.T), axis=1)[:, :5]
+    assert (served.snapshot.search(queries, 5)[1] == want).mean() > 0.95
