@@ -1,6 +1,12 @@
-"""The one numpy row normaliser (the torch one lives in encoders/torch_runtime.py), and the array aliases.
+"""The one numpy row normaliser (the torch one lives in encoders/torch_runtime.py), the rows' principal directions,
+and the array aliases.
 
     F32, F64, I64                 float32 / float64 / int64 numpy arrays, the names every module uses
+
+    principal_directions(rows)
+        the rows' uncentred principal directions, most first, and the share of their squared length the
+        first 1, 2, ... of them keep: what the calibration's references and the sealed segment graphs
+        are read in
 
     normalize_rows(x, dtype=float32, floor=0.0)
         row / |row| for every row whose float64 norm is finite and above `floor`; every other row
@@ -47,6 +53,18 @@ def normalize_rows(
         for start in range(0, max(flat.shape[0], 1), _BLOCK_ROWS):
             out[start : start + _BLOCK_ROWS] = _unit64(flat[start : start + _BLOCK_ROWS], floor)
     return out if a.ndim == 2 else out.reshape(a.shape)
+
+
+def principal_directions(rows: npt.ArrayLike) -> tuple[F64, F32]:
+    """(kept [m], directions [d, m]): the rows' uncentred principal directions as columns, most first (those that
+    keep most of the rows' inner products), and kept[i] the share of their squared length the first i + 1 keep."""
+    x = np.asarray(rows, dtype=np.float64)
+    # The eigenvectors of the [d, d] Gram matrix are the right singular vectors, its eigenvalues the squared
+    # singular values: the same directions as an SVD of the rows, at a sixth of its time for 20,000 x 768.
+    energy, vectors = np.linalg.eigh(x.T @ x)  # ascending
+    energy, vectors = np.clip(energy[::-1], 0.0, None), vectors[:, ::-1]
+    kept: F64 = np.cumsum(energy) / max(float(energy.sum()), 1e-30)
+    return kept, vectors.astype(np.float32)
 
 
 def _unit64(rows: npt.NDArray[Any], floor: float) -> npt.NDArray[np.float64]:

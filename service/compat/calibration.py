@@ -37,7 +37,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import numpy.typing as npt
 
-from service.rows import F32, F64
+from service.rows import F32, F64, principal_directions
 
 if TYPE_CHECKING:
     from service.compat.metrics import Relevance  # only the type: profiles load without torch
@@ -81,6 +81,11 @@ class References:
         return self.old_basis, self.new_basis
 
     @property
+    def directions(self) -> list[int | None]:
+        """Per space (old, new): the principal directions its rows are read in; None where they are whole."""
+        return [None if basis is None else int(basis.shape[1]) for basis in self.bases]
+
+    @property
     def dims(self) -> tuple[int, int]:
         """The widths of the query rows each side reads: (d_old, d_new)."""
         d_old = self.old.shape[1] if self.old_basis is None else self.old_basis.shape[0]
@@ -104,8 +109,7 @@ def in_principal_directions(rows: F32, rank: int) -> tuple[F32, F32 | None]:
     most of their dot products) and that basis [d, r]; the rows unchanged, and no basis, when rank >= d."""
     if rank >= rows.shape[1]:
         return rows, None
-    _, _, vt = np.linalg.svd(np.asarray(rows, dtype=np.float64), full_matrices=False)
-    basis = np.ascontiguousarray(vt[:rank].T, dtype=np.float32)
+    basis = np.ascontiguousarray(principal_directions(rows)[1][:, :rank])
     return np.ascontiguousarray(rows @ basis, dtype=np.float32), basis
 
 
@@ -147,7 +151,7 @@ class ScoreMap:
             line["background"] = {"k": refs.k, "references": len(refs.old)}
             if refs.old_basis is not None or refs.new_basis is not None:
                 # per space (old, new): the principal directions its references are read in, null where whole
-                line["background"]["directions"] = [None if b is None else int(b.shape[1]) for b in refs.bases]
+                line["background"]["directions"] = refs.directions
         return line
 
     @classmethod
@@ -166,11 +170,11 @@ class ScoreMap:
         old, new = references
         if int(background["references"]) != len(old):
             raise ValueError(f"{background['references']} reference rows named, {len(old)} stored")
+        refs = References(old, new, int(background["k"]), *bases)
         named = background.get("directions", [None, None])
-        stored = [None if b is None else int(b.shape[1]) for b in bases]
-        if named != stored:
-            raise ValueError(f"bases named for (old, new): {named} directions, stored: {stored}")
-        return cls(scale, shift, References(old, new, int(background["k"]), *bases))
+        if named != refs.directions:
+            raise ValueError(f"bases named for (old, new): {named} directions, stored: {refs.directions}")
+        return cls(scale, shift, refs)
 
 
 IDENTITY = ScoreMap(1.0, 0.0)

@@ -52,7 +52,7 @@ from service.errors import ArtifactError
 from service.index.base import sorted_member
 from service.json_file import read_json_object
 from service.manifest import verify_manifest, write_json_durably
-from service.rows import F32, I64
+from service.rows import F32, I64, principal_directions
 from service.segment.catalog import ShardCatalog
 from service.segment.layout import fsync_path, publish_folder, save
 
@@ -132,11 +132,10 @@ def directions(rows: F32) -> F32:
     """The basis [d, r] of the sample's top principal directions (uncentred: those that keep most of the rows'
     inner products) that keep KEPT_LENGTH of its squared length, r a multiple of DIRECTION_STEP (at most d)."""
     sample = rows[np.linspace(0, len(rows) - 1, min(len(rows), BASIS_SAMPLE)).astype(np.int64)]
-    _, singular, vt = np.linalg.svd(np.asarray(sample, dtype=np.float64), full_matrices=False)
-    kept = np.cumsum(singular**2) / max(float(np.sum(singular**2)), 1e-30)
+    kept, basis = principal_directions(sample)
     needed = int(np.searchsorted(kept, KEPT_LENGTH) + 1)
-    rank = min(rows.shape[1], vt.shape[0], -(-needed // DIRECTION_STEP) * DIRECTION_STEP)
-    return np.ascontiguousarray(vt[:rank].T, dtype=np.float32)
+    rank = min(len(sample), basis.shape[1], -(-needed // DIRECTION_STEP) * DIRECTION_STEP)
+    return np.ascontiguousarray(basis[:, :rank])
 
 
 def sealed_names(folder: Path) -> list[str]:
