@@ -307,7 +307,13 @@ def describe_report(report: RunReport, total: int) -> dict[str, Any]:
 
 def sealed_summary(done: SealReport) -> dict[str, Any]:
     """JSON-ready summary of a seal."""
-    return {"index": done.name, "rows": done.rows, "shards": done.shards, "seconds": round(done.seconds, 2)}
+    return {
+        "index": done.name,
+        "rows": done.rows,
+        "shards": done.shards,
+        "absorbed": done.absorbed,
+        "seconds": round(done.seconds, 2),
+    }
 
 
 class Terminated(KeyboardInterrupt):

@@ -189,8 +189,9 @@ def run(
     )
     if summary["sealed"]:
         sealed = summary["sealed"]
-        typer.echo(f"sealed {sealed['rows']:,} rows of {sealed['shards']} shard(s) into index {sealed['index']} "
-                   f"in {sealed['seconds']} s (the service serves it from its next refresh)")  # fmt: skip
+        typer.echo(f"sealed {sealed['rows']:,} rows of {sealed['shards']} shard(s){_taking_in(sealed['absorbed'])} "
+                   f"into index {sealed['index']} in {sealed['seconds']} s "
+                   "(the service serves it from its next refresh)")  # fmt: skip
     if report.interrupted:
         typer.echo(
             f"stopped by {report.interrupted}: what was encoded is kept; run the same command again to continue",
@@ -378,9 +379,14 @@ def index(
         typer.echo(f"segment {segment}: every intact shard is in a sealed index already; nothing to seal")
         return
     typer.echo(
-        f"sealed {done.rows:,} rows of {done.shards} shard(s) into index {done.name} in {done.seconds:.1f} s; "
-        "the service serves it from its next refresh"
+        f"sealed {done.rows:,} rows of {done.shards} shard(s){_taking_in(done.absorbed)} into index {done.name} "
+        f"in {done.seconds:.1f} s; the service serves it from its next refresh"
     )
+
+
+def _taking_in(absorbed: int) -> str:
+    """The seal line's note of the smaller indexes a seal rebuilt into its own (sealed.py says why)."""
+    return f", taking in {absorbed} smaller index{'es' if absorbed > 1 else ''}" if absorbed else ""
 
 
 @app.command("cutover")

@@ -39,7 +39,15 @@ from service.segment.layout import (
     read_segment_meta,
     write_shard,
 )
-from service.segment.sealed import Sealed, SealedMeta, choose_cover, load_sealed, read_meta, sealed_names
+from service.segment.sealed import (
+    INDEXES,
+    Sealed,
+    SealedMeta,
+    choose_cover,
+    load_sealed,
+    read_meta,
+    sealed_names,
+)
 
 MAX_BLOCKS = 8
 log = logging.getLogger("nobackfill.segment")
@@ -271,7 +279,9 @@ class Segment:
 
     def _update_cover(self) -> bool:
         """Read new sealed indexes, choose the cover, load what it adds; whether the served indexes changed."""
-        for name in sealed_names(self.folder):
+        listed = sealed_names(self.folder)
+        self._metas = {name: meta for name, meta in self._metas.items() if name in listed}  # retired: gone
+        for name in listed:
             if name in self._metas or name in self.refused_indexes:
                 continue
             try:
@@ -297,6 +307,9 @@ class Segment:
 
     def _refuse_index(self, name: str, why: str) -> None:
         """A sealed index that is not served: its shards stay in the exact part."""
+        if not (self.folder / INDEXES / name).is_dir():  # retired by a seal that took it in meanwhile: no damage
+            self._metas.pop(name, None)
+            return
         self.refused_indexes[name] = why
         log.error("segment %s: sealed index refused, its rows are searched exactly: %s", self.folder, why)
 

@@ -11,7 +11,7 @@ import pytest
 from service.encoders.identity import ModelIdentity
 from service.segment.layout import GalleryRef, create_segment, write_shard
 from service.segment.reader import Indexing, Segment
-from service.segment.sealed import INDEX_FILE, INDEXES, seal, sealed_names
+from service.segment.sealed import INDEX_FILE, INDEXES, SealedMeta, choose_cover, seal, sealed_names
 
 DIM = 16
 MODEL = ModelIdentity("synthetic-new", "synthetic-new", None, DIM)
@@ -183,3 +183,37 @@ def test_an_index_sealed_before_directions_is_served_as_it_was(tmp_path: Path) -
     queries = _in_few_directions(np.random.default_rng(12), 30)
     want = np.argsort(-(queries @ rows.T), axis=1)[:, :5]
     assert (served.snapshot.search(queries, 5)[1] == want).mean() > 0.95
+
+
+def test_a_seal_takes_in_the_smaller_indexes_and_a_serving_reader_moves_to_the_merged_one(segment: Path) -> None:
+    rng = np.random.default_rng(13)
+    rows = _clustered(rng, 2500)
+    write_shard(segment, np.arange(1000), rows[:1000], MODEL, "t")
+    first = seal(segment)
+    live = Segment.open(segment)  # the service, serving the first index
+    write_shard(segment, np.arange(1000, 1500), rows[1000:1500], MODEL, "t")
+    second = seal(segment)  # 500 new rows: the index of 1,000 is larger, so it is kept apart
+    assert second.absorbed == 0 and sealed_names(segment) == sorted([first.name, second.name])
+    # 950 new ids, and ids 0..49 moved again (the first shard's rows stay theirs, as a once-read segment keeps them)
+    again = np.concatenate([np.arange(50), np.arange(1500, 2450)])
+    write_shard(segment, again, rows[1500:2500], MODEL, "t")
+    third = seal(segment)
+    assert third.absorbed == 2 and third.rows == 2450 and third.shards == 3  # 500 <= 950, then 1,000 <= 1,450
+    assert [p.name for p in (segment / INDEXES).iterdir()] == [third.name]  # the two retired, nothing hidden left
+    queries = _clustered(rng, 40)
+    answers_before = live.snapshot.search(queries, 10)  # its loaded index outlives the files
+    assert (answers_before[1] >= 0).all()
+    live.refresh()
+    assert live.snapshot.sealed_blocks == 1 and not live.refused_indexes and live.snapshot.count == 2450
+    at_once = Segment.open(segment)
+    np.testing.assert_array_equal(live.snapshot.search(queries, 10)[1], at_once.snapshot.search(queries, 10)[1])
+    found, back = at_once.snapshot.rows_of(np.array([0, 49, 2449]))
+    assert found.all()
+    np.testing.assert_array_equal(back, rows[[0, 49, 2499]])
+
+
+def test_the_cover_serves_a_merged_index_before_those_it_took_in_and_falls_back_when_it_cannot() -> None:
+    merged = SealedMeta("b", frozenset({"s1", "s2"}), 20)
+    older = SealedMeta("a", frozenset({"s1"}), 10)
+    assert choose_cover([older, merged], {"s1", "s2"}) == [merged]
+    assert choose_cover([older, merged], {"s1"}) == [older]  # s2 quarantined: the merged index covers nothing
