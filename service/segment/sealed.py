@@ -249,15 +249,19 @@ def _seal(folder: Path, min_rows: int, writer: str, started: float, whole_rows: 
 
     catalog = ShardCatalog.of(folder)
     catalog.scan()
-    cover = choose_cover(_readable_metas(folder), {e.name for e in catalog.intact})
+    metas = _readable_metas(folder)
+    cover = choose_cover(metas, {e.name for e in catalog.intact})
     fresh = _uncovered(catalog, cover)
-    ids, _ = _first_rows(fresh, _covered_ids(folder, cover), with_rows=False)
-    if not fresh or len(ids) < max(min_rows, 1):
-        return SealReport(None, len(ids), len(fresh), time.perf_counter() - started)
-    absorbed = _absorbed(cover, len(ids))
-    kept = [m for m in cover if m not in absorbed]
-    gathered = _uncovered(catalog, kept)  # the fresh shards and those of the indexes taken in, in name order
-    ids, vectors = _first_rows(gathered, _covered_ids(folder, kept), with_rows=True)
+    picked = _first_rows(fresh, _covered_ids(folder, cover))
+    new_rows = sum(len(held) for _, held, _ in picked)
+    if not fresh or new_rows < max(min_rows, 1):
+        return SealReport(None, new_rows, len(fresh), time.perf_counter() - started)
+    absorbed = _absorbed(cover, new_rows)
+    if absorbed:  # their shards join the fresh ones (name order), each id once over them all
+        kept = [m for m in cover if m not in absorbed]
+        picked = _first_rows(_uncovered(catalog, kept), _covered_ids(folder, kept))
+    ids = np.concatenate([held for _, held, _ in picked])
+    vectors = _picked_rows(picked)
     order = np.argsort(ids, kind="stable")
     ids, vectors = ids[order], np.ascontiguousarray(vectors[order])
     basis = None if whole_rows else directions(vectors)
@@ -265,10 +269,10 @@ def _seal(folder: Path, min_rows: int, writer: str, started: float, whole_rows: 
     graph = faiss.IndexHNSWFlat(walked.shape[1], LINKS, faiss.METRIC_INNER_PRODUCT)
     graph.hnsw.efConstruction = EF_CONSTRUCTION
     graph.add(walked)
-    shards = [e.name for e in gathered]
+    shards = [e.name for e, _, _ in picked]
     name = _publish(folder, graph, basis, vectors, ids, shards, writer)
-    _retire_superseded(folder, name, set(shards))
-    return SealReport(name, int(len(ids)), len(gathered), time.perf_counter() - started, len(absorbed))
+    _retire_superseded(folder, metas, set(shards))
+    return SealReport(name, int(len(ids)), len(picked), time.perf_counter() - started, len(absorbed))
 
 
 def _uncovered(catalog: ShardCatalog, cover: list[SealedMeta]) -> list[ShardEntry]:
@@ -277,21 +281,25 @@ def _uncovered(catalog: ShardCatalog, cover: list[SealedMeta]) -> list[ShardEntr
     return [e for e in catalog.intact if e.name not in covered]
 
 
-def _first_rows(entries: list[ShardEntry], seen: I64, with_rows: bool) -> tuple[I64, F32]:
-    """Each id of these shards once, less `seen`: its first row in shard-name order, as a once-read segment
-    keeps it (ids in shard order; the rows only when asked, else an empty array)."""
-    ids_parts, row_parts = [], []
+def _first_rows(entries: list[ShardEntry], seen: I64) -> list[tuple[ShardEntry, I64, I64]]:
+    """Per shard (name order): the ids it holds that neither `seen` nor an earlier shard does, and the position of
+    each one's first row in it: each id once, as a once-read segment keeps it."""
+    picked = []
     for entry in entries:
-        assert entry.vectors is not None
         ids, first = np.unique(entry.ids, return_index=True)
         keep = ~sorted_member(ids, seen)
-        ids_parts.append(ids[keep])
-        if with_rows:
-            row_parts.append(np.asarray(entry.vectors[first[keep]], dtype=np.float32))
+        picked.append((entry, ids[keep], first[keep]))
         seen = np.union1d(seen, ids[keep])
-    ids = np.concatenate(ids_parts) if ids_parts else np.zeros(0, dtype=np.int64)
-    rows = np.concatenate(row_parts) if row_parts else np.zeros((0, 0), dtype=np.float32)
-    return ids, rows
+    return picked
+
+
+def _picked_rows(picked: list[tuple[ShardEntry, I64, I64]]) -> F32:
+    """The rows _first_rows picked, in its order."""
+    parts = []
+    for entry, _, at in picked:
+        assert entry.vectors is not None  # an intact entry carries its rows
+        parts.append(np.asarray(entry.vectors[at], dtype=np.float32))
+    return np.concatenate(parts)
 
 
 def _absorbed(cover: list[SealedMeta], fresh_rows: int) -> list[SealedMeta]:
@@ -306,19 +314,14 @@ def _absorbed(cover: list[SealedMeta], fresh_rows: int) -> list[SealedMeta]:
     return taken
 
 
-def _retire_superseded(folder: Path, published: str, shards: set[str]) -> None:
-    """Remove the indexes whose shards the one just published holds (the cover prefers it): each renamed to a
-    hidden name first, which no reader lists, then deleted."""
-    for name in sealed_names(folder):
-        if name == published:
-            continue
-        try:
-            superseded = read_meta(folder, name).shards <= shards
-        except ArtifactError:
-            continue  # a damaged index is the operator's to look at (backfill repair), not a seal's to delete
-        if superseded:
-            hidden = folder / INDEXES / f".{name}.retired"
-            (folder / INDEXES / name).rename(hidden)
+def _retire_superseded(folder: Path, metas: list[SealedMeta], shards: set[str]) -> None:
+    """Remove the indexes (of those read before the seal) whose shards the one just published holds, as the cover
+    prefers it: each renamed to a hidden name first, which no reader lists, then deleted.  An unreadable index is
+    not among them: it is the operator's to look at (backfill repair), not a seal's to delete."""
+    for meta in metas:
+        if meta.shards <= shards:
+            hidden = folder / INDEXES / f".{meta.name}.retired"
+            (folder / INDEXES / meta.name).rename(hidden)
             shutil.rmtree(hidden, ignore_errors=True)
 
 
