@@ -52,6 +52,7 @@ def main() -> None:
     parser.add_argument("--rows", type=int, default=100_000)
     parser.add_argument("--ef", default="32,64,128", help="efSearch values, comma-separated.")
     parser.add_argument("--whole-rows", action="store_true", help="Also a format-1 index: the graph over whole rows.")
+    parser.add_argument("--float32", action="store_true", help="Also a format-2 index: float32 coordinates.")
     args = parser.parse_args()
     encoder = SyntheticNewEncoder()
     with tempfile.TemporaryDirectory() as tmp:
@@ -64,13 +65,15 @@ def main() -> None:
         picked = np.random.default_rng(0).choice(args.rows, 200, replace=False)
         queries = encoder.encode([CAPTION.format(int(i)) for i in picked], Modality.text)
         folders = {"": folder}
-        if args.whole_rows:  # the same shards, sealed as format 1
-            shutil.copytree(folder, Path(tmp) / "whole", symlinks=True)
-            folders["whole rows, "] = Path(tmp) / "whole"
+        for wanted, label, copy in ((args.float32, "float32, ", "f32"), (args.whole_rows, "whole rows, ", "whole")):
+            if wanted:  # the same shards, sealed as format 2 or 1
+                shutil.copytree(folder, Path(tmp) / copy, symlinks=True)
+                folders[label] = Path(tmp) / copy
         seals = {}
         for label, where in folders.items():
             started = time.perf_counter()
-            done = seal(where, whole_rows=bool(label))
+            storage = "float32" if label == "float32, " else "float16"
+            done = seal(where, whole_rows=label == "whole rows, ", storage=storage)
             seals[label] = f"{label or 'directions, '}{time.perf_counter() - started:.1f} s"
         measured = [("exact", Segment.open(folder, Indexing(exact=True)), 0.0)]
         for label, where in folders.items():

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import faiss
 import numpy as np
 import pytest
 
@@ -156,7 +157,11 @@ def test_the_graph_walks_the_rows_principal_directions_and_the_whole_rows_rank_i
     name = seal(tmp_path / "seg").name
     assert name is not None
     document = json.loads((tmp_path / "seg" / INDEXES / name / "index.json").read_text())
-    assert document["format_version"] == 2 and document["directions"] == 16  # 12 spanned, rounded up to 16
+    assert document["format_version"] == 3 and document["directions"] == 16  # 12 spanned, rounded up to 16
+    assert document["storage"] == "float16"
+    graph = faiss.read_index(str(tmp_path / "seg" / INDEXES / name / "index.faiss"))
+    assert isinstance(graph, faiss.IndexHNSWSQ)
+    assert faiss.downcast_index(graph.storage).code_size == 2 * 16  # two bytes a coordinate
     served = Segment.open(tmp_path / "seg", Indexing(ef_search=64))
     queries = _in_few_directions(np.random.default_rng(11), 40)  # the same directions and centres
     scores, ids = served.snapshot.search(queries, 10)
@@ -168,6 +173,30 @@ def test_the_graph_walks_the_rows_principal_directions_and_the_whole_rows_rank_i
     found, back = served.snapshot.rows_of(np.array([3, 4, 8997]))
     assert found.tolist() == [True, False, True]
     np.testing.assert_array_equal(back[found], rows[[1, 2999]])  # the cascade reads the rows back whole
+
+
+def test_a_format_2_index_with_float32_coordinates_is_served_as_it_was(tmp_path: Path) -> None:
+    model = ModelIdentity("synthetic-new", "synthetic-new", None, 64)
+    rows = _in_few_directions(np.random.default_rng(14), 2000)
+    queries = _in_few_directions(np.random.default_rng(14), 30)
+    answers = {}
+    for storage in ("float32", "float16"):
+        folder = tmp_path / storage
+        create_segment(folder, model, GALLERY)
+        write_shard(folder, np.arange(2000), rows, model, "t")
+        name = seal(folder, storage=storage).name  # float32: what seals wrote before, IndexHNSWFlat
+        assert name is not None
+        document = json.loads((folder / INDEXES / name / "index.json").read_text())
+        assert (document["format_version"], document["storage"]) == ((2 if storage == "float32" else 3), storage)
+        graph = faiss.read_index(str(folder / INDEXES / name / "index.faiss"))
+        assert isinstance(graph, faiss.IndexHNSWSQ if storage == "float16" else faiss.IndexHNSWFlat)
+        served = Segment.open(folder, Indexing(ef_search=64))
+        assert served.snapshot.sealed_blocks == 1 and not served.refused_indexes
+        answers[storage] = served.snapshot.search(queries, 5)
+    want = np.argsort(-(queries @ rows.T), axis=1)[:, :5]
+    for scores, ids in answers.values():
+        assert (ids == want).mean() > 0.95
+        np.testing.assert_allclose(scores, np.take_along_axis(queries @ rows.T, ids, axis=1), rtol=1e-5)
 
 
 def test_an_index_sealed_before_directions_is_served_as_it_was(tmp_path: Path) -> None:
