@@ -96,6 +96,17 @@ class ShardCatalog:
         return np.unique(np.concatenate(parts)) if parts else _NO_IDS
 
 
+def sorted_union(held: I64, fresh: I64) -> I64:
+    """The ascending distinct ids of `held` and `fresh` (both ascending, distinct).
+
+    Why not np.unique of both: a writer updates after every shard, and sorting every moved id again each
+    time costs a run time quadratic in the segment (0.6 s a shard at 10^6 moved ids).  Inserting the few
+    new ones at their bisected places is one copy of the array.
+    """
+    fresh = fresh[~sorted_member(fresh, held)]
+    return np.insert(held, np.searchsorted(held, fresh), fresh) if len(fresh) else held
+
+
 def moved_ids(folder: Path) -> I64:
     """Sorted distinct ids of every intact published shard: what a writer never encodes again."""
     catalog = ShardCatalog.of(folder)
@@ -114,7 +125,7 @@ class MovedIds:
         """Check the shards published since the last update (a refused one never counts); the sorted ids."""
         parts = [entry.ids for entry in self.catalog.scan() if entry.intact]
         if parts:
-            self.ids = np.unique(np.concatenate([self.ids, *parts]))
+            self.ids = sorted_union(self.ids, np.unique(np.concatenate(parts)))
         return self.ids
 
     def contains(self, ids: I64) -> npt.NDArray[np.bool_]:

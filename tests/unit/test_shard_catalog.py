@@ -13,6 +13,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from service.backfill.run import RunOptions, run_backfill
 from service.backfill.sources import StoreItems
@@ -22,7 +24,7 @@ from service.encoders.identity import ModelIdentity
 from service.errors import InputError
 from service.items.store import ItemStore
 from service.manifest import write_manifest
-from service.segment.catalog import MovedIds, ShardCatalog, moved_ids
+from service.segment.catalog import MovedIds, ShardCatalog, moved_ids, sorted_union
 from service.segment.layout import IDS, SHARDS, VECTORS, GalleryRef, create_segment, shard_names, write_shard
 from service.segment.reader import Segment
 from service.segment.source import SegmentSource
@@ -153,3 +155,26 @@ def test_a_catalogue_checks_each_shard_once(segment: Path) -> None:
     second = write_shard(segment, np.arange(3, 6), _unit(rng, 3), MODEL, "test")
     assert [e.name for e in catalog.scan()] == [second]  # only what was published since
     assert catalog.scan() == [] and catalog.moved().tolist() == list(range(6))
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    held=st.lists(st.integers(-(2**62), 2**62), max_size=60, unique=True),
+    fresh=st.lists(st.integers(-(2**62), 2**62), max_size=60, unique=True),
+)
+def test_sorted_union_is_the_union_of_two_ascending_id_arrays(held: list[int], fresh: list[int]) -> None:
+    a, b = np.array(sorted(held), dtype=np.int64), np.array(sorted(fresh), dtype=np.int64)
+    union = sorted_union(a, b)
+    assert union.dtype == np.int64 and union.tolist() == sorted(set(held) | set(fresh))
+
+
+def test_moved_ids_updated_shard_by_shard_are_every_intact_shards_ids(segment: Path) -> None:
+    rng = np.random.default_rng(5)
+    moved = MovedIds(segment)
+    assert moved.update().tolist() == []
+    for _ in range(6):  # ids moved again by a later shard, and shards published two at a time
+        for _ in range(int(rng.integers(1, 3))):
+            ids = np.unique(rng.integers(0, 100, 20))
+            write_shard(segment, ids, _unit(rng, len(ids)), MODEL, "t")
+        assert moved.update().tolist() == moved_ids(segment).tolist()
+        assert moved.contains(np.arange(100)).tolist() == np.isin(np.arange(100), moved_ids(segment)).tolist()
