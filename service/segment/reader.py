@@ -29,7 +29,7 @@ from service.encoders.identity import ModelIdentity
 from service.errors import ArtifactError, InputError
 from service.index.base import Exclusion, sorted_member
 from service.rows import F32, I64
-from service.segment.catalog import ShardCatalog, ShardEntry
+from service.segment.catalog import ShardCatalog, ShardEntry, sorted_union
 from service.segment.layout import (
     SEGMENT_JSON,
     GalleryRef,
@@ -329,7 +329,7 @@ class Segment:
             if new.any():
                 ids_parts.append(ids[new])
                 vec_parts.append(np.asarray(entry.vectors[first[new]], dtype=np.float32))
-                seen = np.union1d(seen, ids[new])
+                seen = sorted_union(seen, ids[new])
         if not ids_parts:
             return []
         return [Block.of(np.concatenate(vec_parts), np.concatenate(ids_parts))]

@@ -69,7 +69,7 @@ from service.index.base import sorted_member
 from service.json_file import read_json_object
 from service.manifest import verify_manifest, write_json_durably
 from service.rows import F32, I64, principal_directions
-from service.segment.catalog import ShardCatalog, ShardEntry
+from service.segment.catalog import ShardCatalog, ShardEntry, sorted_union
 from service.segment.layout import fsync_path, publish_folder, save
 
 INDEXES = "indexes"
@@ -308,7 +308,7 @@ def _first_rows(entries: list[ShardEntry], seen: I64) -> list[tuple[ShardEntry, 
         ids, first = np.unique(entry.ids, return_index=True)
         keep = ~sorted_member(ids, seen)
         picked.append((entry, ids[keep], first[keep]))
-        seen = np.union1d(seen, ids[keep])
+        seen = sorted_union(seen, ids[keep])
     return picked
 
 
