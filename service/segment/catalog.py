@@ -10,7 +10,9 @@ A shard is intact when `layout.read_shard` accepts it: every file matches the ma
 `count` int64, the rows float32 [count, dim], finite and of unit norm.  Published shards never change,
 so a catalogue checks each name once, intact or refused, and never reads it again; a scan reads only
 the names published since the last one.  The rows of an intact shard stay memory-mapped (read-only),
-so holding a catalogue of a large segment costs address space, not memory.
+so holding a catalogue of a large segment costs address space, not memory.  Each scan adds the new
+intact shards' ids to the catalogue's sorted moved ids (`sorted_union`), so `moved()` costs nothing that
+grows with the segment, for a writer checking every batch and the service refreshing alike.
 """
 
 from __future__ import annotations
@@ -53,6 +55,7 @@ class ShardCatalog:
         self.folder = folder
         self.dim = dim
         self._entries: dict[str, ShardEntry] = {}  # insertion order = name order (names sort by time)
+        self._moved = _NO_IDS  # sorted distinct ids of the intact entries
 
     @classmethod
     def of(cls, folder: Path) -> ShardCatalog:
@@ -73,6 +76,9 @@ class ShardCatalog:
                 entry = ShardEntry(name, shard.ids, shard.vectors, shard.meta)
             self._entries[name] = entry
             fresh.append(entry)
+        intact = [entry.ids for entry in fresh if entry.intact]
+        if intact:
+            self._moved = sorted_union(self._moved, np.unique(np.concatenate(intact)))
         return fresh
 
     @property
@@ -91,17 +97,16 @@ class ShardCatalog:
         return {entry.name: entry.refused for entry in self._entries.values() if entry.refused is not None}
 
     def moved(self) -> I64:
-        """Sorted distinct ids of every intact shard checked so far."""
-        parts = [entry.ids for entry in self.intact]
-        return np.unique(np.concatenate(parts)) if parts else _NO_IDS
+        """Sorted distinct ids of every intact shard checked so far (never changed in place: a scan replaces it)."""
+        return self._moved
 
 
 def sorted_union(held: I64, fresh: I64) -> I64:
     """The ascending distinct ids of `held` and `fresh` (both ascending, distinct).
 
-    Why not np.unique of both: a writer updates after every shard, and sorting every moved id again each
-    time costs a run time quadratic in the segment (0.2 s a shard at 500,000 moved ids).  Inserting the few
-    new ones at their bisected places is one copy of the array.
+    Why not np.unique of both: a catalogue adds every shard as it lands, and sorting every moved id again
+    each time costs a run time quadratic in the segment (0.2 s a shard at 500,000 moved ids).  Inserting the
+    few new ones at their bisected places is one copy of the array.
     """
     fresh = fresh[~sorted_member(fresh, held)]
     return np.insert(held, np.searchsorted(held, fresh), fresh) if len(fresh) else held
@@ -119,15 +124,12 @@ class MovedIds:
 
     def __init__(self, folder: Path) -> None:
         self.catalog = ShardCatalog.of(folder)
-        self.ids = _NO_IDS  # sorted, distinct
 
     def update(self) -> I64:
         """Check the shards published since the last update (a refused one never counts); the sorted ids."""
-        parts = [entry.ids for entry in self.catalog.scan() if entry.intact]
-        if parts:
-            self.ids = sorted_union(self.ids, np.unique(np.concatenate(parts)))
-        return self.ids
+        self.catalog.scan()
+        return self.catalog.moved()
 
     def contains(self, ids: I64) -> npt.NDArray[np.bool_]:
         """Which of `ids` had moved at the last update (a bisection each: cheap at millions of moved ids)."""
-        return sorted_member(ids, self.ids)
+        return sorted_member(ids, self.catalog.moved())
