@@ -277,7 +277,7 @@ def _seal(folder: Path, min_rows: int, writer: str, started: float, whole_rows: 
     ids, vectors = ids[order], np.ascontiguousarray(vectors[order])
     basis = None if whole_rows else directions(vectors)
     walked = vectors if basis is None else np.ascontiguousarray(vectors @ basis)  # what the graph's steps read
-    graph = _empty_graph(walked.shape[1], "whole rows" if whole_rows else storage)
+    graph = _empty_graph(walked.shape[1], float16=basis is not None and storage == STORAGE)
     graph.hnsw.efConstruction = EF_CONSTRUCTION
     graph.add(walked)
     shards = [e.name for e, _, _ in picked]
@@ -286,9 +286,9 @@ def _seal(folder: Path, min_rows: int, writer: str, started: float, whole_rows: 
     return SealReport(name, int(len(ids)), len(picked), time.perf_counter() - started, len(absorbed))
 
 
-def _empty_graph(width: int, storage: str) -> Any:
+def _empty_graph(width: int, float16: bool) -> Any:
     """The HNSW graph a seal fills: float16 coordinates (format 3), float32 (format 2 and format 1's whole rows)."""
-    if storage == STORAGE:
+    if float16:
         fp16: Any = faiss.ScalarQuantizer.QT_fp16  # an int to SWIG; faiss's stubs type the argument as the class
         return faiss.IndexHNSWSQ(width, fp16, LINKS, faiss.METRIC_INNER_PRODUCT)
     return faiss.IndexHNSWFlat(width, LINKS, faiss.METRIC_INNER_PRODUCT)
@@ -364,22 +364,24 @@ def _covered_ids(folder: Path, cover: list[SealedMeta]) -> I64:
 def _publish(folder: Path, graph: Any, basis: F32 | None, rows: F32, ids: I64, shards: list[str], writer: str) -> str:
     """Write a sealed index hidden, manifest last, then one rename (layout.publish_folder); returns its name."""
 
+    float16 = isinstance(graph, faiss.IndexHNSWSQ)
+
     def fill(tmp: Path) -> None:
         faiss.write_index(graph, str(tmp / INDEX_FILE))
         fsync_path(tmp / INDEX_FILE)  # faiss does not: the index is renamed into place only once on disk
-        if basis is not None:  # format 2: the graph walks the basis's coordinates, the rows re-rank
+        if basis is not None:  # formats 2 and 3: the graph walks the basis's coordinates, the rows re-rank
             save(tmp / BASIS_FILE, basis)
             save(tmp / ROWS_FILE, rows)
         save(tmp / IDS_FILE, ids)
         document = {
-            "format_version": 1 if basis is None else FORMAT if isinstance(graph, faiss.IndexHNSWSQ) else 2,
+            "format_version": 1 if basis is None else FORMAT if float16 else 2,
             "rows": int(len(ids)),
             "shards": shards,
             "directions": int(rows.shape[1] if basis is None else basis.shape[1]),
             "links": LINKS,
             "ef_construction": EF_CONSTRUCTION,
             "dim": int(graph.d),
-            "storage": STORAGE if isinstance(graph, faiss.IndexHNSWSQ) else "float32",
+            "storage": STORAGE if float16 else "float32",
             "writer": writer,
             "created_at": datetime.now(UTC).isoformat(timespec="milliseconds"),
         }
