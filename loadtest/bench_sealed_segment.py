@@ -1,12 +1,14 @@
-"""A segment with a sealed index against one read exactly: the seal's cost, a reader's start, one query, recall.
+"""A segment with a sealed index against one read exactly: the seal's cost, a reader's start, one query, recall,
+and the serving reader's refresh when a shard lands beside the sealed rows.
 
     .venv/bin/python loadtest/bench_sealed_segment.py --rows 100000
 
 Rows are the simulated new model's embeddings (synthetic-new) of gallery items, written as shards of
 4,096 rows; queries its embeddings of 200 of those items' captions, one at a time, as a request
 sends them.  The seal uses every core (faiss); the start is `Segment.open` (every shard and the
-sealed index read and checked, as the service's start and a cut-over read them).  docs/backfill.md
-records a run.
+sealed index read and checked, as the service's start and a cut-over read them); the refresh is what
+the service's refresh thread does once a backfill publishes a shard (8 shards of 500 new rows, one at
+a time).  docs/backfill.md records a run.
 """
 
 from __future__ import annotations
@@ -34,6 +36,7 @@ from service.vocabulary import Modality  # noqa: E402
 
 CAPTION = "item-{:010d} caption-1"
 SHARD = 4096
+LANDING = 500  # rows of each shard that lands while the reader serves
 
 
 def one_query_ms(segment: Segment, queries: np.ndarray) -> float:
@@ -42,6 +45,18 @@ def one_query_ms(segment: Segment, queries: np.ndarray) -> float:
     for row in queries:
         started = time.perf_counter()
         segment.snapshot.search(row[None], 10)
+        took.append((time.perf_counter() - started) * 1000)
+    return statistics.median(took)
+
+
+def refresh_ms(segment: Segment, encoder: SyntheticNewEncoder, model: ModelIdentity, first_id: int) -> float:
+    """Median milliseconds of the serving reader's refresh after each of 8 shards of new rows lands."""
+    took = []
+    for n in range(8):
+        ids = np.arange(first_id + n * LANDING, first_id + (n + 1) * LANDING, dtype=np.int64)
+        write_shard(segment.folder, ids, encoder.encode_items(ids), model, "bench")
+        started = time.perf_counter()
+        segment.refresh()
         took.append((time.perf_counter() - started) * 1000)
     return statistics.median(took)
 
@@ -58,7 +73,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         folder = Path(tmp) / "segment"
         model = ModelIdentity("synthetic-new", encoder.model_id, None, encoder.dim)
-        create_segment(folder, model, GalleryRef("ab" * 32, args.rows))
+        create_segment(folder, model, GalleryRef("ab" * 32, args.rows + 8 * LANDING))
         for start in range(0, args.rows, SHARD):
             ids = np.arange(start, min(start + SHARD, args.rows), dtype=np.int64)
             write_shard(folder, ids, encoder.encode_items(ids), model, "bench")
@@ -98,6 +113,8 @@ def main() -> None:
         sealed = ", ".join(seals.values())
         print(f"{args.rows:,} rows of {queries.shape[1]} floats; seal: {sealed} ({done.rows:,} rows)")
         print(table(lines))
+        landed = refresh_ms(measured[1][1], encoder, model, args.rows)  # last: it adds rows to the folder
+        print(f"a shard of {LANDING} rows lands beside them: the serving reader's refresh {landed:.1f} ms (8, median)")
 
 
 if __name__ == "__main__":

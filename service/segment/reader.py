@@ -151,6 +151,27 @@ class Snapshot:
         return found, rows
 
 
+def _exact_blocks(entries: list[ShardEntry], served: I64) -> tuple[list[Block], I64]:
+    """One exact block over these shards' rows less the ids already `served` (an id keeps its first row),
+    and the served ids with the new ones (sorted).
+
+    `served` is kept by the caller from refresh to refresh, so a refresh's cost follows its new rows,
+    not every row served (sorting them all again took 0.5-0.8 s a refresh beside 500,000 sealed rows).
+    """
+    ids_parts, vec_parts = [], []
+    for entry in entries:
+        assert entry.vectors is not None  # an intact entry carries its rows
+        ids, first = np.unique(entry.ids, return_index=True)  # an id twice in one shard: its first row
+        new = ~sorted_member(ids, served)
+        if new.any():
+            ids_parts.append(ids[new])
+            vec_parts.append(np.asarray(entry.vectors[first[new]], dtype=np.float32))
+            served = sorted_union(served, ids[new])
+    if not ids_parts:
+        return [], served
+    return [Block.of(np.concatenate(vec_parts), np.concatenate(ids_parts))], served
+
+
 def _merge_smallest(blocks: list[Block]) -> list[Block]:
     """Merge the adjacent pair of exact blocks with the fewest rows into one."""
     sizes = [blocks[i].index.ntotal + blocks[i + 1].index.ntotal for i in range(len(blocks) - 1)]
@@ -178,6 +199,7 @@ class Segment:
         self._sealed: dict[str, Sealed] = {}  # the ones loaded (served while in the cover)
         self.refused_indexes: dict[str, str] = {}  # sealed index name -> why it is not served
         self._growing: list[Block] = []  # exact blocks over the rows no served sealed index covers
+        self._served: I64 = np.zeros(0, dtype=np.int64)  # every id the blocks hold, sorted (an id keeps its first row)
         self._refresh_lock = threading.Lock()
 
     @classmethod
@@ -256,10 +278,14 @@ class Segment:
                 return []
             covered = self._covered_shards()
             if cover_changed:  # rows moved between the exact part and the sealed part: rebuild the exact part
-                self._growing = []  # (its old blocks must not count as served: their uncovered rows go back in)
-                self._growing = self._exact_blocks([e for e in self._catalog.intact if e.name not in covered])
+                sealed_ids = [s.ids for s in self._sealed.values()]  # (the old exact blocks' rows go back in)
+                served = np.unique(np.concatenate(sealed_ids)) if sealed_ids else np.zeros(0, dtype=np.int64)
+                exact, self._served = _exact_blocks([e for e in self._catalog.intact if e.name not in covered], served)
+                self._growing = exact
             else:
-                self._growing += self._exact_blocks([e for e in fresh if e.intact and e.name not in covered])
+                landed = [e for e in fresh if e.intact and e.name not in covered]
+                exact, self._served = _exact_blocks(landed, self._served)
+                self._growing += exact
             while len(self._growing) > MAX_BLOCKS:
                 self._growing = _merge_smallest(self._growing)
             sealed = tuple(Block(s.index, s.ids) for s in self._sealed.values())
@@ -316,23 +342,6 @@ class Segment:
     def _covered_shards(self) -> set[str]:
         """The shards the served sealed indexes hold."""
         return set().union(*(s.meta.shards for s in self._sealed.values())) if self._sealed else set()
-
-    def _exact_blocks(self, entries: list[ShardEntry]) -> list[Block]:
-        """One exact block over these shards' rows, less ids already served (an id keeps its first row)."""
-        served = [b.ids for b in self._growing] + [s.ids for s in self._sealed.values()]
-        seen = np.unique(np.concatenate(served)) if served else np.zeros(0, dtype=np.int64)
-        ids_parts, vec_parts = [], []
-        for entry in entries:
-            assert entry.vectors is not None  # an intact entry carries its rows
-            ids, first = np.unique(entry.ids, return_index=True)  # an id twice in one shard: its first row
-            new = ~sorted_member(ids, seen)
-            if new.any():
-                ids_parts.append(ids[new])
-                vec_parts.append(np.asarray(entry.vectors[first[new]], dtype=np.float32))
-                seen = sorted_union(seen, ids[new])
-        if not ids_parts:
-            return []
-        return [Block.of(np.concatenate(vec_parts), np.concatenate(ids_parts))]
 
     def _found_meta(self) -> bool:
         """Whether segment.json has appeared (checked against the expected model and gallery)."""

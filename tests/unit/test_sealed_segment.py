@@ -66,6 +66,32 @@ def test_loaded_shard_by_shard_or_at_once_the_answers_are_identical(segment: Pat
     np.testing.assert_array_equal(before_seal[1], np.argsort(-exact, axis=1, kind="stable")[:, :10])
 
 
+def test_each_moved_id_is_held_by_one_block_after_every_refresh(segment: Path) -> None:
+    """The served ids the reader keeps between refreshes: ids moved again stay out, a change of cover resets them."""
+    rng = np.random.default_rng(5)
+    live = Segment.open(segment)
+
+    def held_once() -> None:
+        live.refresh()
+        snap = live.snapshot
+        held = np.concatenate([block.ids for block in snap.blocks])
+        assert len(held) == len(np.unique(held)) == snap.count  # every moved id in exactly one block
+
+    write_shard(segment, np.arange(0, 100), _clustered(rng, 100), MODEL, "t")
+    held_once()
+    write_shard(segment, np.arange(50, 150), _clustered(rng, 100), MODEL, "t")  # 50 ids moved again
+    held_once()
+    assert seal(segment, min_rows=100).rows == 150  # the cover changes: the exact part is rebuilt
+    held_once()
+    assert live.snapshot.sealed_blocks == 1 and len(live.snapshot.blocks) == 1
+    write_shard(segment, np.arange(120, 220), _clustered(rng, 100), MODEL, "t")  # 30 of them sealed already
+    held_once()
+    assert live.snapshot.sealed_blocks == 1 and live.snapshot.count == 220
+    write_shard(segment, np.arange(200, 260), _clustered(rng, 60), MODEL, "t")
+    held_once()
+    assert live.snapshot.count == 260
+
+
 def test_the_exact_setting_reads_no_sealed_index_and_answers_the_brute_force_ranking(segment: Path) -> None:
     rng = np.random.default_rng(1)
     rows = _clustered(rng, 4000)
