@@ -134,7 +134,7 @@ serve: $(STAMP)
 	    export NOBACKFILL_INDEX__ITEM_STORE="$${NOBACKFILL_INDEX__ITEM_STORE:-artifacts/demo/items}"; fi; \
 	  if [ -f artifacts/demo/eval.json ] && [ "$$NOBACKFILL_COMPAT__PROFILE_DIR" = artifacts/demo/profile ]; then \
 	    export NOBACKFILL_API__UI_EVAL="$${NOBACKFILL_API__UI_EVAL:-artifacts/demo/eval.json}"; fi; \
-	fi; exec $(BIN)/nobackfill serve
+	fi; $(if $(PORT),export NOBACKFILL_API__PORT=$(PORT);) exec $(BIN)/nobackfill serve
 
 clean:
 	rm -rf $(VENV) artifacts .mypy_cache .ruff_cache .pytest_cache .hypothesis

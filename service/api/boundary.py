@@ -83,6 +83,9 @@ def _validation_message(exc: RequestValidationError) -> str:
     first: dict[str, Any] = dict(exc.errors()[0]) if exc.errors() else {"loc": (), "msg": "invalid request"}
     if first.get("type") == "json_invalid":
         return "the request body is not valid JSON"
+    if tuple(first.get("loc", ())) == ("body",) and first.get("type") == "model_attributes_type":
+        # FastAPI reads a body without a JSON content type as bytes, then says only that it is no object.
+        return "the request body must be a JSON object, sent with Content-Type: application/json"
     where = ".".join(str(part) for part in first.get("loc", ()) if part != "body")
     return f"{where}: {first.get('msg')}" if where else str(first.get("msg"))
 

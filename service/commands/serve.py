@@ -189,6 +189,16 @@ def _serve_demo(settings: Settings, artifacts: DemoArtifacts, given_port: int | 
     _run(settings, "127.0.0.1", port, 1)
 
 
+def pgvector_serve_settings(settings: Settings) -> str:
+    """The settings, as NOBACKFILL_* variables to paste, under which `nobackfill serve` serves what the pgvector
+    demo serves (its table, profile and item store)."""
+    index = settings.index
+    dsn = index.pgvector_dsn.get_secret_value() if index.pgvector_dsn else ""
+    return (f"NOBACKFILL_INDEX__BACKEND=pgvector NOBACKFILL_INDEX__PGVECTOR_TABLE={index.pgvector_table} "
+            f"NOBACKFILL_INDEX__PGVECTOR_DSN='{dsn}' NOBACKFILL_COMPAT__PROFILE_DIR={settings.compat.profile_dir} "
+            f"NOBACKFILL_INDEX__ITEM_STORE={index.item_store}")  # fmt: skip
+
+
 def _pgvector_demo(artifacts: DemoArtifacts, given_port: int | None, prepare_only: bool) -> None:
     """`demo --pgvector`: the gallery's old rows in a PostgreSQL table (pgvector_demo.py), served from there.
 
@@ -215,8 +225,7 @@ def _pgvector_demo(artifacts: DemoArtifacts, given_port: int | None, prepare_onl
             settings = Settings(index=index, compat=CompatSettings(profile_dir=artifacts.profile))
             if given_dsn is None:  # a socket path and no password: nothing secret to print
                 typer.echo(f"the gallery is that table; while the demo runs, `{cli_invocation()} serve` serves it with "
-                           f"NOBACKFILL_INDEX__BACKEND=pgvector NOBACKFILL_INDEX__PGVECTOR_TABLE={DEMO_TABLE} "
-                           f"NOBACKFILL_INDEX__PGVECTOR_DSN='{dsn}'")  # fmt: skip
+                           f"{pgvector_serve_settings(settings)} (and another NOBACKFILL_API__PORT)")  # fmt: skip
             _serve_demo(settings, artifacts, given_port)
     except KeyboardInterrupt:  # Ctrl-C while loading (uvicorn takes it over once it serves)
         typer.echo("interrupted" + ("" if given_dsn else "; the demo's PostgreSQL is stopped"), err=True)

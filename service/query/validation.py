@@ -88,6 +88,8 @@ def validate_request(
             hint = " (cascade needs NOBACKFILL_INDEX__ITEM_STORE or NOBACKFILL_INDEX__SEGMENT_DIR)"
         if mode == Mode.compare:
             hint = " (compare puts the head beside old: it needs a profile that serves old)"
+        if served == [Mode.new]:  # the cut-over: no old model and no profile are left to serve anything else
+            raise UnsupportedMode(f"mode {mode!r} is not served after the cut-over: the new model alone answers (new)")
         raise UnsupportedMode(f"mode {mode!r} is not served by this profile; it serves {', '.join(served)}{hint}")
 
 

@@ -79,6 +79,10 @@ async def test_every_error_status_has_the_envelope(locked: Running) -> None:
     assert_envelope(await client.post("/v1/search", json={"queries": "x"}, headers=SEARCH), 422, "invalid_request")
     bad_json = await client.post("/v1/search", content=b"{", headers={**SEARCH, "content-type": "application/json"})
     assert "not valid JSON" in assert_envelope(bad_json, 422, "invalid_request")["message"]
+    untyped = await client.post("/v1/search", content=b'{"queries": [{"text": "x"}]}', headers=SEARCH)  # curl -d
+    assert "Content-Type: application/json" in assert_envelope(untyped, 422, "invalid_request")["message"]
+    a_list = await client.post("/v1/search", json=[{"text": "x"}], headers=SEARCH)
+    assert "must be a JSON object" in assert_envelope(a_list, 422, "invalid_request")["message"]
     assert_envelope(await client.post("/v1/search", json={"queries": []}, headers=SEARCH), 400, "invalid_input")
     many = {"queries": [{"text": "x"}] * 65}
     assert_envelope(await client.post("/v1/search", json=many, headers=SEARCH), 413, "too_many_queries")

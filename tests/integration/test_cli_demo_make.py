@@ -34,7 +34,7 @@ def test_make_demo_pgvector_runs_the_table_demo_and_passes_its_port() -> None:
     assert demo_command("PORT=", target="demo-pgvector").split()[-1] == "--pgvector"
 
 
-def serve_environment(tmp_path: Path, **env: str) -> dict[str, str]:
+def serve_environment(tmp_path: Path, *make_args: str, **env: str) -> dict[str, str]:
     """The NOBACKFILL_* variables `make serve` hands to `nobackfill serve`.
 
     Run in a copy of the Makefile over stand-in demo artifacts, with BIN pointing at a `nobackfill`
@@ -56,7 +56,7 @@ def serve_environment(tmp_path: Path, **env: str) -> dict[str, str]:
     fake.chmod(0o755)
     clean = {k: v for k, v in os.environ.items() if not k.startswith("NOBACKFILL_")}
     done = subprocess.run(
-        ["make", "-s", "-C", str(tmp_path), "serve", f"BIN={fake.parent}"],
+        ["make", "-s", "-C", str(tmp_path), "serve", f"BIN={fake.parent}", *make_args],
         capture_output=True, text=True, timeout=60, check=True, env={**clean, **env},
     )  # fmt: skip
     return dict(line.split("=", 1) for line in done.stdout.splitlines() if line.startswith("NOBACKFILL_"))
@@ -69,3 +69,9 @@ def test_make_serve_shows_the_demos_saved_eval_with_the_demos_profile_only(tmp_p
     assert demo["NOBACKFILL_INDEX__ITEM_STORE"] == "artifacts/demo/items"
     other = serve_environment(tmp_path / "other", NOBACKFILL_COMPAT__PROFILE_DIR="elsewhere/profile")
     assert other["NOBACKFILL_COMPAT__PROFILE_DIR"] == "elsewhere/profile" and "NOBACKFILL_API__UI_EVAL" not in other
+
+
+def test_make_serve_passes_its_port_and_leaves_the_setting_alone_without_one(tmp_path: Path) -> None:
+    assert serve_environment(tmp_path / "port", "PORT=8300")["NOBACKFILL_API__PORT"] == "8300"
+    assert serve_environment(tmp_path / "setting", NOBACKFILL_API__PORT="8301")["NOBACKFILL_API__PORT"] == "8301"
+    assert "NOBACKFILL_API__PORT" not in serve_environment(tmp_path / "none")

@@ -258,7 +258,8 @@ async def test_after_the_cut_over_the_new_model_alone_answers_as_hybrid_did_at_1
         assert info["gallery"]["backend"] == "segment" and info["gallery"]["coverage"] == 1.0
         assert info["segment"]["merge"].startswith("none (cut over")  # no profile, so no merge to describe
         refused = await service.search(queries=queries(), k=10, mode="slerp")
-        assert refused.status_code == 400 and "serves new" in refused.json()["error"]["message"]
+        assert refused.status_code == 400
+        assert "not served after the cut-over" in refused.json()["error"]["message"]  # no profile to name
         assert (await service.client.get("/readyz")).status_code == 200
         # Composed without an old model or a profile (pipeline/parts.py): nothing stands in for them.
         assert service.pipeline.old is None and service.pipeline.profile is None and service.pipeline.traffic is None
