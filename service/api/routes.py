@@ -32,7 +32,9 @@ async def search(body: SearchRequest, request: Request, pipeline: PipelineDep, _
         queries = await asyncio.to_thread(to_queries, body.queries, *limits)
     else:
         queries = to_queries(body.queries, *limits)
-    outcome = await pipeline.search(queries, k=body.k, mode=body.mode, alpha=body.alpha, nprobe=body.nprobe)
+    outcome = await pipeline.search(
+        queries, k=body.k, mode=body.mode, alpha=body.alpha, nprobe=body.nprobe, ef_search=body.ef_search
+    )
     results = []
     for result in outcome.results:
         # Built by hand rather than through SearchResponse: this is the hot path.

@@ -47,6 +47,9 @@ class SearchRequest(BaseModel):
     mode: str | None = None
     alpha: float | None = None
     nprobe: int | None = None
+    # The segment's sealed HNSW indexes search this many candidates for this request (hybrid, new, the
+    # cut-over); unset: index.segment_ef_search.  Wider finds more of the exact top k, slower.
+    ef_search: int | None = None
     debug: bool = False
 
 

@@ -133,6 +133,7 @@ class Pipeline:
         mode: str | None = None,
         alpha: float | None = None,
         nprobe: int | None = None,
+        ef_search: int | None = None,
     ) -> SearchOutcome:
         """Answer a batch of queries; raises InputError subclasses for bad input, Overloaded when full."""
         profile = self.profile  # one profile for the whole request, even if a reload lands meanwhile
@@ -140,14 +141,14 @@ class Pipeline:
         nprobe = self.default_nprobe() if nprobe is None else nprobe
         served = served_modes(self.settings, profile)
         api = self.settings.api
-        validate_request(queries, k, mode, alpha, nprobe, api, self.gallery.max_nprobe, served)
+        validate_request(queries, k, mode, alpha, nprobe, api, self.gallery.max_nprobe, served, ef_search)
         head = None if profile is None else profile.head
         plan = plan_of(Mode(mode), head, segment=self.segment is not None, hybrid_reranks=self._hybrid_reranks)
         cascade = self.cascade if plan.reranks else None
         depth = cascade.depth(k) if cascade is not None else k
         # With no profile (the cut-over) no old row is read: the new model's width stands on both sides.
         dims = (self.new.encoder.dim,) * 2 if profile is None else (profile.old_dim, profile.new_dim)
-        job = SearchJob(queries, k, plan, alpha, nprobe, profile, dims, depth=depth)
+        job = SearchJob(queries, k, plan, alpha, nprobe, profile, dims, depth=depth, ef_search=ef_search)
         old_encoder = None if self.old is None else self.old.encoder
         validate_queries(job, old_encoder, self.new.encoder, api.max_text_chars)
         with self.admission.admit(job) as ticket:

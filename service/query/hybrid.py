@@ -42,7 +42,7 @@ class SegmentSearch:
     def new_only(self, job: SearchJob) -> Merged:
         """`new`: the new embeddings over the segment alone (raw cosines)."""
         snapshot = self.segment.snapshot
-        scores, ids = snapshot.search(normalize_rows(job.new), job.depth)
+        scores, ids = snapshot.search(normalize_rows(job.new), job.depth, job.ef_search)
         return _padded(Merged(scores, ids, ids >= 0))
 
     def hybrid(self, job: SearchJob, batch: F32, gallery: GalleryBackend) -> Merged:
@@ -90,7 +90,7 @@ def _segment_side(
     new_unit = normalize_rows(job.new)
     scores = np.full((len(new_unit), job.depth), -np.inf, dtype=np.float32)
     ids = np.full((len(new_unit), job.depth), -1, dtype=np.int64)
-    scores[usable], ids[usable] = snapshot.search(new_unit[usable], job.depth)
+    scores[usable], ids[usable] = snapshot.search(new_unit[usable], job.depth, job.ef_search)
     return scores, ids, _backgrounds(new_unit, groups, maps, "new")
 
 

@@ -77,6 +77,7 @@ class SearchJob:
     profile: CompatProfile | None
     dims: tuple[int, int]  # (old, new) query widths
     depth: int = 0  # hits stage 1 returns (0: k); the cascade asks for more, re-ranks them and cuts to k
+    ef_search: int | None = None  # the segment's graphs search this wide (None: index.segment_ef_search)
     timings: dict[str, float] = field(default_factory=dict)
     old: Embeddings = field(init=False)
     new: Embeddings = field(init=False)

@@ -65,6 +65,7 @@ def validate_request(
     api: ApiSettings,
     max_nprobe: int | None,
     served: list[str],
+    ef_search: int | None = None,
 ) -> None:
     """Check a request against the limits, the modes `served` (served_modes) and the gallery's nprobe; 4xx if bad.
 
@@ -78,6 +79,8 @@ def validate_request(
     if not 1 <= k <= api.max_k:
         raise InputError(f"k must be in 1..{api.max_k}, got {k}")
     check_nprobe(nprobe, max_nprobe)  # before any encoder runs; the gallery checks it again
+    if ef_search is not None and not 1 <= ef_search <= api.max_ef_search:
+        raise InputError(f"ef_search must be in 1..{api.max_ef_search}, got {ef_search}")
     if alpha is not None and not (math.isfinite(alpha) and 0.0 <= alpha <= 1.0):
         raise InputError(f"alpha must be in [0, 1], got {alpha}")
     if mode not in served:

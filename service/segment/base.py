@@ -40,8 +40,12 @@ class SegmentView(Protocol):
         """Moved items (distinct ids)."""
         ...
 
-    def search(self, queries: F32, k: int) -> Hits:
-        """Top-k inner products of unit new-model queries over the moved items: (scores, ids; -inf / -1 pad)."""
+    def search(self, queries: F32, k: int, ef_search: int | None = None) -> Hits:
+        """Top-k inner products of unit new-model queries over the moved items: (scores, ids; -inf / -1 pad).
+
+        ef_search: how wide a graph index over them searches for this call (a request's); None: the
+        segment's own setting.  An exact search, or an index with no such width, ignores it.
+        """
         ...
 
     def contains(self, ids: I64) -> npt.NDArray[np.bool_]:

@@ -50,7 +50,7 @@ class SegmentGallery:
 
     @property
     def max_nprobe(self) -> int | None:
-        """No request nprobe: the segment's blocks search at index.segment_ef_search."""
+        """No request nprobe: mode new searches the segment through SegmentSearch, at the request's ef_search."""
         return None
 
     def search(

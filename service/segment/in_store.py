@@ -140,6 +140,7 @@ class InStoreSegment(Generic[S]):
 
     backend: str  # what /v1/info calls it: "pgvector-column", "qdrant-vector", "milvus-collection"
     snapshot: SegmentView
+    takes_ef_search: ClassVar[bool] = True  # search_ef is an HNSW ef, so a request's ef_search replaces it
 
     def __init__(self, model: ModelIdentity, gallery: str, ntotal: int) -> None:
         self._model = model
@@ -216,10 +217,12 @@ class InStoreView:
         """Moved items at the last refresh."""
         return self.moved_count
 
-    def search(self, queries: F32, k: int) -> Hits:
-        """Top-k over the moved rows (none before the part exists)."""
+    def search(self, queries: F32, k: int, ef_search: int | None = None) -> Hits:
+        """Top-k over the moved rows (none before the part exists), at the request's ef_search where the store's
+        index takes one."""
         nothing = (np.full((len(queries), k), -np.inf, np.float32), np.full((len(queries), k), -1, np.int64))
-        ef = self.segment.search_ef
+        takes = ef_search is not None and self.segment.takes_ef_search
+        ef = ef_search if takes else self.segment.search_ef
         hits: Hits = self.segment.run(lambda rows, conn, state: rows.search(conn, state, queries, k, ef), empty=nothing)
         return hits
 

@@ -39,6 +39,7 @@ class MilvusCollectionSegment(ClientSegment[CollectionState]):
 
     backend = "milvus-collection"
     store = "Milvus"
+    takes_ef_search = False  # its search_ef is an IVF nprobe; an HNSW collection searches at ef max(k, 64)
     rows: MilvusNewRows
 
     @staticmethod

@@ -41,9 +41,11 @@ from service.segment.layout import (
 )
 from service.segment.sealed import (
     INDEXES,
+    ProjectedGraph,
     Sealed,
     SealedMeta,
     choose_cover,
+    graph_width,
     load_sealed,
     read_meta,
     sealed_names,
@@ -81,6 +83,16 @@ class Block:
         flat.add(np.ascontiguousarray(vectors[order], dtype=np.float32))
         return cls(flat, ids[order])
 
+    def search(self, queries: F32, k: int, ef_search: int | None) -> tuple[F32, npt.NDArray[np.int64]]:
+        """The index's top-k (row numbers), a graph at ef_search when one is given."""
+        if isinstance(self.index, ProjectedGraph):  # formats 2 and 3
+            return self.index.search(queries, k, ef_search)
+        if ef_search is None or isinstance(self.index, faiss.IndexFlat):  # exact: no width to set
+            found: tuple[F32, npt.NDArray[np.int64]] = self.index.search(queries, k)
+        else:  # format 1: faiss HNSW over whole rows
+            found = self.index.search(queries, k, params=graph_width(ef_search, k))
+        return found
+
     def vectors(self) -> F32:
         """The block's rows back out of faiss (for a merge)."""
         return np.asarray(self.index.reconstruct_n(0, self.index.ntotal), dtype=np.float32)
@@ -110,8 +122,11 @@ class Snapshot:
         """Moved items (distinct ids)."""
         return int(len(self.moved))
 
-    def search(self, queries: F32, k: int) -> tuple[F32, I64]:
-        """Top-k inner products over every block: (scores [b, k], ids [b, k]; -1 / -inf pad a short list)."""
+    def search(self, queries: F32, k: int, ef_search: int | None = None) -> tuple[F32, I64]:
+        """Top-k inner products over every block: (scores [b, k], ids [b, k]; -1 / -inf pad a short list).
+
+        ef_search: the sealed graphs' width for this call (None: Indexing.ef_search); exact blocks ignore it.
+        """
         n = len(queries)
         if not self.blocks or k < 1:
             return np.full((n, max(k, 0)), -np.inf, dtype=np.float32), np.full((n, max(k, 0)), -1, dtype=np.int64)
@@ -119,7 +134,7 @@ class Snapshot:
         parts_s, parts_i = [], []
         for block in self.blocks:
             kk = min(k, block.index.ntotal)
-            scores, rows = block.index.search(q, kk)
+            scores, rows = block.search(q, kk, ef_search)
             missing = rows < 0  # a graph search may find fewer than kk rows: faiss pads with -1
             parts_s.append(np.where(missing, -np.inf, scores))
             parts_i.append(np.where(missing, -1, block.ids[np.maximum(rows, 0)]))
@@ -368,6 +383,7 @@ class Segment:
             "sealed_indexes": snap.sealed_blocks,
             "sealed_rows": sum(block.index.ntotal for block in snap.blocks[: snap.sealed_blocks]),
             "exact": self.indexing.exact,
+            "ef_search": self.indexing.ef_search,  # a request's ef_search overrides it
             "refused_shards": dict(self.refused),
             "refused_indexes": dict(self.refused_indexes),
         }

@@ -124,10 +124,13 @@ class ProjectedGraph:
     def d(self) -> int:
         return int(self.rows.shape[1])
 
-    def search(self, queries: F32, k: int) -> tuple[F32, I64]:
-        """Top-k inner products of queries [b, d] with the rows: (scores, row numbers; -inf / -1 pad)."""
+    def search(self, queries: F32, k: int, ef_search: int | None = None) -> tuple[F32, I64]:
+        """Top-k inner products of queries [b, d] with the rows: (scores, row numbers; -inf / -1 pad); the graph
+        walked at ef_search candidates (None: the efSearch it was loaded with)."""
         q = np.ascontiguousarray(queries, dtype=np.float32)
-        _, found = self.graph.search(np.ascontiguousarray(q @ self.basis), min(self.ntotal, RERANK * k))
+        wanted = min(self.ntotal, RERANK * k)
+        coords = np.ascontiguousarray(q @ self.basis)
+        _, found = self.graph.search(coords, wanted, params=graph_width(ef_search, wanted))
         listed = found >= 0
         exact = np.einsum("bcd,bd->bc", self.rows[np.where(listed, found, 0)], q)
         exact = np.where(listed, exact, -np.inf).astype(np.float32)
@@ -143,6 +146,17 @@ class ProjectedGraph:
     def reconstruct_n(self, first: int, count: int) -> F32:
         """`count` full rows from `first`."""
         return np.asarray(self.rows[first : first + count], dtype=np.float32)
+
+
+def graph_width(ef_search: int | None, k: int) -> Any:
+    """faiss's per-call parameters for an HNSW search of k at ef_search (None: the index's own efSearch).  Per
+    call, so concurrent requests at different widths never share a setting on the index.  At least k: faiss
+    widens its own efSearch to k, but not one given per call, and returns a short list under it."""
+    if ef_search is None:
+        return None
+    params = faiss.SearchParametersHNSW()  # type: ignore[attr-defined]
+    params.efSearch = max(ef_search, k)
+    return params
 
 
 def directions(rows: F32) -> F32:

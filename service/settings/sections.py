@@ -233,8 +233,11 @@ class IndexSettings(Section):
     # grows with the rows).
     segment_exact: bool = False
     """Search every segment row exactly, leaving its sealed HNSW indexes unread."""
+    # A request's ef_search (up to api.max_ef_search) overrides it for that request.  The recall a given ef
+    # finds falls as the index grows (docs/backfill.md: 0.99 at 10^5 rows, 0.957 at 5 x 10^5, where 384
+    # finds 0.993).
     segment_ef_search: int = Field(128, ge=1)
-    """Candidates a sealed HNSW index of the segment searches (its efSearch): 128 finds 0.99 of the exact top 10."""
+    """Candidates a sealed HNSW index of the segment searches (its efSearch) when a request names none."""
     # How hybrid puts both lists on one scale: the profile's fitted calibration (raw cosines when it has
     # none), raw cosines, or reciprocal rank fusion.
     hybrid_merge: Merge = Merge.calibrated
@@ -336,6 +339,9 @@ class ApiSettings(Section):
     """Request body cap (more: 413, as soon as it is known)."""
     max_k: int = Field(1000, ge=1)
     """Largest k a request may ask for."""
+    # A graph search's cost grows with its ef; without a bound one request could walk a whole graph.
+    max_ef_search: int = Field(4096, ge=1)
+    """Largest ef_search a request may ask for (32x the segment's default)."""
     max_in_flight: int = Field(256, ge=1)
     """Queries in flight per worker before 503 + Retry-After."""
     # A search is admitted only while the wait it can expect in front of the encoders (queued items

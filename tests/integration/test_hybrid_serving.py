@@ -268,6 +268,35 @@ async def test_after_the_cut_over_the_new_model_alone_answers_as_hybrid_did_at_1
         assert (await service.client.get("/ui/api/profile")).json()["profile"] is None
 
 
+async def test_a_requests_ef_search_reaches_the_segments_graph_in_hybrid_new_and_the_cut_over(
+    world: World, full_segment: Path, tmp_path: Path
+) -> None:
+    many = [{"text": CAPTION.format(i)} for i in range(0, WORLD_GALLERY_SIZE, WORLD_GALLERY_SIZE // 100)]
+
+    async def ids_at(service: Running, mode: str | None, ef_search: int | None) -> list[list[int]]:
+        asked = {key: value for key, value in (("mode", mode), ("ef_search", ef_search)) if value is not None}
+        found = []
+        for start in range(0, len(many), 50):
+            response = await service.search(queries=many[start : start + 50], k=10, **asked)
+            assert response.status_code == 200, response.text
+            found += [r["ids"] for r in response.json()["results"]]
+        return found
+
+    async with serving(settings_for(world, full_segment)) as service:
+        narrow, wide = await ids_at(service, "new", 1), await ids_at(service, "new", 4096)
+        assert await ids_at(service, "hybrid", 1) == narrow and await ids_at(service, "hybrid", 4096) == wide
+        for bad in (0, 4097):
+            refused = await service.search(queries=queries(), k=10, mode="new", ef_search=bad)
+            assert refused.status_code == 400 and "ef_search must be in 1..4096" in refused.json()["error"]["message"]
+        assert (await service.client.get("/v1/info")).json()["segment"]["ef_search"] == 128
+    async with serving(settings_for(world, full_segment, segment_exact=True)) as service:
+        exact = await ids_at(service, "new", None)
+    async with serving(cut_over_settings(full_segment, tmp_path)) as service:
+        assert await ids_at(service, None, 1) == narrow and await ids_at(service, None, 4096) == wide
+    recall = [np.mean([len(set(e) & set(g)) / 10 for e, g in zip(exact, got, strict=True)]) for got in (narrow, wide)]
+    assert recall[0] < recall[1] and recall[1] > 0.99  # the width reached the graph: wider finds more of the exact
+
+
 async def test_a_cut_over_before_every_item_moved_is_refused_at_start(
     world: World, items: Path, tmp_path: Path
 ) -> None:

@@ -92,6 +92,28 @@ def test_each_moved_id_is_held_by_one_block_after_every_refresh(segment: Path) -
     assert live.snapshot.count == 260
 
 
+@pytest.mark.parametrize("whole_rows", [False, True], ids=["projected", "format 1"])
+def test_a_calls_ef_search_sets_the_graphs_width_for_that_call_alone(segment: Path, whole_rows: bool) -> None:
+    rng = np.random.default_rng(4)
+    write_shard(segment, np.arange(5000), _clustered(rng, 5000), MODEL, "t")
+    seal(segment, whole_rows=whole_rows)
+    queries = _clustered(rng, 200)
+    want = _answers(Segment.open(segment, Indexing(exact=True)), queries)[1]
+    live = Segment.open(segment, Indexing(ef_search=64))
+
+    def recall(ef_search: int | None) -> float:
+        got = live.snapshot.search(queries, 10, ef_search)[1]
+        assert (got >= 0).all()  # never a short list, however narrow
+        return float(np.mean([len(set(w) & set(g)) / 10 for w, g in zip(want.tolist(), got.tolist(), strict=True)]))
+
+    default = recall(None)
+    assert recall(1) < default < recall(512)
+    assert recall(512) > 0.99
+    assert recall(64) == default == recall(None)  # None is the loaded width, and a call's width did not stick
+    _, wide = live.snapshot.search(queries[:3], 300, 1)  # k past the width: faiss's list is still k long
+    assert (wide >= 0).all()
+
+
 def test_the_exact_setting_reads_no_sealed_index_and_answers_the_brute_force_ranking(segment: Path) -> None:
     rng = np.random.default_rng(1)
     rows = _clustered(rng, 4000)
