@@ -2,6 +2,7 @@
 
     .venv/bin/python loadtest/bench_hybrid.py --items 1000000 --moved 0.1,0.5 --queries 400
     .venv/bin/python loadtest/bench_hybrid.py --items 100000 --whole-references   # the calibration's reference width
+    .venv/bin/python loadtest/bench_hybrid.py --items 1000000 --ef 384   # also each share at a request's ef_search
 
 Builds once into --work (kept between runs): a synthetic gallery of N items, its item store, a
 profile, and one segment per moved share (`backfill run --order random`, each share a copy of the
@@ -96,38 +97,52 @@ def whole_references_profile(work: Path) -> str:
     return "profile-whole"
 
 
-async def timed(pipelines: dict[str, Pipeline], queries: int, items: int) -> dict[str, list[float]]:
-    """Each pipeline warmed on the first texts, then the same one-query requests timed, interleaved."""
+async def timed(pipelines: dict[str, tuple[Pipeline, int | None]], queries: int, items: int) -> dict[str, list[float]]:
+    """Each pipeline warmed on the first texts, then the same one-query requests (at the variant's ef_search)
+    timed, interleaved."""
     texts = [CAPTION.format((i * 7919) % items) for i in range(queries)]
-    for pipeline in pipelines.values():  # warm: every query's old row cached, every thread started
+    for pipeline, ef in pipelines.values():  # warm: every query's old row cached, every thread started
         for text in texts[:20]:
-            await pipeline.search([Query(Modality.text, text)], k=10)
+            await pipeline.search([Query(Modality.text, text)], k=10, ef_search=ef)
     calls = {
-        name: (lambda i, p=pipeline: p.search([Query(Modality.text, texts[i])], k=10))
-        for name, pipeline in pipelines.items()
+        name: (lambda i, p=pipeline, e=ef: p.search([Query(Modality.text, texts[i])], k=10, ef_search=e))
+        for name, (pipeline, ef) in pipelines.items()
     }
     return await interleave(calls, queries)
 
 
 async def measure(
-    work: Path, segments: dict[float, Path], queries: int, items: int, nprobe: int, whole: bool = False
+    work: Path,
+    segments: dict[float, Path],
+    queries: int,
+    items: int,
+    nprobe: int,
+    whole: bool = False,
+    efs: tuple[int, ...] = (),
 ) -> dict[str, Any]:
     """Time every variant on the same queries, interleaved; rows of p50 / p99 and their ratios to compat.
 
     whole: also each share with the references at their spaces' full width (whole_references_profile).
+    efs: also each share with its requests at these ef_search (the same pipeline).
     """
-    variants = {"compat": await Pipeline.build(settings(work, None, nprobe))}
+    variants: dict[str, tuple[Pipeline, int | None]] = {
+        "compat": (await Pipeline.build(settings(work, None, nprobe)), None)
+    }
     wide = whole_references_profile(work) if whole else None
     for share, folder in segments.items():
-        variants[f"hybrid {share:.0%}"] = await Pipeline.build(settings(work, folder, nprobe))
+        pipeline = await Pipeline.build(settings(work, folder, nprobe))
+        variants[f"hybrid {share:.0%}"] = (pipeline, None)
+        for ef in efs:
+            variants[f"hybrid {share:.0%}, ef_search {ef}"] = (pipeline, ef)
         if wide is not None:
-            variants[f"hybrid {share:.0%}, whole-width references"] = await Pipeline.build(
-                settings(work, folder, nprobe, wide)
+            variants[f"hybrid {share:.0%}, whole-width references"] = (
+                await Pipeline.build(settings(work, folder, nprobe, wide)),
+                None,
             )
     try:
         samples = await timed(variants, queries, items)
     finally:
-        for pipeline in variants.values():
+        for pipeline in {id(p): p for p, _ in variants.values()}.values():
             await pipeline.aclose()
     rows = []
     base = percentiles(samples["compat"])
@@ -156,9 +171,11 @@ def main() -> None:
     parser.add_argument(
         "--whole-references", action="store_true", help="Also each share with full-width calibration references."
     )
+    parser.add_argument("--ef", default="", help="Also each share at these request ef_search, comma-separated.")
     args, work = parse_args_and_work_folder(parser, WORK)
     segments = build(work, args.items, [float(s) for s in args.moved.split(",")])
-    result = asyncio.run(measure(work, segments, args.queries, args.items, args.nprobe, args.whole_references))
+    efs = tuple(int(e) for e in args.ef.split(",") if e)
+    result = asyncio.run(measure(work, segments, args.queries, args.items, args.nprobe, args.whole_references, efs))
     print(json.dumps(result) if args.json else table(result["rows"]))
 
 
