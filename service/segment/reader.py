@@ -83,12 +83,12 @@ class Block:
         flat.add(np.ascontiguousarray(vectors[order], dtype=np.float32))
         return cls(flat, ids[order])
 
-    def search(self, queries: F32, k: int, ef_search: int | None) -> tuple[F32, npt.NDArray[np.int64]]:
+    def search(self, queries: F32, k: int, ef_search: int | None) -> tuple[F32, I64]:
         """The index's top-k (row numbers), a graph at ef_search when one is given."""
         if isinstance(self.index, ProjectedGraph):  # formats 2 and 3
             return self.index.search(queries, k, ef_search)
         if ef_search is None or isinstance(self.index, faiss.IndexFlat):  # exact: no width to set
-            found: tuple[F32, npt.NDArray[np.int64]] = self.index.search(queries, k)
+            found: tuple[F32, I64] = self.index.search(queries, k)
         else:  # format 1: faiss HNSW over whole rows
             found = self.index.search(queries, k, params=graph_width(ef_search, k))
         return found
