@@ -22,7 +22,7 @@ from service.compat import psp
 from service.compat.heads import transform
 from service.settings import CompatSettings, EncoderSettings, IndexSettings, Settings
 from tests.support.app import Running, serving
-from tests.support.cli import run_cli
+from tests.support.cli import cli_checked
 from tests.support.digits_models import OLD_CLASSES, Pair, encode, train_pair
 from tests.support.world import World
 
@@ -49,7 +49,7 @@ def adapter_profile(world: World, tmp_path_factory: pytest.TempPathFactory) -> P
     """An adapter+slerp profile (serves old, adapter, adapter+slerp) fitted on the world's support set."""
     out = tmp_path_factory.mktemp("api-heads") / "adapter-slerp"
     fast = ("--epochs", "2", "--threads", "1", "--folds", "2", "--eval-queries", "1000")
-    run_cli("fit", world.support_dir, "--out", out, "--head", "adapter+slerp", *fast)
+    cli_checked("fit", world.support_dir, "--out", out, "--head", "adapter+slerp", *fast)
     return out
 
 
@@ -138,7 +138,7 @@ def digits_deployment(tmp_path_factory: pytest.TempPathFactory) -> DigitsDeploym
     np.save(support / "old_query.npy", encode(pair.old, s.x[rows[::2]])[1])
     np.save(support / "new_query.npy", encode(pair.new, s.x[rows[::2]])[1])
     np.save(support / "old_target.npy", encode(pair.old, s.x[rows[1::2]])[1])
-    run_cli(
+    cli_checked(
         "fit", support, "--out", root / "profile", "--head", "psp", "--old-model-id", "digits-old",
         "--new-model-id", "digits-new",
     )  # fmt: skip
@@ -147,7 +147,7 @@ def digits_deployment(tmp_path_factory: pytest.TempPathFactory) -> DigitsDeploym
     gallery_rows = np.sort(np.concatenate([s.support, s.gallery]))
     features = psp.gallery_features(encode(pair.old, s.x[gallery_rows])[1], "psp")
     np.save(root / "gallery_psp.npy", features)
-    run_cli(
+    cli_checked(
         "gallery", "build", "--from-npy", root / "gallery_psp.npy", "--out", root / "gallery",
         "--nlist", "4", "--pq-m", "5",
     )  # fmt: skip

@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from tests.support.cli import run_cli
+from tests.support.cli import cli_checked
 from tests.support.servers import serve_process
 from tests.support.tiny_models import CLIP_DIM, tiny_clip
 from tests.support.world import World
@@ -50,16 +50,16 @@ def clip_upgrade(tmp_path_factory: pytest.TempPathFactory) -> World:
         for i, path in enumerate(images[:SUPPORT_PAIRS]):
             f.write(json.dumps({"query": f"picture number {i}", "target": str(path.relative_to(root))}) + "\n")
     support = root / "support"
-    run_cli(
+    cli_checked(
         "support", "build", "--pairs", pairs, "--out", support, "--old-backend", "clip", "--old-path", old,
         "--new-backend", "clip", "--new-path", new, "--modality", "text", "--target-modality", "image",
     )  # fmt: skip
-    run_cli("fit", support, "--out", root / "profile", "--folds", "3")
-    run_cli(
+    cli_checked("fit", support, "--out", root / "profile", "--folds", "3")
+    cli_checked(
         "encode", "--backend", "clip", "--path", old, "--input", root / "images", "--modality", "image",
         "--out", root / "gallery.npy",
     )  # fmt: skip
-    run_cli(
+    cli_checked(
         "gallery", "build", "--from-npy", root / "gallery.npy", "--out", root / "gallery", "--nlist", "4", "--pq-m", "4"
     )
     return World(root / "gallery", support, root / "profile")

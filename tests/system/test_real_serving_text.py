@@ -23,7 +23,7 @@ from service.commands.real_demo import OLD_MODEL, RealDeployment, curl_example
 from service.compat.heads import transform
 from service.compat.profile import load_profile
 from service.index.gallery import Gallery
-from tests.support.cli import NOBACKFILL, run_cli
+from tests.support.cli import NOBACKFILL, cli_checked
 from tests.support.servers import free_port, serve_process
 from tests.support.tiny_models import tiny_static
 from tests.support.world import World
@@ -61,20 +61,20 @@ def upgrade(real_models: tuple[Path, str], tmp_path_factory: pytest.TempPathFact
     # The session's models (distilled once), where the demo keeps its own: real.old_model and real.new_model.
     (real.root / "models").symlink_to(real_models[0], target_is_directory=True)
     corpus, support = real.corpus, real.root / "support"
-    run_cli(
+    cli_checked(
         "realworld", "corpus", "--out", corpus, "--packages", "numpy", "--support", SUPPORT, "--test", TEST,
     )  # fmt: skip
-    run_cli(
+    cli_checked(
         "support", "build", "--pairs", corpus / "support.jsonl", "--out", support,
         "--old-backend", BACKEND, "--old-path", real.old_model, "--new-backend", BACKEND, "--new-path", real.new_model,
     )  # fmt: skip
-    run_cli("fit", support, "--out", real.profile, "--folds", "3")
+    cli_checked("fit", support, "--out", real.profile, "--folds", "3")
     embeddings = real.root / "g.npy"
-    run_cli(
+    cli_checked(
         "encode", "--backend", BACKEND, "--path", real.old_model, "--input", corpus / "gallery.txt",
         "--out", embeddings,
     )  # fmt: skip
-    run_cli(
+    cli_checked(
         "gallery", "build", "--from-npy", embeddings, "--ids", corpus / "gallery_ids.npy", "--out", real.gallery,
         "--nlist", "8", "--pq-m", "32",
     )  # fmt: skip
@@ -129,7 +129,9 @@ def test_served_answers_are_the_offline_pipeline(served: str, upgrade: TextUpgra
     texts.write_text("\n".join(upgrade.queries) + "\n")
     rows = {}
     for name, model in (("old", upgrade.real.old_model), ("new", upgrade.real.new_model)):
-        run_cli("encode", "--backend", BACKEND, "--path", model, "--input", texts, "--out", tmp_path / f"{name}.npy")
+        cli_checked(
+            "encode", "--backend", BACKEND, "--path", model, "--input", texts, "--out", tmp_path / f"{name}.npy"
+        )
         rows[name] = np.load(tmp_path / f"{name}.npy")
     profile = load_profile(upgrade.world.profile_dir)
     offline = transform(profile, "slerp", rows["old"], rows["new"], "text").queries
