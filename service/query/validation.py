@@ -84,6 +84,8 @@ def validate_request(
     if alpha is not None and not (math.isfinite(alpha) and 0.0 <= alpha <= 1.0):
         raise InputError(f"alpha must be in [0, 1], got {alpha}")
     if mode not in served:
+        if served == [Mode.new]:  # the cut-over: no old model and no profile are left to serve anything else
+            raise UnsupportedMode(f"mode {mode!r} is not served after the cut-over: the new model alone answers (new)")
         hint = ""
         if needs_segment(mode) and Mode.new not in served:
             hint = " (hybrid and new need a new-model segment: NOBACKFILL_INDEX__SEGMENT_DIR)"
@@ -91,8 +93,6 @@ def validate_request(
             hint = " (cascade needs NOBACKFILL_INDEX__ITEM_STORE or NOBACKFILL_INDEX__SEGMENT_DIR)"
         if mode == Mode.compare:
             hint = " (compare puts the head beside old: it needs a profile that serves old)"
-        if served == [Mode.new]:  # the cut-over: no old model and no profile are left to serve anything else
-            raise UnsupportedMode(f"mode {mode!r} is not served after the cut-over: the new model alone answers (new)")
         raise UnsupportedMode(f"mode {mode!r} is not served by this profile; it serves {', '.join(served)}{hint}")
 
 
