@@ -89,14 +89,17 @@ def main() -> None:
             started = time.perf_counter()
             storage = "float32" if label == "float32, " else "float16"
             done = seal(where, whole_rows=label == "whole rows, ", storage=storage)
-            seals[label] = f"{label or 'directions, '}{time.perf_counter() - started:.1f} s"
+            took = time.perf_counter() - started
+            seals[label] = f"{label or 'directions, '}{took:.1f} s (measured ef {done.ef_search}, {done.recall:.3f})"
         measured = [("exact", Segment.open(folder, Indexing(exact=True)), 0.0)]
         for label, where in folders.items():
-            for ef in [int(e) for e in args.ef.split(",")]:
+            for ef in [None, *(int(e) for e in args.ef.split(","))]:  # None: the width the seal measured
                 started = time.perf_counter()
                 segment = Segment.open(where, Indexing(ef_search=ef))
                 open_s = time.perf_counter() - started
-                measured.append((f"sealed HNSW, {label}ef {ef}", segment, open_s))
+                widths = ", ".join(str(w) for w in segment.describe()["sealed_ef_search"].values())
+                width = f"ef {ef}" if ef is not None else f"its seal's ef ({widths})"
+                measured.append((f"sealed HNSW, {label}{width}", segment, open_s))
         _, want = measured[0][1].snapshot.search(queries, 10)
         lines = []
         for name, segment, open_s in measured:

@@ -313,6 +313,8 @@ def sealed_summary(done: SealReport) -> dict[str, Any]:
         "shards": done.shards,
         "absorbed": done.absorbed,
         "seconds": round(done.seconds, 2),
+        "ef_search": done.ef_search,  # the width its seal measured, and the recall@10 found there
+        "recall": None if done.recall is None else round(done.recall, 4),
     }
 
 

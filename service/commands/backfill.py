@@ -190,8 +190,9 @@ def run(
     if summary["sealed"]:
         sealed = summary["sealed"]
         typer.echo(f"sealed {sealed['rows']:,} rows of {sealed['shards']} shard(s){_taking_in(sealed['absorbed'])} "
-                   f"into index {sealed['index']} in {sealed['seconds']} s "
-                   "(the service serves it from its next refresh)")  # fmt: skip
+                   f"into index {sealed['index']} in {sealed['seconds']} s, searched at ef {sealed['ef_search']} "
+                   f"(recall@10 {sealed['recall']:.3f} of exact on its own rows; the service serves it from its next "
+                   "refresh)")  # fmt: skip
     if report.interrupted:
         typer.echo(
             f"stopped by {report.interrupted}: what was encoded is kept; run the same command again to continue",
@@ -380,7 +381,8 @@ def index(
         return
     typer.echo(
         f"sealed {done.rows:,} rows of {done.shards} shard(s){_taking_in(done.absorbed)} into index {done.name} "
-        f"in {done.seconds:.1f} s; the service serves it from its next refresh"
+        f"in {done.seconds:.1f} s, searched at ef {done.ef_search} (recall@10 {done.recall:.3f} of exact on its own "
+        "rows); the service serves it from its next refresh"
     )
 
 

@@ -65,7 +65,7 @@ class Indexing:
     """
 
     exact: bool = False
-    ef_search: int = 128  # index.segment_ef_search's default
+    ef_search: int | None = None  # index.segment_ef_search; None: each sealed index's own, measured by its seal
 
 
 @dataclass(frozen=True)
@@ -383,7 +383,9 @@ class Segment:
             "sealed_indexes": snap.sealed_blocks,
             "sealed_rows": sum(block.index.ntotal for block in snap.blocks[: snap.sealed_blocks]),
             "exact": self.indexing.exact,
-            "ef_search": self.indexing.ef_search,  # a request's ef_search overrides it
+            "ef_search": self.indexing.ef_search,  # None: each sealed index's own; a request's overrides it
+            # What each served sealed index searches at when a request names no width (name: efSearch).
+            "sealed_ef_search": {name: s.ef_search for name, s in self._sealed.items()},
             "refused_shards": dict(self.refused),
             "refused_indexes": dict(self.refused_indexes),
         }

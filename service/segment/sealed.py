@@ -5,7 +5,8 @@
         basis.npy       float32 [d, r]: the rows' top r principal directions (uncentred)
         rows.npy        float32 [n, d]: the rows themselves, which re-rank the graph's candidates exactly
         ids.npy         int64 [n]: the gallery id of each row, ascending (the rows are in this order)
-        index.json      format 3; the shards it covers, rows, directions, links, efConstruction, dim, storage,
+        index.json      format 3; the shards it covers, rows, directions, links, efConstruction, the efSearch
+                        its seal measured (measured_width) and the recall there, dim, storage,
                         writer, time
         manifest.json   size and sha256 of the others (service/manifest.py)
     SEGMENT/indexes/.<name>.tmp     being written (readers never look at it)
@@ -87,6 +88,12 @@ KEPT_LENGTH = 0.995  # the share of the rows' squared length the graph's directi
 DIRECTION_STEP = 16  # the direction count is rounded up to a multiple of this (at most d)
 BASIS_SAMPLE = 20_000  # rows the directions are read from
 RERANK = 2  # candidates the graph returns per answer row, re-ranked by the full rows
+# The recall@10 of exact a seal chooses its index's efSearch for, over its own rows as probes (0.995 of them: the
+# width that gives queries 0.99, measured_width says why).
+RECALL_TARGET = 0.995
+WIDTHS = (128, 192, 256, 384, 512, 768, 1024)  # the efSearch values a seal tries, narrowest first
+PROBES = 200  # rows of the index itself a seal asks as queries to measure them
+LEGACY_EF_SEARCH = 128  # the efSearch of an index sealed before seals measured one (the former fixed default)
 
 
 @dataclass(frozen=True)
@@ -96,6 +103,7 @@ class SealedMeta:
     name: str
     shards: frozenset[str]
     rows: int
+    ef_search: int = LEGACY_EF_SEARCH  # the width its seal measured to find RECALL_TARGET of exact
 
 
 @dataclass(frozen=True)
@@ -105,6 +113,12 @@ class Sealed:
     meta: SealedMeta
     index: Any
     ids: I64
+
+    @property
+    def ef_search(self) -> int:
+        """The width its graph searches at when a call names none."""
+        graph = self.index.graph if isinstance(self.index, ProjectedGraph) else self.index
+        return int(graph.hnsw.efSearch)
 
 
 @dataclass(frozen=True)
@@ -184,7 +198,10 @@ def read_meta(folder: Path, name: str) -> SealedMeta:
     shards, rows = data.get("shards"), data.get("rows")
     if not isinstance(shards, list) or not all(isinstance(s, str) for s in shards) or not isinstance(rows, int):
         raise ArtifactError(f"sealed index {path.parent}: {INDEX_JSON} must list its shards and rows")
-    return SealedMeta(name, frozenset(shards), rows)
+    ef_search = data.get("ef_search", LEGACY_EF_SEARCH)
+    if not isinstance(ef_search, int) or isinstance(ef_search, bool) or ef_search < 1:
+        raise ArtifactError(f"sealed index {path.parent}: {INDEX_JSON}'s ef_search must be a positive integer")
+    return SealedMeta(name, frozenset(shards), rows, ef_search)
 
 
 def choose_cover(metas: list[SealedMeta], intact: set[str]) -> list[SealedMeta]:
@@ -199,8 +216,9 @@ def choose_cover(metas: list[SealedMeta], intact: set[str]) -> list[SealedMeta]:
     return taken
 
 
-def load_sealed(folder: Path, meta: SealedMeta, dim: int, ef_search: int) -> Sealed:
-    """Read and check one sealed index (manifest, ids, dim, count); ArtifactError in one line naming it."""
+def load_sealed(folder: Path, meta: SealedMeta, dim: int, ef_search: int | None) -> Sealed:
+    """Read and check one sealed index (manifest, ids, dim, count); ArtifactError in one line naming it.  It
+    searches at ef_search when a request names no width (None: the width its seal measured)."""
     path = folder / INDEXES / meta.name
     if verify_manifest(path) is None:
         raise ArtifactError(f"sealed index {path}: manifest.json is missing")
@@ -218,7 +236,7 @@ def load_sealed(folder: Path, meta: SealedMeta, dim: int, ef_search: int) -> Sea
     kinds = (faiss.IndexHNSWFlat,) if basis is None else (faiss.IndexHNSWFlat, faiss.IndexHNSWSQ)
     if graph.d != width or not isinstance(graph, kinds) or np.any(np.diff(ids) <= 0):
         raise ArtifactError(f"sealed index {path}: not an HNSW index of dim {width} over ascending ids")
-    graph.hnsw.efSearch = ef_search
+    graph.hnsw.efSearch = meta.ef_search if ef_search is None else ef_search
     if basis is None or rows is None:
         return Sealed(meta, graph, ids)
     if basis.dtype != np.float32 or basis.shape[0] != dim or rows.dtype != np.float32 or rows.shape != (meta.rows, dim):
@@ -236,6 +254,8 @@ class SealReport:
     shards: int
     seconds: float
     absorbed: int = 0
+    ef_search: int | None = None  # the width measured for it, and the recall found there (measured_width)
+    recall: float | None = None
 
 
 def seal(
@@ -294,10 +314,50 @@ def _seal(folder: Path, min_rows: int, writer: str, started: float, whole_rows: 
     graph = _empty_graph(walked.shape[1], float16=basis is not None and storage == STORAGE)
     graph.hnsw.efConstruction = EF_CONSTRUCTION
     graph.add(walked)
+    searched = graph if basis is None else ProjectedGraph(graph, basis, vectors)
+    width, recall = measured_width(searched, vectors)
     shards = [e.name for e, _, _ in picked]
-    name = _publish(folder, graph, basis, vectors, ids, shards, writer)
+    name = _publish(folder, graph, basis, vectors, ids, shards, writer, (width, recall))
     _retire_superseded(folder, metas, set(shards))
-    return SealReport(name, int(len(ids)), len(picked), time.perf_counter() - started, len(absorbed))
+    seconds = time.perf_counter() - started
+    return SealReport(name, int(len(ids)), len(picked), seconds, len(absorbed), width, recall)
+
+
+def measured_width(index: Any, rows: F32, k: int = 10) -> tuple[int, float]:
+    """The narrowest efSearch of WIDTHS at which `index` (over `rows`, row numbers) finds RECALL_TARGET of the
+    exact top k, and the recall there (the widest width and its recall when none does).
+
+    Why measured, not fixed: the recall a given width finds falls as a graph grows (synthetic rows: 0.99 at
+    ef 128 over 10^5 rows, 0.957 over 5 x 10^5, docs/backfill.md), so a fixed default kept the documented
+    recall at one size only.  The queries are PROBES of the index's own rows, each leaving itself out (its
+    top k among the others).  They are easier than queries, the more so the larger the graph (synthetic
+    rows, caption queries against probes: 0.992 / 0.990 at ef 128 over 10^5 rows, 0.988 / 0.994 at ef 256
+    over 5 x 10^5), so the target is 0.995 of them: 192 / 384 there, where the captions find 0.996 / 0.993.
+    A found row counts when it scores at least the k-th exact score, so tied rows count alike.
+    """
+    n = len(rows)
+    if n <= k + 1:
+        return WIDTHS[0], 1.0
+    picked = np.random.default_rng(0).choice(n, min(PROBES, n), replace=False)
+    queries = np.ascontiguousarray(rows[picked], dtype=np.float32)
+    exact, order = faiss.knn(queries, rows, k + 1, metric=faiss.METRIC_INNER_PRODUCT)
+    # The k-th exact score among the others: the (k+1)-th overall, or the k-th when the query's own row is
+    # not among the first k + 1 (a duplicate row outranked it).
+    own = (order == picked[:, None]).any(axis=1)
+    bar = np.where(own, exact[:, k], exact[:, k - 1]) - 1e-6
+    recall = 0.0
+    for width in WIDTHS:
+        if isinstance(index, ProjectedGraph):
+            _, found = index.search(queries, k + 1, width)
+        else:
+            _, found = index.search(queries, k + 1, params=graph_width(width, k + 1))
+        others = (found >= 0) & (found != picked[:, None])
+        scores = np.einsum("bcd,bd->bc", rows[np.where(others, found, 0)], queries)
+        hits = np.minimum(((scores >= bar[:, None]) & others).sum(axis=1), k)
+        recall = float(hits.mean() / k)
+        if recall >= RECALL_TARGET:
+            return width, recall
+    return WIDTHS[-1], recall
 
 
 def _empty_graph(width: int, float16: bool) -> Any:
@@ -375,8 +435,18 @@ def _covered_ids(folder: Path, cover: list[SealedMeta]) -> I64:
     return np.unique(np.concatenate(parts)) if parts else np.zeros(0, dtype=np.int64)
 
 
-def _publish(folder: Path, graph: Any, basis: F32 | None, rows: F32, ids: I64, shards: list[str], writer: str) -> str:
-    """Write a sealed index hidden, manifest last, then one rename (layout.publish_folder); returns its name."""
+def _publish(
+    folder: Path,
+    graph: Any,
+    basis: F32 | None,
+    rows: F32,
+    ids: I64,
+    shards: list[str],
+    writer: str,
+    measured: tuple[int, float],
+) -> str:
+    """Write a sealed index hidden, manifest last, then one rename (layout.publish_folder); returns its name.
+    measured: the efSearch its readers search at by default, and the recall its seal found there."""
 
     float16 = isinstance(graph, faiss.IndexHNSWSQ)
 
@@ -394,6 +464,8 @@ def _publish(folder: Path, graph: Any, basis: F32 | None, rows: F32, ids: I64, s
             "directions": int(rows.shape[1] if basis is None else basis.shape[1]),
             "links": LINKS,
             "ef_construction": EF_CONSTRUCTION,
+            "ef_search": measured[0],
+            "recall_at_ef_search": round(measured[1], 4),  # recall@10 of exact, PROBES of its own rows asking
             "dim": int(graph.d),
             "storage": STORAGE if float16 else "float32",
             "writer": writer,

@@ -233,11 +233,11 @@ class IndexSettings(Section):
     # grows with the rows).
     segment_exact: bool = False
     """Search every segment row exactly, leaving its sealed HNSW indexes unread."""
-    # A request's ef_search (up to api.max_ef_search) overrides it for that request.  The recall a given ef
-    # finds falls as the index grows (docs/backfill.md: 0.99 at 10^5 rows, 0.957 at 5 x 10^5, where 384
-    # finds 0.993).
-    segment_ef_search: int = Field(128, ge=1)
-    """Candidates a sealed HNSW index of the segment searches (its efSearch) when a request names none."""
+    # A request's ef_search (up to api.max_ef_search) overrides it for that request.  Unset, each sealed index
+    # searches at the width its seal measured to find 0.99 of the exact top 10 (the recall a given ef finds
+    # falls as the index grows: docs/backfill.md); an index sealed before seals measured one, at 128.
+    segment_ef_search: int | None = Field(None, ge=1)
+    """A sealed HNSW index's efSearch when a request names none; unset: the one its seal measured for recall 0.99."""
     # How hybrid puts both lists on one scale: the profile's fitted calibration (raw cosines when it has
     # none), raw cosines, or reciprocal rank fusion.
     hybrid_merge: Merge = Merge.calibrated

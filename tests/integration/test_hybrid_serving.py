@@ -21,6 +21,7 @@ from service.errors import ArtifactError, SettingsError
 from service.query.job import Query
 from service.segment.layout import SHARDS, shard_names
 from service.segment.reader import Segment
+from service.segment.sealed import WIDTHS
 from service.settings import ApiSettings, CompatSettings, EncoderSettings, IndexSettings, Settings
 from service.vocabulary import Modality
 from tests.support.app import Running, serving
@@ -288,7 +289,9 @@ async def test_a_requests_ef_search_reaches_the_segments_graph_in_hybrid_new_and
         for bad in (0, 4097):
             refused = await service.search(queries=queries(), k=10, mode="new", ef_search=bad)
             assert refused.status_code == 400 and "ef_search must be in 1..4096" in refused.json()["error"]["message"]
-        assert (await service.client.get("/v1/info")).json()["segment"]["ef_search"] == 128
+        segment = (await service.client.get("/v1/info")).json()["segment"]
+        # No setting: each sealed index at the width its seal measured (sealed.measured_width).
+        assert segment["ef_search"] is None and set(segment["sealed_ef_search"].values()) <= set(WIDTHS)
     async with serving(settings_for(world, full_segment, segment_exact=True)) as service:
         exact = await ids_at(service, "new", None)
     async with serving(cut_over_settings(full_segment, tmp_path)) as service:

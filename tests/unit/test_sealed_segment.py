@@ -10,9 +10,22 @@ import numpy as np
 import pytest
 
 from service.encoders.identity import ModelIdentity
+from service.manifest import write_manifest
 from service.segment.layout import GalleryRef, create_segment, write_shard
 from service.segment.reader import Indexing, Segment
-from service.segment.sealed import INDEX_FILE, INDEXES, SealedMeta, choose_cover, seal, sealed_names
+from service.segment.sealed import (
+    INDEX_FILE,
+    INDEX_JSON,
+    INDEXES,
+    LEGACY_EF_SEARCH,
+    RECALL_TARGET,
+    WIDTHS,
+    SealedMeta,
+    choose_cover,
+    measured_width,
+    seal,
+    sealed_names,
+)
 
 DIM = 16
 MODEL = ModelIdentity("synthetic-new", "synthetic-new", None, DIM)
@@ -112,6 +125,63 @@ def test_a_calls_ef_search_sets_the_graphs_width_for_that_call_alone(segment: Pa
     assert recall(64) == default == recall(None)  # None is the loaded width, and a call's width did not stick
     _, wide = live.snapshot.search(queries[:3], 300, 1)  # k past the width: faiss's list is still k long
     assert (wide >= 0).all()
+
+
+def _leave_one_out_recall(graph: faiss.Index, rows: np.ndarray, width: int, probes: np.ndarray) -> float:
+    """Recall@10 of `graph` at `width` for rows asked as queries, each leaving itself out, against brute force."""
+    params = faiss.SearchParametersHNSW()  # type: ignore[attr-defined]
+    params.efSearch = width
+    _, found = graph.search(rows[probes], 11, params=params)
+    want = np.argsort(-(rows[probes] @ rows.T), axis=1)[:, :11]
+    return float(np.mean([len((set(w) & set(g)) - {p}) / 10 for w, g, p in zip(want, found, probes, strict=True)]))
+
+
+def test_a_seal_measures_the_narrowest_width_that_finds_the_recall_target() -> None:
+    """A graph built poorly (16 links, efConstruction 24) needs a wider search than one built well; each width
+    chosen finds the target on its own rows, and the one below it does not."""
+    rows = _clustered(np.random.default_rng(6), 20_000)
+    threads = faiss.omp_get_max_threads()
+    faiss.omp_set_num_threads(1)  # a graph built on one thread is the same graph every run (here: 384 wide)
+    try:
+        poor = faiss.IndexHNSWFlat(DIM, 16, faiss.METRIC_INNER_PRODUCT)
+        poor.hnsw.efConstruction = 24
+        poor.add(rows)
+    finally:
+        faiss.omp_set_num_threads(threads)
+    good = faiss.IndexHNSWFlat(DIM, 32, faiss.METRIC_INNER_PRODUCT)
+    good.add(rows)
+    probes = np.random.default_rng(0).choice(len(rows), 200, replace=False)  # measured_width's own probes
+    (narrow, at_narrow), (wide, at_wide) = measured_width(good, rows), measured_width(poor, rows)
+    assert narrow == WIDTHS[0] < wide and min(at_narrow, at_wide) >= RECALL_TARGET
+    assert _leave_one_out_recall(poor, rows, wide, probes) >= RECALL_TARGET
+    below = WIDTHS[WIDTHS.index(wide) - 1]
+    assert _leave_one_out_recall(poor, rows, below, probes) < RECALL_TARGET
+
+
+def test_each_sealed_index_searches_at_its_measured_width_unless_the_setting_names_one(segment: Path) -> None:
+    rng = np.random.default_rng(7)
+    write_shard(segment, np.arange(3000), _clustered(rng, 3000), MODEL, "t")
+    done = seal(segment)
+    path = segment / INDEXES / str(done.name) / INDEX_JSON
+    recorded = json.loads(path.read_text())
+    assert recorded["ef_search"] == done.ef_search in WIDTHS and recorded["recall_at_ef_search"] >= RECALL_TARGET
+    info = Segment.open(segment).describe()
+    assert info["ef_search"] is None and info["sealed_ef_search"] == {done.name: done.ef_search}
+    assert Segment.open(segment, Indexing(ef_search=64)).describe()["sealed_ef_search"] == {done.name: 64}
+
+    def rewritten(edit: dict[str, object]) -> None:
+        """index.json as a seal would have written it (its manifest too), with `edit` in it."""
+        document = {key: value for key, value in recorded.items() if key != "ef_search"} | edit
+        path.write_text(json.dumps(document))
+        write_manifest(path.parent)
+
+    rewritten({"ef_search": 600})  # as if measured at 600: the reader's graph walks that wide
+    assert Segment.open(segment).describe()["sealed_ef_search"] == {done.name: 600}
+    rewritten({})  # sealed before seals measured a width
+    assert Segment.open(segment).describe()["sealed_ef_search"] == {done.name: LEGACY_EF_SEARCH}
+    rewritten({"ef_search": "wide"})
+    refused = Segment.open(segment).describe()  # a width that is no number: refused, its rows searched exactly
+    assert refused["sealed_ef_search"] == {} and "ef_search" in refused["refused_indexes"][done.name]
 
 
 def test_the_exact_setting_reads_no_sealed_index_and_answers_the_brute_force_ranking(segment: Path) -> None:
