@@ -280,6 +280,13 @@ BACKFILL_COVERAGE = Gauge(
     multiprocess_mode="max",
     registry=REGISTRY,
 )
+SEGMENT_RECALL = Histogram(
+    "nobackfill_segment_recall",
+    "Recall@k of the segment's sealed indexes on sampled served queries, against an exact search of the same rows "
+    "(one in index.segment_recall_every).",
+    buckets=(0.5, 0.8, 0.9, 0.95, 0.97, 0.98, 0.99, 0.995, 1.0),
+    registry=REGISTRY,
+)
 SEGMENT_SHARDS = Gauge(
     "nobackfill_segment_shards",
     "Shards of the new-model segment: loaded (searched) or refused (damaged).",

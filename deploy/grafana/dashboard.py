@@ -331,7 +331,7 @@ ROWS: list[tuple[str, list[dict[str, Any]]]] = [
                 "Backfill coverage",
                 [("max(nobackfill_backfill_coverage_ratio)", "moved share")],
                 "percentunit",
-                width=8,
+                width=6,
                 description="Share of the gallery's items in the new-model segment; 1 means ready for the "
                 "cut-over (docs/backfill.md). Zero without NOBACKFILL_INDEX__SEGMENT_DIR.",
             ),
@@ -339,15 +339,31 @@ ROWS: list[tuple[str, list[dict[str, Any]]]] = [
                 "Hybrid results by source",
                 [(f"sum by (source) (rate(nobackfill_hybrid_hits_total[{RATE}]))", "{{source}}")],
                 "ops",
-                width=8,
+                width=6,
                 description="Ids that hybrid search returned from the frozen gallery (old) or the segment.",
             ),
             panel(
                 "Segment shards",
                 [("max by (state) (nobackfill_segment_shards)", "{{state}}")],
                 "short",
-                width=8,
+                width=6,
                 description="Shards searched (loaded) and refused as damaged (each refusal is one log line).",
+            ),
+            panel(
+                "Segment recall (sampled queries)",
+                [
+                    (
+                        f"sum(rate(nobackfill_segment_recall_sum[{RATE}])) / "
+                        f"sum(rate(nobackfill_segment_recall_count[{RATE}]))",
+                        "mean",
+                    ),
+                    (quantile(0.1, "nobackfill_segment_recall"), "p10"),
+                ],
+                "percentunit",
+                width=6,
+                description="Recall@k of the segment's sealed indexes on one served search in "
+                "NOBACKFILL_INDEX__SEGMENT_RECALL_EVERY, against an exact search of the same rows. Below 0.99: "
+                "raise NOBACKFILL_INDEX__SEGMENT_EF_SEARCH (docs/backfill.md).",
             ),
         ],
     ),

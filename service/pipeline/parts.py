@@ -46,6 +46,7 @@ from service.query.validation import default_mode, served_modes
 from service.segment.base import SegmentStore
 from service.segment.cutover import SegmentGallery, open_finished
 from service.segment.factory import finished_in_store, indexing_of, open_segment, segment_configured
+from service.segment.recall_sample import RecallSampler
 from service.segment.writer import SegmentWriter
 from service.settings import EncoderSettings, Settings, env_name
 from service.traffic.hits import HitCounter, create_hit_counter
@@ -369,7 +370,9 @@ async def _acquire_segment(
         await asyncio.wait([refresher])
 
     on_unwind(stack, "the segment refresh", stop_refreshing)
-    return SegmentSearch(segment, settings.index.hybrid_merge, pool)
+    recall = RecallSampler(settings.index.segment_recall_every)
+    on_unwind(stack, "the segment's recall sampler", partial(asyncio.to_thread, recall.close))
+    return SegmentSearch(segment, settings.index.hybrid_merge, pool, recall)
 
 
 async def _keep_refreshed(segment: SegmentStore, every_s: float) -> None:

@@ -271,7 +271,8 @@ class Pipeline:
             if merge == "calibrated"
             else merge
         )
-        return {**self.segment.segment.describe(), "merge": merge_line}
+        sampled = {} if self.segment.recall is None else {"sampled_recall": self.segment.recall.describe()}
+        return {**self.segment.segment.describe(), "merge": merge_line, **sampled}
 
 
 def _returned_ids(results: list[QueryResult], k: int) -> npt.NDArray[np.int64]:

@@ -26,6 +26,7 @@ from service.query.job import SearchJob
 from service.rows import F32, I64, normalize_rows
 from service.segment.base import SegmentStore, SegmentView
 from service.segment.merge import Merged, merge
+from service.segment.recall_sample import RecallSampler
 from service.vocabulary import Merge
 
 Groups = Sequence[tuple[str, npt.NDArray[np.int64]]]  # (modality, its rows)
@@ -38,11 +39,15 @@ class SegmentSearch:
     segment: SegmentStore
     method: Merge
     pool: ThreadPoolExecutor
+    recall: RecallSampler | None = None  # measures one search in so many against an exact one, in the background
 
     def new_only(self, job: SearchJob) -> Merged:
         """`new`: the new embeddings over the segment alone (raw cosines)."""
         snapshot = self.segment.snapshot
-        scores, ids = snapshot.search(normalize_rows(job.new), job.depth, job.ef_search)
+        unit = normalize_rows(job.new)
+        scores, ids = snapshot.search(unit, job.depth, job.ef_search)
+        if self.recall is not None:
+            self.recall.offer(snapshot, unit, job.depth, scores)
         return _padded(Merged(scores, ids, ids >= 0))
 
     def hybrid(self, job: SearchJob, batch: F32, gallery: GalleryBackend) -> Merged:
@@ -55,6 +60,8 @@ class SegmentSearch:
         old_s, old_i = _old_side(job, batch, gallery, snapshot, usable)
         b_old = _backgrounds(normalize_rows(batch), groups, maps, "old")
         new_s, new_i, b_new = beside.result()
+        if self.recall is not None and usable.any():
+            self.recall.offer(snapshot, normalize_rows(job.new[usable]), job.depth, new_s[usable])
         parts = []
         for modality, rows in groups:
             score_map = maps.get(modality)

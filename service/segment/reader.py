@@ -83,8 +83,13 @@ class Block:
         flat.add(np.ascontiguousarray(vectors[order], dtype=np.float32))
         return cls(flat, ids[order])
 
-    def search(self, queries: F32, k: int, ef_search: int | None) -> tuple[F32, I64]:
-        """The index's top-k (row numbers), a graph at ef_search when one is given."""
+    def search(self, queries: F32, k: int, ef_search: int | None, exact: bool = False) -> tuple[F32, I64]:
+        """The index's top-k (row numbers), a graph at ef_search when one is given; exact: every row scored (a
+        sealed graph's rows read whole: what recall_sample.py compares the served answers with)."""
+        if exact and not isinstance(self.index, faiss.IndexFlat):
+            rows = self.index.rows if isinstance(self.index, ProjectedGraph) else self.vectors()
+            found_exact: tuple[F32, I64] = faiss.knn(queries, rows, k, metric=faiss.METRIC_INNER_PRODUCT)
+            return found_exact
         if isinstance(self.index, ProjectedGraph):  # formats 2 and 3
             return self.index.search(queries, k, ef_search)
         if ef_search is None or isinstance(self.index, faiss.IndexFlat):  # exact: no width to set
@@ -122,10 +127,11 @@ class Snapshot:
         """Moved items (distinct ids)."""
         return int(len(self.moved))
 
-    def search(self, queries: F32, k: int, ef_search: int | None = None) -> tuple[F32, I64]:
+    def search(self, queries: F32, k: int, ef_search: int | None = None, exact: bool = False) -> tuple[F32, I64]:
         """Top-k inner products over every block: (scores [b, k], ids [b, k]; -1 / -inf pad a short list).
 
         ef_search: the sealed graphs' width for this call (None: Indexing.ef_search); exact blocks ignore it.
+        exact: every row of every block scored, the sealed graphs' too (slow: for measuring them).
         """
         n = len(queries)
         if not self.blocks or k < 1:
@@ -134,7 +140,7 @@ class Snapshot:
         parts_s, parts_i = [], []
         for block in self.blocks:
             kk = min(k, block.index.ntotal)
-            scores, rows = block.search(q, kk, ef_search)
+            scores, rows = block.search(q, kk, ef_search, exact)
             missing = rows < 0  # a graph search may find fewer than kk rows: faiss pads with -1
             parts_s.append(np.where(missing, -np.inf, scores))
             parts_i.append(np.where(missing, -1, block.ids[np.maximum(rows, 0)]))

@@ -238,6 +238,10 @@ class IndexSettings(Section):
     # falls as the index grows: docs/backfill.md); an index sealed before seals measured one, at 128.
     segment_ef_search: int | None = Field(None, ge=1)
     """A sealed HNSW index's efSearch when a request names none; unset: the one its seal measured for recall 0.99."""
+    # The recall the traffic finds (segment/recall_sample.py): one segment search in this many is searched again
+    # exactly in the background, over the same rows, and the share of the exact top k it held is recorded.
+    segment_recall_every: int = Field(1000, ge=0)
+    """One in this many segment searches is measured against an exact search in the background (0: none)."""
     # How hybrid puts both lists on one scale: the profile's fitted calibration (raw cosines when it has
     # none), raw cosines, or reciprocal rank fusion.
     hybrid_merge: Merge = Merge.calibrated

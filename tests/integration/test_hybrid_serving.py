@@ -299,6 +299,15 @@ async def test_a_requests_ef_search_reaches_the_segments_graph_in_hybrid_new_and
     recall = [np.mean([len(set(e) & set(g)) / 10 for e, g in zip(exact, got, strict=True)]) for got in (narrow, wide)]
     assert recall[0] < recall[1] and recall[1] > 0.99  # the width reached the graph: wider finds more of the exact
 
+    # The served queries' recall, sampled (every search here) and measured exactly in the background.
+    for width, low in ((1, True), (4096, False)):
+        async with serving(settings_for(world, full_segment, segment_recall_every=1)) as service:
+            await ids_at(service, "new", width)
+            await asyncio.to_thread(service.pipeline.segment.recall.wait)
+            sampled = (await service.client.get("/v1/info")).json()["segment"]["sampled_recall"]
+        assert sampled["every"] == 1 and sampled["queries"] >= 50  # at least the first request of 50 queries
+        assert (sampled["mean"] < 0.99) if low else (sampled["mean"] > 0.99), sampled
+
 
 async def test_a_cut_over_before_every_item_moved_is_refused_at_start(
     world: World, items: Path, tmp_path: Path

@@ -18,6 +18,7 @@ from service.segment.sealed import (
     INDEX_JSON,
     INDEXES,
     LEGACY_EF_SEARCH,
+    PROBES,
     RECALL_TARGET,
     WIDTHS,
     SealedMeta,
@@ -137,20 +138,20 @@ def _leave_one_out_recall(graph: faiss.Index, rows: np.ndarray, width: int, prob
 
 
 def test_a_seal_measures_the_narrowest_width_that_finds_the_recall_target() -> None:
-    """A graph built poorly (16 links, efConstruction 24) needs a wider search than one built well; each width
+    """A graph built poorly (20 links, efConstruction 24) needs a wider search than one built well; each width
     chosen finds the target on its own rows, and the one below it does not."""
     rows = _clustered(np.random.default_rng(6), 20_000)
     threads = faiss.omp_get_max_threads()
-    faiss.omp_set_num_threads(1)  # a graph built on one thread is the same graph every run (here: 384 wide)
+    faiss.omp_set_num_threads(1)  # a graph built on one thread is the same graph every run (here: 512 wide)
     try:
-        poor = faiss.IndexHNSWFlat(DIM, 16, faiss.METRIC_INNER_PRODUCT)
+        poor = faiss.IndexHNSWFlat(DIM, 20, faiss.METRIC_INNER_PRODUCT)
         poor.hnsw.efConstruction = 24
         poor.add(rows)
     finally:
         faiss.omp_set_num_threads(threads)
     good = faiss.IndexHNSWFlat(DIM, 32, faiss.METRIC_INNER_PRODUCT)
     good.add(rows)
-    probes = np.random.default_rng(0).choice(len(rows), 200, replace=False)  # measured_width's own probes
+    probes = np.random.default_rng(0).choice(len(rows), PROBES, replace=False)  # measured_width's own probes
     (narrow, at_narrow), (wide, at_wide) = measured_width(good, rows), measured_width(poor, rows)
     assert narrow == WIDTHS[0] < wide and min(at_narrow, at_wide) >= RECALL_TARGET
     assert _leave_one_out_recall(poor, rows, wide, probes) >= RECALL_TARGET
