@@ -345,7 +345,7 @@ class ApiSettings(Section):
     """Largest k a request may ask for."""
     # A graph search's cost grows with its ef; without a bound one request could walk a whole graph.
     max_ef_search: int = Field(4096, ge=1)
-    """Largest ef_search a request may ask for (32x the segment's default)."""
+    """Largest ef_search a request may ask for (4x the widest a seal measures)."""
     max_in_flight: int = Field(256, ge=1)
     """Queries in flight per worker before 503 + Retry-After."""
     # A search is admitted only while the wait it can expect in front of the encoders (queued items
