@@ -7,11 +7,12 @@ from typing import Any
 
 import numpy as np
 
-from service.errors import InputError
+from service.errors import ArtifactError, InputError
 from service.rows import F64, I64
 from service.segment.catalog import ShardCatalog
 from service.segment.layout import read_segment_meta
 from service.segment.pgvector_column import PgvectorColumn
+from service.segment.sealed import choose_cover, read_meta, sealed_names
 
 
 def segment_status(folder: Path, hits: tuple[I64, F64] | None = None) -> dict[str, Any]:
@@ -51,6 +52,7 @@ def segment_status(folder: Path, hits: tuple[I64, F64] | None = None) -> dict[st
         "moved_by_writer": {writer: int(len(np.unique(np.concatenate(p)))) for writer, p in sorted(by_writer.items())},
         "shards": shards,
         "damaged_shards": sum("damaged" in s for s in shards),
+        "sealed_indexes": _served_indexes(folder, {s["name"] for s in shards if "damaged" not in s}),
     }
     if hits is not None:
         out["hits"] = hit_share(moved, *hits)
@@ -90,3 +92,15 @@ def hit_share(moved: I64, ids: I64, counts: F64) -> dict[str, Any]:
     total = float(counts.sum())
     on_moved = float(counts[np.isin(ids, moved)].sum()) if len(ids) else 0.0
     return {"counted_ids": int(len(ids)), "share_on_moved": on_moved / total if total > 0 else None}
+
+
+def _served_indexes(folder: Path, intact: set[str]) -> list[dict[str, Any]]:
+    """The sealed indexes a reader serves over these intact shards (sealed.choose_cover): name, rows and the width
+    it searches at when neither a request nor index.segment_ef_search names one (its seal measured it)."""
+    metas = []
+    for name in sealed_names(folder):
+        try:
+            metas.append(read_meta(folder, name))
+        except ArtifactError:  # unreadable: a reader refuses it too, and its rows are searched exactly
+            continue
+    return [{"name": m.name, "rows": m.rows, "ef_search": m.ef_search} for m in choose_cover(metas, intact)]

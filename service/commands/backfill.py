@@ -336,6 +336,11 @@ def status(
         "  recent hits on moved items: "
         + (f"{share:.1%} of the counted hits" if share is not None else "none counted (the service counts them)")
     )
+    for sealed in report.get("sealed_indexes", []):  # (folder segments: a store's index is its own)
+        typer.echo(
+            f"  sealed index {sealed['name']}: {sealed['rows']:,} rows, searched at ef {sealed['ef_search']} "
+            "(its seal's measurement; NOBACKFILL_INDEX__SEGMENT_EF_SEARCH overrides it)"
+        )
     for shard in report["shards"]:
         if "damaged" in shard:
             typer.echo(f"  {shard['name']}: DAMAGED ({shard['damaged']})")

@@ -17,7 +17,7 @@ from service.backfill.run import one_run_at_a_time
 from service.segment.catalog import moved_ids
 from service.segment.layout import SHARDS, VECTORS, shard_names
 from service.segment.reader import Segment
-from service.segment.sealed import sealed_names
+from service.segment.sealed import RECALL_TARGET, WIDTHS, sealed_names
 from tests.support.cli import NOBACKFILL, cli
 from tests.support.stores import items_fixture
 from tests.support.world import WORLD_GALLERY_SIZE, World
@@ -135,3 +135,10 @@ def test_a_run_seals_at_its_end_and_backfill_index_seals_on_demand(world: World,
     assert "nothing to seal" in again.stdout and len(sealed_names(segment)) == 2
     served = Segment.open(segment)
     assert served.snapshot.sealed_blocks == 2 and served.describe()["sealed_rows"] == 650
+    # Each seal's measured width, as the run's summary, the reader and `backfill status` say it.
+    assert sealed["ef_search"] in WIDTHS and sealed["recall"] >= RECALL_TARGET
+    assert "searched at ef " in on_demand.stdout and "(recall@10 " in on_demand.stdout
+    status = json.loads(cli("backfill", "status", segment, "--json").stdout)["sealed_indexes"]
+    assert {s["name"]: s["ef_search"] for s in status} == served.describe()["sealed_ef_search"]
+    assert sorted(s["rows"] for s in status) == [50, 600]
+    assert f"sealed index {sealed['index']}: 600 rows, searched at ef" in cli("backfill", "status", segment).stdout
