@@ -7,12 +7,12 @@ from typing import Any
 
 import numpy as np
 
-from service.errors import ArtifactError, InputError
+from service.errors import InputError
 from service.rows import F64, I64
 from service.segment.catalog import ShardCatalog
 from service.segment.layout import read_segment_meta
 from service.segment.pgvector_column import PgvectorColumn
-from service.segment.sealed import choose_cover, read_meta, sealed_names
+from service.segment.sealed import choose_cover, readable_metas
 
 
 def segment_status(folder: Path, hits: tuple[I64, F64] | None = None) -> dict[str, Any]:
@@ -97,10 +97,5 @@ def hit_share(moved: I64, ids: I64, counts: F64) -> dict[str, Any]:
 def _served_indexes(folder: Path, intact: set[str]) -> list[dict[str, Any]]:
     """The sealed indexes a reader serves over these intact shards (sealed.choose_cover): name, rows and the width
     it searches at when neither a request nor index.segment_ef_search names one (its seal measured it)."""
-    metas = []
-    for name in sealed_names(folder):
-        try:
-            metas.append(read_meta(folder, name))
-        except ArtifactError:  # unreadable: a reader refuses it too, and its rows are searched exactly
-            continue
-    return [{"name": m.name, "rows": m.rows, "ef_search": m.ef_search} for m in choose_cover(metas, intact)]
+    served = choose_cover(readable_metas(folder), intact)  # (an unreadable one: a reader refuses it too)
+    return [{"name": m.name, "rows": m.rows, "ef_search": m.ef_search} for m in served]

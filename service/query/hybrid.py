@@ -46,7 +46,7 @@ class SegmentSearch:
         snapshot = self.segment.snapshot
         unit = normalize_rows(job.new)
         scores, ids = snapshot.search(unit, job.depth, job.ef_search)
-        if self.recall is not None:
+        if self.recall is not None and self.recall.due(snapshot):
             self.recall.offer(snapshot, unit, job.depth, scores)
         return _padded(Merged(scores, ids, ids >= 0))
 
@@ -60,7 +60,7 @@ class SegmentSearch:
         old_s, old_i = _old_side(job, batch, gallery, snapshot, usable)
         b_old = _backgrounds(normalize_rows(batch), groups, maps, "old")
         new_s, new_i, b_new = beside.result()
-        if self.recall is not None and usable.any():
+        if self.recall is not None and usable.any() and self.recall.due(snapshot):
             self.recall.offer(snapshot, normalize_rows(job.new[usable]), job.depth, new_s[usable])
         parts = []
         for modality, rows in groups:

@@ -45,10 +45,10 @@ from service.segment.sealed import (
     Sealed,
     SealedMeta,
     choose_cover,
-    graph_width,
     load_sealed,
     read_meta,
     sealed_names,
+    search_graph,
 )
 
 MAX_BLOCKS = 8
@@ -90,13 +90,10 @@ class Block:
             rows = self.index.rows if isinstance(self.index, ProjectedGraph) else self.vectors()
             found_exact: tuple[F32, I64] = faiss.knn(queries, rows, k, metric=faiss.METRIC_INNER_PRODUCT)
             return found_exact
-        if isinstance(self.index, ProjectedGraph):  # formats 2 and 3
-            return self.index.search(queries, k, ef_search)
-        if ef_search is None or isinstance(self.index, faiss.IndexFlat):  # exact: no width to set
+        if isinstance(self.index, faiss.IndexFlat):  # exact: no width to set
             found: tuple[F32, I64] = self.index.search(queries, k)
-        else:  # format 1: faiss HNSW over whole rows
-            found = self.index.search(queries, k, params=graph_width(ef_search, k))
-        return found
+            return found
+        return search_graph(self.index, queries, k, ef_search)
 
     def vectors(self) -> F32:
         """The block's rows back out of faiss (for a merge)."""

@@ -45,11 +45,17 @@ class RecallSampler:
         self._queries = 0
         self._recall_sum = 0.0
 
+    def due(self, snapshot: Any) -> bool:
+        """Whether the search just served over `snapshot` is the Nth, to be offered: asked first, so the other
+        searches prepare nothing for a sample."""
+        if self._pool is None or not isinstance(snapshot, Snapshot) or not snapshot.sealed_blocks:
+            return False
+        return next(self._seen) % self.every == 0
+
     def offer(self, snapshot: Any, queries: F32, k: int, scores: F32) -> None:
-        """A search just served: `scores` [b, k] of `queries` [b, d] over `snapshot`.  Measured when it is the Nth."""
-        if self._pool is None or not isinstance(snapshot, Snapshot) or not snapshot.sealed_blocks or k < 1:
-            return
-        if next(self._seen) % self.every:
+        """A search due() chose: `scores` [b, k] of `queries` [b, d] over `snapshot`, measured in the background
+        unless a sample is being measured already."""
+        if self._pool is None or k < 1:
             return
         with self._lock:
             if self._running is not None and not self._running.done():

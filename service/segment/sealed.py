@@ -162,6 +162,16 @@ class ProjectedGraph:
         return np.asarray(self.rows[first : first + count], dtype=np.float32)
 
 
+def search_graph(index: Any, queries: F32, k: int, ef_search: int | None) -> tuple[F32, I64]:
+    """A sealed index's top-k (scores, row numbers), walked at ef_search (None: its loaded efSearch): a
+    ProjectedGraph (formats 2 and 3) or a faiss HNSW graph over whole rows (format 1).  Either way the scores
+    are exact inner products (format 1 holds the rows in float32; the others re-rank by them)."""
+    if isinstance(index, ProjectedGraph):
+        return index.search(queries, k, ef_search)
+    found: tuple[F32, I64] = index.search(queries, k, params=graph_width(ef_search, k))
+    return found
+
+
 def graph_width(ef_search: int | None, k: int) -> Any:
     """faiss's per-call parameters for an HNSW search of k at ef_search (None: the index's own efSearch).  Per
     call, so concurrent requests at different widths never share a setting on the index.  At least k: faiss
@@ -294,7 +304,7 @@ def _seal(folder: Path, min_rows: int, writer: str, started: float, whole_rows: 
 
     catalog = ShardCatalog.of(folder)
     catalog.scan()
-    metas = _readable_metas(folder)
+    metas = readable_metas(folder)
     cover = choose_cover(metas, {e.name for e in catalog.intact})
     fresh = _uncovered(catalog, cover)
     picked = _first_rows(fresh, _covered_ids(folder, cover))
@@ -350,12 +360,8 @@ def measured_width(index: Any, rows: F32, k: int = 10) -> tuple[int, float]:
     bar = np.where(own, exact[:, k], exact[:, k - 1]) - 1e-6
     recall = 0.0
     for width in WIDTHS:
-        if isinstance(index, ProjectedGraph):
-            _, found = index.search(queries, k + 1, width)
-        else:
-            _, found = index.search(queries, k + 1, params=graph_width(width, k + 1))
+        scores, found = search_graph(index, queries, k + 1, width)
         others = (found >= 0) & (found != picked[:, None])
-        scores = np.einsum("bcd,bd->bc", rows[np.where(others, found, 0)], queries)
         hits = np.minimum(((scores >= bar[:, None]) & others).sum(axis=1), k)
         recall = float(hits.mean() / k)
         if recall >= RECALL_TARGET:
@@ -421,7 +427,7 @@ def _retire_superseded(folder: Path, metas: list[SealedMeta], shards: set[str]) 
             shutil.rmtree(hidden, ignore_errors=True)
 
 
-def _readable_metas(folder: Path) -> list[SealedMeta]:
+def readable_metas(folder: Path) -> list[SealedMeta]:
     """index.json of every sealed index that has a readable one (a damaged one covers nothing)."""
     metas = []
     for name in sealed_names(folder):

@@ -17,6 +17,12 @@ MODEL = ModelIdentity("synthetic-new", "synthetic-new", None, DIM)
 World = tuple[Segment, np.ndarray, np.ndarray]  # the segment, its rows, queries
 
 
+def served(sampler: RecallSampler, snapshot: object, queries: np.ndarray, scores: np.ndarray) -> None:
+    """What the hybrid and new searches do after each search: offer it when the sampler says it is due."""
+    if sampler.due(snapshot):
+        sampler.offer(snapshot, queries, 10, scores)
+
+
 def _clustered(rng: np.random.Generator, n: int) -> np.ndarray:
     centres = rng.standard_normal((40, DIM)).astype(np.float32)
     rows = centres[rng.integers(0, 40, n)] + 0.3 * rng.standard_normal((n, DIM)).astype(np.float32)
@@ -59,14 +65,14 @@ def test_a_sample_records_the_share_of_the_exact_top_k_the_served_answer_held(
     before = next(s.value for s in recorded.samples if s.name.endswith("_count"))
     narrow_scores, narrow_ids = segment.snapshot.search(queries, 10, 1)  # the graph at its narrowest
     sampler = RecallSampler(every=1)
-    sampler.offer(segment.snapshot, queries, 10, narrow_scores)
+    served(sampler, segment.snapshot, queries, narrow_scores)
     sampler.wait()
     narrow = sampler.describe()
     assert narrow["queries"] == 64
     assert narrow["mean"] < 1.0
     assert narrow["mean"] == pytest.approx(_brute_force_recall(rows, queries, narrow_ids), abs=0.005)
     exact_scores, _ = segment.snapshot.search(queries, 10, exact=True)
-    sampler.offer(segment.snapshot, queries, 10, exact_scores)
+    served(sampler, segment.snapshot, queries, exact_scores)
     sampler.wait()
     both = sampler.describe()
     assert both["queries"] == 128 and both["mean"] == pytest.approx((narrow["mean"] + 1.0) / 2, abs=1e-4)
@@ -82,14 +88,14 @@ def test_one_search_in_every_n_is_measured_and_none_without_a_sealed_index(
     scores, _ = segment.snapshot.search(queries[:4], 10)
     sampler = RecallSampler(every=3)
     for _ in range(7):
-        sampler.offer(segment.snapshot, queries[:4], 10, scores)
+        served(sampler, segment.snapshot, queries[:4], scores)
         sampler.wait()  # (one at a time: a search offered while one is measured is not sampled)
     assert sampler.describe()["queries"] == 2 * 4  # the 3rd and 6th
     exact = Segment.open(segment.folder, Indexing(exact=True))  # no sealed index read: nothing to measure
     never, off = RecallSampler(every=1), RecallSampler(every=0)
     for sampled in (never, off):
-        sampled.offer(exact.snapshot, queries[:4], 10, scores)
-        sampled.offer(segment.snapshot if sampled is off else exact.snapshot, queries[:4], 10, scores)
+        served(sampled, exact.snapshot, queries[:4], scores)
+        served(sampled, segment.snapshot if sampled is off else exact.snapshot, queries[:4], scores)
         sampled.wait()
         assert sampled.describe()["queries"] == 0 and sampled.describe()["mean"] is None
     for each in (sampler, never, off):
