@@ -109,7 +109,7 @@ def settings(work: Path, dsn: str | None, new_column: str | None = None, window_
     """Served over the adopted FAISS index (dsn None), or over the table (with its new column for hybrid);
     window_ms: both batchers' collection window (NOBACKFILL_OLD__MAX_WAIT_MS / NEW__; None: the default, 0)."""
     index = (
-        IndexSettings(gallery_dir=work / "adopted")
+        IndexSettings(gallery_dir=work / "adopted", adopted_ef_search=40)  # the bare search's width
         if dsn is None
         else IndexSettings(
             backend="pgvector",

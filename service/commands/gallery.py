@@ -360,27 +360,74 @@ def evaluate(
     gallery_dir: Path = typer.Argument(..., help="Gallery folder.", metavar="GALLERY_DIR"),
     queries: int = typer.Option(200, "--queries", min=1, help="Evaluation queries."),
     nprobe: str = typer.Option("1,4,8,16,32,64", "--nprobe", help="Comma-separated nprobe values."),
-    sample: int = typer.Option(100_000, "--sample", min=1, help="Entries in the sub-gallery used for recall."),
+    sample: int = typer.Option(
+        100_000, "--sample", min=1, help="Entries in the sub-gallery used for recall (a built gallery)."
+    ),
     batch: int = typer.Option(256, "--batch", min=1, help="Batch size for the batched latency."),
-    from_npy: Path | None = typer.Option(None, "--from-npy", help="Source vectors, if they moved since the build."),
+    from_npy: Path | None = typer.Option(
+        None, "--from-npy", help="Source vectors, if they moved since the build; an adopted PQ/SQ index's rows."
+    ),
     as_json: bool = typer.Option(False, "--json", help="Print the report as JSON (with the recommended nprobe)."),
+    ef_search: str = typer.Option(
+        "16,32,64,128,256,512", "--ef-search", help="An adopted HNSW index: comma-separated efSearch values."
+    ),
 ) -> None:
-    """Recall@1/@10 of IVF-PQ against exact search (sampled sub-gallery) and latency per nprobe."""
-    from service.errors import InputError
+    """Recall@1/@10 against exact search and latency per nprobe (or efSearch, for an adopted HNSW index)."""
+    from service.index.adopted import is_adopted
     from service.index.gallery import Gallery
     from service.scoring.gallery_eval import evaluate_gallery, format_report, source_of
 
-    try:
-        probes = tuple(int(p) for p in nprobe.split(",") if p.strip())
-    except ValueError as exc:
-        raise InputError(f"--nprobe must be comma-separated integers, got {nprobe!r}") from exc
-    if not probes or min(probes) < 1:
-        raise InputError(f"--nprobe needs positive integers, got {nprobe!r}")
+    probes = _widths(nprobe, "--nprobe")
+    if is_adopted(gallery_dir):  # the user's own index: measured whole, at its own family's width
+        _evaluate_adopted(gallery_dir, probes, _widths(ef_search, "--ef-search"), queries, batch, from_npy, as_json)
+        return
     gallery = Gallery.load(gallery_dir, progress=True)
     report = evaluate_gallery(
         gallery, source_of(gallery, from_npy), queries=queries, nprobes=probes, sample=sample, batch=batch
     )
     typer.echo(json.dumps(report.as_dict(), indent=2) if as_json else format_report(report))
+
+
+def _widths(given: str, flag: str) -> tuple[int, ...]:
+    """Comma-separated positive integers, or InputError naming the flag."""
+    from service.errors import InputError
+
+    try:
+        widths = tuple(int(p) for p in given.split(",") if p.strip())
+    except ValueError as exc:
+        raise InputError(f"{flag} must be comma-separated integers, got {given!r}") from exc
+    if not widths or min(widths) < 1:
+        raise InputError(f"{flag} needs positive integers, got {given!r}")
+    return widths
+
+
+def _evaluate_adopted(
+    gallery_dir: Path,
+    nprobes: tuple[int, ...],
+    ef_searches: tuple[int, ...],
+    queries: int,
+    batch: int,
+    from_npy: Path | None,
+    as_json: bool,
+) -> None:
+    """`gallery eval` of an adopted index at the widths its family takes, with the service's own settings."""
+    from service.index.adopted import AdoptedGallery
+    from service.index.adopted_rows import AdoptedRows
+    from service.scoring.adopted_eval import evaluate_adopted, format_adopted_report
+    from service.settings import Settings
+
+    settings = Settings().index  # NOBACKFILL_INDEX__*: the width the service would search at
+    gallery = AdoptedGallery.load(gallery_dir, ef_search=settings.adopted_ef_search)
+    family = gallery.kind["family"]
+    if family == "hnsw":
+        served, widths = gallery.ef_search, (*ef_searches, gallery.ef_search or 16)
+    elif family == "ivf":
+        served, widths = min(settings.nprobe, gallery.max_nprobe or settings.nprobe), (*nprobes, settings.nprobe)
+    else:
+        served, widths = None, ()
+    rows = AdoptedRows(gallery, from_npy)
+    report = evaluate_adopted(gallery, rows, widths, queries=queries, batch=batch, served_width=served)
+    typer.echo(json.dumps(report.as_dict(), indent=2) if as_json else format_adopted_report(report))
 
 
 @app.command("hubness")

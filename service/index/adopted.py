@@ -11,12 +11,16 @@ and every start checks the index against the sha256 as it does a built one.
 
 What is served: IVF (Flat, PQ, SQ, ...), HNSW and Flat indexes, each with or without IndexIDMap /
 IDMap2, by inner product or by L2.  A request's nprobe reaches an IVF index (bounded by its nlist);
-an HNSW index searches at its stored efSearch.  The labels the index returns are the gallery ids,
-or, with `--ids`, positions into IDS.npy (one int64 id per row the index holds, in the order they
-were added).  An L2 index must hold unit rows, as the head's queries are: its squared distance d
-then ranks as the cosine, reported as 1 - d / 2, so hybrid's merge and the calibration read one
-scale.  Moved items (hybrid search) are left out with a faiss id selector, which every one of these
-index types honours.
+an HNSW index searches at index.adopted_ef_search, or unset at the efSearch stored in the file (at
+least k either way).  The labels the index returns are the gallery ids, or, with `--ids`, positions
+into IDS.npy (one int64 id per row the index holds, in the order they were added).  An L2 index must
+hold unit rows, as the head's queries are: its squared distance d then ranks as the cosine, reported
+as 1 - d / 2, so hybrid's merge and the calibration read one scale.  Moved items (hybrid search) are
+left out with a faiss id selector, which every one of these index types honours.
+
+`gallery eval GALLERY_DIR` measures an adopted index against exact search per nprobe or efSearch
+(scoring/adopted_eval.py), and `NOBACKFILL_INDEX__ADOPTED_EF_SEARCH` sets an HNSW index's width without
+touching the file.
 """
 
 from __future__ import annotations
@@ -49,7 +53,7 @@ _UNIT_TOLERANCE = 0.02  # a PQ code's reconstruction is a little off the row it 
 
 def describe_index(index: Any) -> dict[str, Any]:
     """What kind of index this is: its family (ivf, hnsw, flat), whether it maps ids, nlist and metric."""
-    inner = _inner(index)
+    inner = inner_index(index)
     id_map = isinstance(faiss.downcast_index(index), faiss.IndexIDMap)  # IDMap2 is one too
     family, nlist = None, 0
     try:
@@ -150,7 +154,7 @@ def _refuse_non_unit_rows(index: Any, where: Path) -> None:
     n = min(_UNIT_SAMPLE, int(index.ntotal))
     if n == 0:
         return
-    inner = _inner(index)
+    inner = inner_index(index)
     try:
         faiss.extract_index_ivf(inner).make_direct_map()  # in memory only: the file is never written
     except RuntimeError:
@@ -251,7 +255,7 @@ class AdoptedGallery:
         self.dim = int(index.d)
         self.ntotal = int(index.ntotal)
         self.fingerprint = str(meta["sha256"])
-        self.ef_search = ef_search
+        self.ef_search = ef_search  # an HNSW index's width: index.adopted_ef_search, else the file's own
         self._excluded: tuple[Exclusion, Any] | None = None  # the last exclusion, as labels (a snapshot's)
 
     @property
@@ -259,9 +263,22 @@ class AdoptedGallery:
         """An IVF index takes nprobe up to its nlist; HNSW and Flat take none."""
         return int(self.kind["nlist"]) if self.kind["family"] == "ivf" else None
 
+    @property
+    def index(self) -> Any:
+        """The user's faiss index as loaded (read-only; offline commands read its rows back)."""
+        return self._index
+
+    def ids_of_inner(self, labels: I64) -> I64:
+        """The gallery ids of the inner index's labels (through an IDMap's id map, then --ids' positions)."""
+        cast: Any = faiss.downcast_index(self._index)
+        if isinstance(cast, faiss.IndexIDMap):
+            labels = faiss.vector_to_array(cast.id_map).astype(np.int64)[labels]
+        return labels if self._ids is None else self._ids[labels]
+
     @classmethod
-    def load(cls, folder: Path, verify: str = "sha256") -> AdoptedGallery:
-        """Open an adopted folder: manifest, index size and sha256 as for a built gallery; ArtifactError in one line."""
+    def load(cls, folder: Path, verify: str = "sha256", ef_search: int | None = None) -> AdoptedGallery:
+        """Open an adopted folder: manifest, index size and sha256 as for a built gallery; ArtifactError in one line.
+        ef_search: an HNSW index's search width (None: the efSearch stored in the file)."""
         from service.index.gallery import verified_index
 
         meta = read_checked_meta(folder)
@@ -277,16 +294,24 @@ class AdoptedGallery:
             ids = np.load(folder / IDS_NAME, allow_pickle=False)
             if ids.dtype != np.int64 or ids.shape != (index.ntotal,):
                 raise ArtifactError(f"gallery {folder}: {IDS_NAME} is not {index.ntotal:,} int64 ids")
-        graph: Any = _inner(index)
-        ef = int(graph.hnsw.efSearch) if found["family"] == "hnsw" else None
+        graph: Any = inner_index(index)
+        ef = (ef_search or int(graph.hnsw.efSearch)) if found["family"] == "hnsw" else None
         return cls(folder, meta, index, ids, ef)
 
-    def search(self, queries: npt.ArrayLike, k: int, nprobe: int, exclude: Exclusion | None = None) -> tuple[F32, I64]:
-        """Top-k by the index's own metric as cosines, skipping `exclude`'s ids: (scores, ids; -1 pads)."""
+    def search(
+        self,
+        queries: npt.ArrayLike,
+        k: int,
+        nprobe: int,
+        exclude: Exclusion | None = None,
+        ef_search: int | None = None,
+    ) -> tuple[F32, I64]:
+        """Top-k by the index's own metric as cosines, skipping `exclude`'s ids: (scores, ids; -1 pads).
+        ef_search: an HNSW index's width for this call (None: the gallery's); `gallery eval` sweeps it."""
         q = checked_queries(queries, self.dim, k, nprobe, self.max_nprobe)
         if q.shape[0] == 0:
             return np.zeros((0, k), dtype=np.float32), np.zeros((0, k), dtype=np.int64)
-        params = self._params(nprobe)
+        params = self._params(nprobe, k, ef_search)
         if exclude is not None and len(exclude.ids):
             params.sel = self._selector(exclude)
         scores, labels = self._index.search(q, k, params=params)
@@ -298,15 +323,18 @@ class AdoptedGallery:
             scores = np.where(found, cosine_of_l2(scores), scores).astype(np.float32)
         return scores, ids
 
-    def _params(self, nprobe: int) -> Any:
-        """The call's own search parameters (nothing set on the shared index, so threads never race)."""
+    def _params(self, nprobe: int, k: int, ef_search: int | None = None) -> Any:
+        """The call's own search parameters (nothing set on the shared index, so threads never race).
+
+        An HNSW width is raised to k: faiss raises its own efSearch to k, but not a per-call one, and a
+        narrower walk returns fewer than k rows (-1 padded)."""
         if self.kind["family"] == "ivf":
             params = faiss.SearchParametersIVF()
             params.nprobe = nprobe
             return params
         if self.kind["family"] == "hnsw":
             params = faiss.SearchParametersHNSW()  # type: ignore[attr-defined]  # faiss >= 1.7.3, not in its stubs
-            params.efSearch = self.ef_search or 16
+            params.efSearch = max(ef_search or self.ef_search or 16, k)
             return params
         return faiss.SearchParameters()
 
@@ -333,6 +361,7 @@ class AdoptedGallery:
             "ntotal": self.ntotal,
             "dim": self.dim,
             "labels": self.meta.get("labels"),
+            "ef_search": self.ef_search,  # an HNSW index's width (None otherwise)
         }
 
     def problem(self) -> str | None:
@@ -347,7 +376,7 @@ class AdoptedGallery:
         """Nothing to release."""
 
 
-def _inner(index: Any) -> Any:
+def inner_index(index: Any) -> Any:
     """The index inside an IndexIDMap / IDMap2 wrapper (itself otherwise)."""
     cast: Any = faiss.downcast_index(index)
     return faiss.downcast_index(cast.index) if isinstance(cast, faiss.IndexIDMap) else cast

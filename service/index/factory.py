@@ -24,5 +24,5 @@ def create_gallery(index: IndexSettings) -> GalleryBackend:
     from service.index.gallery import Gallery
 
     if is_adopted(index.gallery_dir):  # a FAISS index file the user built (`gallery adopt`)
-        return AdoptedGallery.load(index.gallery_dir)
+        return AdoptedGallery.load(index.gallery_dir, ef_search=index.adopted_ef_search)
     return Gallery.load(index.gallery_dir, coarse=index.coarse, graph_ef=index.coarse_ef)

@@ -155,6 +155,10 @@ class IndexSettings(Section):
     """How a search picks its lists: flat (exact), hnsw (graph over the centroids), auto (hnsw on CPU, >= 4,096)."""
     coarse_ef: int = Field(128, ge=1)
     """coarse hnsw: the graph's efSearch."""
+    # An adopted HNSW index (`gallery adopt`) is searched at the efSearch its file stores (faiss's default
+    # is 16) unless this names another: the file is never rewritten.  `gallery eval` shows what each costs.
+    adopted_ef_search: int | None = Field(None, ge=1)
+    """An adopted HNSW index: efSearch of each search (unset: the one stored in its file; at least k)."""
     # "milvus": search an existing Milvus collection read-only instead of gallery_dir (docs/scale-out.md).
     backend: Literal["faiss", "milvus", "pgvector", "qdrant"] = "faiss"
     """faiss (gallery_dir), milvus or qdrant (an existing collection), pgvector (your table); read-only."""

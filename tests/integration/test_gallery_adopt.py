@@ -179,3 +179,139 @@ async def test_the_worlds_own_index_adopted_is_served_as_its_built_gallery(world
             info = (await service.client.get("/v1/info")).json()
     assert answers[0] == answers[1]
     assert info["gallery"]["kind"] == "adopted" and info["gallery"]["index"]["type"] == "IndexIVFPQ"
+
+
+# --------------------------------------------------------------------------- gallery eval, the width setting
+
+
+def _their_others(index: faiss.Index, labels: str, rows: np.ndarray, own: np.ndarray) -> np.ndarray:
+    """The user's own index's top 10 gallery ids for each of its rows, the row itself left out (their faiss call)."""
+    _, found = index.search(rows, 11)
+    found = GALLERY_IDS[found] if labels == "positions" else found
+    return np.stack([row[row != mine][:10] for row, mine in zip(found, own, strict=True)])
+
+
+def _exact_others(rows: np.ndarray, own: np.ndarray) -> np.ndarray:
+    """Brute force: each row's 10 nearest other rows by inner product, as gallery ids."""
+    scores = rows @ ROWS.T
+    scores[GALLERY_IDS[None, :] == own[:, None]] = -np.inf
+    return GALLERY_IDS[np.argsort(-scores, axis=1, kind="stable")[:, :10]]
+
+
+def _overlap(found: np.ndarray, truth: np.ndarray) -> float:
+    return float(np.mean([np.intersect1d(a, b).size / 10 for a, b in zip(found, truth, strict=True)]))
+
+
+@pytest.mark.parametrize(("spec", "labels"), [("HNSW16", "positions"), ("IVF32,Flat", "ids"), ("Flat", "positions")])
+def test_eval_measures_an_adopted_index_against_brute_force_at_each_width(
+    tmp_path: Path, spec: str, labels: str
+) -> None:
+    from service.index.adopted_rows import AdoptedRows
+    from service.index.sources import sample_positions
+    from service.scoring.adopted_eval import evaluate_adopted
+
+    index, gallery = _adopted(tmp_path, spec, labels)
+    family = spec.split(",")[0][:4]
+    widths = (12, 16, 200) if family == "HNSW" else (1, 4, 32)  # efSearch at least the 11 rows asked; nlist 32
+    report = evaluate_adopted(gallery, AdoptedRows(gallery), widths, queries=60, batch=8)
+    # The same rows as queries (the report's seeded sample of positions, in the index's order: an IVF index that
+    # holds its own ids lists them ascending), measured here without any of its code.
+    order = np.argsort(GALLERY_IDS) if labels == "ids" else np.arange(N)
+    picked = order[sample_positions(N, 60, 0)]
+    rows, own = ROWS[picked], GALLERY_IDS[picked]
+    truth = _exact_others(rows, own)
+    assert [w.width for w in report.widths] == ([None] if family == "Flat" else list(widths))
+    for result in report.widths:
+        inner = faiss.downcast_index(index)
+        if family == "HNSW":
+            inner.hnsw.efSearch = result.width
+        elif family == "IVF3":
+            inner.nprobe = result.width
+        assert result.ten_recall_at_10 == pytest.approx(_overlap(_their_others(index, labels, rows, own), truth))
+    if family == "Flat":
+        assert report.widths[0].ten_recall_at_10 == 1.0 and report.parameter is None
+    else:  # a width of 1 misses what 64 finds, so the sweep tells widths apart
+        assert report.widths[0].ten_recall_at_10 < report.widths[-1].ten_recall_at_10
+        best = max(w.ten_recall_at_10 for w in report.widths)
+        narrowest = min(w.width for w in report.widths if w.ten_recall_at_10 >= best - 0.01)
+        assert report.recommended().width == narrowest
+
+
+def test_gallery_eval_on_an_adopted_index_from_the_cli(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    _adopted(tmp_path, "HNSW16", "positions")
+    done = cli("gallery", "eval", tmp_path / "gallery", "--queries", 40, "--ef-search", "2,64", "--batch", 8)
+    assert done.returncode == 0, done.stderr
+    assert "adopted IndexHNSWFlat of 3,000 rows" in done.stdout
+    assert "recommended: NOBACKFILL_INDEX__ADOPTED_EF_SEARCH=" in done.stdout
+    report = json.loads(
+        cli("gallery", "eval", tmp_path / "gallery", "--queries", 40, "--ef-search", "2,64", "--json").stdout
+    )
+    # The file's own efSearch (faiss's default, 16) is swept too: it is what the service searches at.  A width
+    # below the 11 rows each query asks for is measured at 11.
+    assert [w["width"] for w in report["widths"]] == [11, 16, 64] and report["served_width"] == 16
+    assert report["rows_from"] == "the index's own rows" and report["queries"] == 40
+    # What the service would search at, read from its settings as `serve` reads them.
+    monkeypatch.setenv("NOBACKFILL_INDEX__ADOPTED_EF_SEARCH", "48")
+    report = json.loads(
+        cli("gallery", "eval", tmp_path / "gallery", "--queries", 20, "--ef-search", "64", "--json").stdout
+    )
+    assert [w["width"] for w in report["widths"]] == [48, 64] and report["served_width"] == 48
+    assert "* what the service searches at now" in cli("gallery", "eval", tmp_path / "gallery", "--queries", 20).stdout
+    refused = cli("gallery", "eval", tmp_path / "gallery", "--ef-search", "wide")
+    assert refused.returncode == 2 and "--ef-search must be comma-separated integers" in refused.stderr
+
+
+def test_gallery_eval_of_a_pq_index_reads_the_rows_from_npy_or_says_so(tmp_path: Path) -> None:
+    _adopted(tmp_path, "IVF32,PQ8np", "ids")
+    refused = cli("gallery", "eval", tmp_path / "gallery", "--queries", 20)
+    assert refused.returncode == 2 and "keeps codes, not rows; pass --from-npy" in refused.stderr
+    assert len(refused.stderr.strip().splitlines()) == 1
+    np.save(tmp_path / "short.npy", ROWS[:-1])
+    short = cli("gallery", "eval", tmp_path / "gallery", "--queries", 20, "--from-npy", tmp_path / "short.npy")
+    assert short.returncode == 2 and f"holds {N:,} rows of {DIM} floats" in short.stderr
+    # The index holds its own ids (add_with_ids): its rows' order is their ids' ascending order.
+    np.save(tmp_path / "rows.npy", ROWS[np.argsort(GALLERY_IDS)])
+    done = cli("gallery", "eval", tmp_path / "gallery", "--queries", 20, "--nprobe", "1,32",
+               "--from-npy", tmp_path / "rows.npy", "--json")  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    report = json.loads(done.stdout)
+    assert report["parameter"] == "nprobe" and [w["width"] for w in report["widths"]] == [1, 16, 32]
+    assert report["rows_from"] == str(tmp_path / "rows.npy")
+
+
+@pytest.mark.parametrize(("spec", "labels"), [("IVF32,Flat", "ids"), ("IDMap,HNSW16", "ids"), ("HNSW16", "positions")])
+def test_rows_from_npy_and_from_the_index_itself_give_the_same_eval(tmp_path: Path, spec: str, labels: str) -> None:
+    from service.index.adopted_rows import AdoptedRows
+    from service.scoring.adopted_eval import evaluate_adopted
+
+    _, gallery = _adopted(tmp_path, spec, labels)
+    # The order the index added them: its inner labels' (an IVF index with its own ids: those ids ascending).
+    np.save(tmp_path / "rows.npy", ROWS[np.argsort(GALLERY_IDS)] if spec.startswith("IVF") else ROWS)
+    read = AdoptedRows(gallery)
+    given = AdoptedRows(gallery, tmp_path / "rows.npy")
+    np.testing.assert_array_equal(read.ids(0, N), given.ids(0, N))
+    np.testing.assert_array_equal(read.rows(np.arange(N)), given.rows(np.arange(N)))
+    assert sorted(read.ids(0, N)) == sorted(GALLERY_IDS)  # every row once, under its gallery id
+    recalls = [[w.ten_recall_at_10 for w in evaluate_adopted(gallery, rows, (16,), queries=40, batch=4).widths]
+               for rows in (read, given)]  # fmt: skip
+    assert recalls[0] == recalls[1]
+
+
+def test_the_adopted_ef_search_setting_widens_an_hnsw_index_without_touching_it(tmp_path: Path) -> None:
+    index, narrow = _adopted(tmp_path, "HNSW16", "positions")
+    digest = (tmp_path / "theirs.faiss").read_bytes()
+    wide = AdoptedGallery.load(tmp_path / "gallery", ef_search=256)
+    assert (narrow.ef_search, wide.ef_search) == (16, 256)  # the file's own, and the setting's
+    assert wide.describe()["ef_search"] == 256
+    truth = _exact_others(QUERIES, np.full(len(QUERIES), -1))
+    recall = {g.ef_search: _overlap(g.search(QUERIES, 10, nprobe=1)[1], truth) for g in (narrow, wide)}
+    assert recall[256] > recall[16] and recall[256] >= 0.99
+    assert (tmp_path / "theirs.faiss").read_bytes() == digest
+    # At least k: 50 rows asked of the width-16 index walk as wide as 50 (faiss widens only its own setting).
+    _, at_k = narrow.search(QUERIES, 50, nprobe=1)
+    _, at_50 = AdoptedGallery.load(tmp_path / "gallery", ef_search=50).search(QUERIES, 50, nprobe=1)
+    np.testing.assert_array_equal(at_k, at_50)
+    settings = Settings(index=IndexSettings(gallery_dir=tmp_path / "gallery", adopted_ef_search=256))
+    from service.index.factory import create_gallery
+
+    assert create_gallery(settings.index).ef_search == 256  # type: ignore[attr-defined]
