@@ -433,7 +433,7 @@ def _evaluate_adopted(
 @app.command("hubness")
 def hubness(
     gallery_dir: Path = typer.Argument(
-        ..., help="The frozen FAISS gallery (its source vectors are read back).", metavar="GALLERY_DIR"
+        ..., help="The frozen FAISS gallery, built or adopted (its vectors are read back).", metavar="GALLERY_DIR"
     ),
     profile_dir: Path = typer.Argument(..., help="The profile whose head maps the queries.", metavar="PROFILE_DIR"),
     queries: Path = typer.Option(
@@ -443,7 +443,9 @@ def hubness(
     k: int = typer.Option(10, "--k", min=1, help="Nearest mapped queries averaged per item."),
     modality: str | None = typer.Option(None, "--query-modality", help="Modality of the queries (default: first)."),
     chunk_size: int = typer.Option(16_384, "--chunk-size", min=1, help="Gallery rows scored at a time."),
-    from_npy: Path | None = typer.Option(None, "--from-npy", help="The gallery's source vectors, if moved."),
+    from_npy: Path | None = typer.Option(
+        None, "--from-npy", help="The gallery's source vectors, if moved; an adopted PQ/SQ index's rows."
+    ),
     force: bool = typer.Option(False, "--force", help="Replace an existing sidecar."),
 ) -> None:
     """Per-item hubness bias (CSLS) of a gallery against a profile's mapped queries, for serving and `eval`."""
@@ -453,17 +455,25 @@ def hubness(
     from service.compat.hubness import biases, mapped_queries, write_hubness
     from service.compat.procrustes import normalize_rows
     from service.compat.profile import load_profile
+    from service.index.adopted import AdoptedGallery, is_adopted
+    from service.index.adopted_rows import AdoptedRows
     from service.index.gallery import Gallery
-    from service.index.sources import chunks
+    from service.index.sources import Source, chunks
     from service.progress import progress_bar
     from service.scoring.gallery_eval import source_of
 
     check_output(out, force)
     profile = load_profile(profile_dir)
-    gallery = Gallery.load(gallery_dir)
+    gallery: Gallery | AdoptedGallery
+    source: Source
+    if is_adopted(gallery_dir):  # the user's own index: its rows read back (or --from-npy for PQ / SQ codes)
+        gallery = AdoptedGallery.load(gallery_dir)
+        source = AdoptedRows(gallery, from_npy)
+    else:
+        gallery = Gallery.load(gallery_dir)
+        source = source_of(gallery, from_npy)
     modality = modality or (sorted(profile.alphas) or ["text"])[0]
     mapped, where = mapped_queries(profile, queries, modality)
-    source = source_of(gallery, from_npy)
     started = time.perf_counter()
     bar = progress_bar(total=gallery.ntotal, unit="item", desc="hubness")
 

@@ -1,5 +1,5 @@
-"""The rows an adopted index holds, read back for the offline commands that need them (`gallery eval`);
-serving never reads them.
+"""The rows an adopted index holds, read back for the offline commands that need them (`gallery eval`,
+`gallery hubness`); serving never reads them.
 
 A Flat, IVF-Flat or HNSW-Flat index stores its rows whole, so they are read from it.  A PQ or SQ index
 keeps codes only: a reconstruction is the code's approximation, not the row, and measuring the index

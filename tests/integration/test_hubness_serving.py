@@ -102,3 +102,41 @@ async def test_a_sidecar_of_another_profile_is_refused_at_start(world: World, si
     with pytest.raises(ArtifactError, match="was computed for profile"):
         async with serving(settings):
             pass
+
+
+async def test_an_adopted_index_gets_the_same_sidecar_and_answers_as_its_built_gallery(
+    world: World, sidecar: Path, tmp_path: Path
+) -> None:
+    """The world's own IVF-PQ file adopted: its sidecar, computed from the rows given with --from-npy, is the built
+    gallery's, and served with it the adopted index answers as the built gallery does."""
+    from service.encoders.synthetic import SyntheticOldEncoder
+
+    built = json.loads((world.gallery_dir / "gallery.json").read_text())
+    adopted = tmp_path / "adopted"
+    done = cli("gallery", "adopt", world.gallery_dir / "index.faiss", "--out", adopted,
+               "--model-id", built["old_model"]["model_id"], "--backend", built["old_model"]["backend"])  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    ask = ["gallery", "hubness", adopted, world.profile_dir, "--queries", world.support_dir]
+    refused = cli(*ask, "--out", tmp_path / "never")
+    assert refused.returncode == 2 and "keeps codes, not rows; pass --from-npy" in refused.stderr
+    # The rows the world's items were indexed from, in the order of the index's own ids (its item ids).
+    np.save(tmp_path / "rows.npy", SyntheticOldEncoder().encode_items(np.arange(built["ntotal"])))
+    done = cli(*ask, "--out", tmp_path / "adopted-sidecar", "--from-npy", tmp_path / "rows.npy")
+    assert done.returncode == 0, done.stderr
+    ours, theirs = (np.load(folder / "ids.npy") for folder in (tmp_path / "adopted-sidecar", sidecar))
+    np.testing.assert_array_equal(ours, theirs)
+    np.testing.assert_allclose(
+        np.load(tmp_path / "adopted-sidecar" / "bias.npy"), np.load(sidecar / "bias.npy"), atol=1e-6
+    )
+    body = {"queries": [{"text": CAPTION.format(i)} for i in ITEMS], "k": 10, "mode": "slerp"}
+    answers = []
+    for folder, hubness in ((world.gallery_dir, sidecar), (adopted, tmp_path / "adopted-sidecar")):
+        settings = Settings(
+            index=IndexSettings(gallery_dir=folder, nprobe=64),
+            compat=CompatSettings(profile_dir=world.profile_dir, hubness_dir=hubness, hubness_candidates=50),
+        )
+        async with serving(settings) as served:
+            response = await served.client.post("/v1/search", json=body)
+            assert response.status_code == 200, response.text
+            answers.append([r["ids"] for r in response.json()["results"]])
+    assert answers[0] == answers[1]
