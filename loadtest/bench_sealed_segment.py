@@ -35,6 +35,7 @@ from service.segment.sealed import seal  # noqa: E402
 from service.vocabulary import Modality  # noqa: E402
 
 CAPTION = "item-{:010d} caption-1"
+PROBE_CAPTION = "item-{:010d} caption-2"
 SHARD = 4096
 LANDING = 500  # rows of each shard that lands while the reader serves
 
@@ -68,6 +69,13 @@ def main() -> None:
     parser.add_argument("--ef", default="32,64,128", help="efSearch values, comma-separated.")
     parser.add_argument("--whole-rows", action="store_true", help="Also a format-1 index: the graph over whole rows.")
     parser.add_argument("--float32", action="store_true", help="Also a format-2 index: float32 coordinates.")
+    parser.add_argument(
+        "--probe-captions",
+        type=int,
+        default=0,
+        help="Seal measuring its width on this many caption-2 queries of random items (what a traffic export "
+        "holds: `backfill run --probe-queries`), not on its own rows.",
+    )
     args = parser.parse_args()
     encoder = SyntheticNewEncoder()
     with tempfile.TemporaryDirectory() as tmp:
@@ -79,6 +87,10 @@ def main() -> None:
             write_shard(folder, ids, encoder.encode_items(ids), model, "bench")
         picked = np.random.default_rng(0).choice(args.rows, 200, replace=False)
         queries = encoder.encode([CAPTION.format(int(i)) for i in picked], Modality.text)
+        probes = None  # served queries stand-in: other captions than the measured ones (caption-2, other items)
+        if args.probe_captions:
+            others = np.random.default_rng(1).choice(args.rows, args.probe_captions, replace=False)
+            probes = encoder.encode([PROBE_CAPTION.format(int(i)) for i in others], Modality.text)
         folders = {"": folder}
         for wanted, label, copy in ((args.float32, "float32, ", "f32"), (args.whole_rows, "whole rows, ", "whole")):
             if wanted:  # the same shards, sealed as format 2 or 1
@@ -88,9 +100,10 @@ def main() -> None:
         for label, where in folders.items():
             started = time.perf_counter()
             storage = "float32" if label == "float32, " else "float16"
-            done = seal(where, whole_rows=label == "whole rows, ", storage=storage)
+            done = seal(where, whole_rows=label == "whole rows, ", storage=storage, queries=probes)
             took = time.perf_counter() - started
-            seals[label] = f"{label or 'directions, '}{took:.1f} s (measured ef {done.ef_search}, {done.recall:.3f})"
+            measurement = f"measured ef {done.ef_search}, {done.recall:.3f} on {done.probes}"
+            seals[label] = f"{label or 'directions, '}{took:.1f} s ({measurement})"
         measured = [("exact", Segment.open(folder, Indexing(exact=True)), 0.0)]
         for label, where in folders.items():
             for ef in [None, *(int(e) for e in args.ef.split(","))]:  # None: the width the seal measured

@@ -69,6 +69,8 @@ class RunOptions:
     seal_rows: int = DEFAULT_SEAL_ROWS
     # This run's share of the items: part i of n (0 <= i < n), a fixed hash of each id; None: all of them.
     part: Part | None = None
+    # Served new-model queries the seal measures its index's width on (sealed.measured_width); None: its own rows.
+    seal_queries: F32 | None = None
 
 
 @dataclass
@@ -263,7 +265,7 @@ def _run(
         bar.close()
         report.seconds = time.perf_counter() - started
     if not report.interrupted:  # a stopped run stops now; the next one seals
-        report.sealed = target.finish(options.seal_rows, writer)
+        report.sealed = target.finish(options.seal_rows, writer, options.seal_queries)
     return report
 
 
@@ -315,6 +317,7 @@ def sealed_summary(done: SealReport) -> dict[str, Any]:
         "seconds": round(done.seconds, 2),
         "ef_search": done.ef_search,  # the width its seal measured, and the recall@10 found there
         "recall": None if done.recall is None else round(done.recall, 4),
+        "probes": done.probes,  # what it measured them on: its own rows, or served queries
     }
 
 

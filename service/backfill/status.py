@@ -98,4 +98,4 @@ def _served_indexes(folder: Path, intact: set[str]) -> list[dict[str, Any]]:
     """The sealed indexes a reader serves over these intact shards (sealed.choose_cover): name, rows and the width
     it searches at when neither a request nor index.segment_ef_search names one (its seal measured it)."""
     served = choose_cover(readable_metas(folder), intact)  # (an unreadable one: a reader refuses it too)
-    return [{"name": m.name, "rows": m.rows, "ef_search": m.ef_search} for m in served]
+    return [{"name": m.name, "rows": m.rows, "ef_search": m.ef_search, "width_probes": m.width_probes} for m in served]

@@ -60,8 +60,9 @@ class BackfillTarget(Protocol):
         """Publish unit rows; the name of what was published."""
         ...
 
-    def finish(self, seal_rows: int, writer: str) -> SealReport | None:
-        """After an uninterrupted run: what the target builds once (a sealed index), or None."""
+    def finish(self, seal_rows: int, writer: str, queries: F32 | None = None) -> SealReport | None:
+        """After an uninterrupted run: what the target builds once (a sealed index, its width measured on
+        `queries` when given), or None."""
         ...
 
     def close(self) -> None:
@@ -108,9 +109,9 @@ class FolderTarget:
         """One shard (hidden, fsynced, renamed)."""
         return write_shard(self.folder, ids, rows, model, writer)
 
-    def finish(self, seal_rows: int, writer: str) -> SealReport | None:
+    def finish(self, seal_rows: int, writer: str, queries: F32 | None = None) -> SealReport | None:
         """Seal the rows no index covers once there are seal_rows of them (0: never)."""
-        return seal(self.folder, seal_rows, writer) if seal_rows > 0 else None
+        return seal(self.folder, seal_rows, writer, queries=queries) if seal_rows > 0 else None
 
     def close(self) -> None:
         """Nothing to release."""
@@ -143,7 +144,7 @@ class BatchTarget:
         self._written += 1
         return f"batch-{self._written}"
 
-    def finish(self, seal_rows: int, writer: str) -> SealReport | None:  # noqa: ARG002 (the protocol's)
+    def finish(self, seal_rows: int, writer: str, queries: F32 | None = None) -> SealReport | None:  # noqa: ARG002
         """Nothing to build (class docstring)."""
         return None
 

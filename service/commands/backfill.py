@@ -8,13 +8,18 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import typer
 
 from service.commands import render
 from service.commands.backfill_scoring import cascade, curve
 from service.vocabulary import Modality, Order
+
+if TYPE_CHECKING:  # types only: `--help` stays free of numpy
+    from service.compat.io import QueryPairs
+    from service.encoders.identity import ModelIdentity
+    from service.rows import F32
 
 app = typer.Typer(no_args_is_help=True)
 # Where --hits reads without one: the service's default hits folder (traffic.hits_dir's default; the
@@ -101,6 +106,12 @@ def run(
         help="At the end, seal the rows no index covers into an HNSW index once there are this many (0: never).",
     ),
     seed: int = typer.Option(0, "--seed", help="Seed of --order random (and of the rest after the hot ids)."),
+    probe_queries: Path | None = typer.Option(
+        None,
+        "--probe-queries",
+        help="A traffic export or support folder: the seal measures its index's search width on these new-model "
+        "queries (recall@10 0.99 of exact) instead of on its own rows.",
+    ),
     hits: str | None = typer.Option(
         None,
         "--hits",
@@ -143,6 +154,7 @@ def run(
             "to confirm the model its rows come from"
         )
     _refuse_an_artifact_as_items(input_path)
+    probes = _probe_queries(probe_queries, in_store=column is not None)  # before the model loads
     source = open_items(input_path, modality, field, id_field, ids)
     gallery_ref = _gallery_ref(segment, gallery, source) if column is None else column.gallery_ref()
     hot = _hot_ids(hits) if order == Order.hot else None
@@ -156,6 +168,7 @@ def run(
             f"--new-model-id {new_model_id} was confirmed, but the encoder is "
             f"{render.model_name(identity.backend, identity.model_id)}"
         )
+    seal_queries = _probe_rows(probes, identity)
     options = RunOptions(
         order=order,
         fraction=fraction,
@@ -167,6 +180,7 @@ def run(
         progress=not as_json,
         seal_rows=seal_rows,
         part=my_part,
+        seal_queries=seal_queries,
     )
     target = segment if column is None else column.target(add_column)
     report = run_backfill(target, source, encoder, identity, gallery_ref, options, hot=hot)
@@ -191,8 +205,8 @@ def run(
         sealed = summary["sealed"]
         typer.echo(f"sealed {sealed['rows']:,} rows of {sealed['shards']} shard(s){_taking_in(sealed['absorbed'])} "
                    f"into index {sealed['index']} in {sealed['seconds']} s, searched at ef {sealed['ef_search']} "
-                   f"(recall@10 {sealed['recall']:.3f} of exact on its own rows; the service serves it from its next "
-                   "refresh)")  # fmt: skip
+                   f"(recall@10 {sealed['recall']:.3f} of exact on {sealed['probes']}; the service serves it from its "
+                   "next refresh)")  # fmt: skip
     if report.interrupted:
         typer.echo(
             f"stopped by {report.interrupted}: what was encoded is kept; run the same command again to continue",
@@ -339,7 +353,7 @@ def status(
     for sealed in report.get("sealed_indexes", []):  # (folder segments: a store's index is its own)
         typer.echo(
             f"  sealed index {sealed['name']}: {sealed['rows']:,} rows, searched at ef {sealed['ef_search']} "
-            "(its seal's measurement; NOBACKFILL_INDEX__SEGMENT_EF_SEARCH overrides it)"
+            f"(its seal's measurement on {sealed['width_probes']}; NOBACKFILL_INDEX__SEGMENT_EF_SEARCH overrides it)"
         )
     for shard in report["shards"]:
         if "damaged" in shard:
@@ -367,6 +381,12 @@ def index(
     ef_construction: int = typer.Option(
         64, "--ef-construction", min=4, help="pgvector:COLUMN: its ef_construction (pgvector's default)."
     ),
+    probe_queries: Path | None = typer.Option(
+        None,
+        "--probe-queries",
+        help="A traffic export or support folder: the seal measures its index's search width on these new-model "
+        "queries (recall@10 0.99 of exact) instead of on its own rows.",
+    ),
 ) -> None:
     """Seal the rows no index covers into one HNSW index stored in the segment (every reader then serves it).
 
@@ -374,21 +394,62 @@ def index(
     """
     column = _store_segment(segment)
     if column is not None:  # pgvector builds an index on the column; Qdrant and Milvus index by themselves
+        _probe_queries(probe_queries, in_store=True)
         typer.echo(column.index(m, ef_construction))
         return
     from service.segment.layout import read_segment_meta
     from service.segment.sealed import seal
 
-    read_segment_meta(segment)  # one line when the folder is no segment
-    done = seal(segment, min_rows=1, writer="backfill index")  # beside a running backfill: it seals what is published
+    meta = read_segment_meta(segment)  # one line when the folder is no segment
+    queries = _probe_rows(_probe_queries(probe_queries, in_store=False), meta.model)
+    # Beside a running backfill: it seals what is published.
+    done = seal(segment, min_rows=1, writer="backfill index", queries=queries)
     if done.name is None:
         typer.echo(f"segment {segment}: every intact shard is in a sealed index already; nothing to seal")
         return
     typer.echo(
         f"sealed {done.rows:,} rows of {done.shards} shard(s){_taking_in(done.absorbed)} into index {done.name} "
-        f"in {done.seconds:.1f} s, searched at ef {done.ef_search} (recall@10 {done.recall:.3f} of exact on its own "
-        "rows); the service serves it from its next refresh"
+        f"in {done.seconds:.1f} s, searched at ef {done.ef_search} (recall@10 {done.recall:.3f} of exact on "
+        f"{done.probes}); the service serves it from its next refresh"
     )
+
+
+def _probe_queries(folder: Path | None, in_store: bool) -> QueryPairs | None:
+    """--probe-queries read (None without it); one line when the segment is in a store (its index is the
+    store's own) or the folder holds no query."""
+    if folder is None:
+        return None
+    from service.compat.io import load_query_pairs
+    from service.errors import InputError
+
+    if in_store:
+        raise InputError(
+            "--probe-queries measures a sealed index's width: only a segment folder seals one (a store's "
+            "segment is indexed by the store)"
+        )
+    pairs = load_query_pairs(folder)
+    if not len(pairs.new):
+        raise InputError(f"--probe-queries {folder}: no query rows that are not all zeros")
+    return pairs
+
+
+def _probe_rows(pairs: QueryPairs | None, model: ModelIdentity) -> F32 | None:
+    """The new-model query rows of --probe-queries, refused in one line unless the segment's model made them."""
+    if pairs is None:
+        return None
+    from service.errors import InputError
+
+    if pairs.new_model is not None and pairs.new_model.model_id != model.model_id:
+        raise InputError(
+            f"--probe-queries {pairs.path}: its new-model queries are {pairs.new_model.model_id}'s, but the "
+            f"segment's rows are {model.model_id}'s"
+        )
+    if pairs.new.shape[1] != model.dim:
+        raise InputError(
+            f"--probe-queries {pairs.path}: {pairs.new.shape[1]}-d new-model queries, but the segment's rows are "
+            f"{model.dim}-d"
+        )
+    return pairs.new
 
 
 def _taking_in(absorbed: int) -> str:

@@ -6,8 +6,8 @@
         rows.npy        float32 [n, d]: the rows themselves, which re-rank the graph's candidates exactly
         ids.npy         int64 [n]: the gallery id of each row, ascending (the rows are in this order)
         index.json      format 3; the shards it covers, rows, directions, links, efConstruction, the efSearch
-                        its seal measured (measured_width) and the recall there, dim, storage,
-                        writer, time
+                        its seal measured (measured_width), the recall there and on what (its own
+                        rows, or served queries: width_probes), dim, storage, writer, time
         manifest.json   size and sha256 of the others (service/manifest.py)
     SEGMENT/indexes/.<name>.tmp     being written (readers never look at it)
 
@@ -65,13 +65,13 @@ from typing import Any
 import faiss
 import numpy as np
 
-from service.errors import ArtifactError
+from service.errors import ArtifactError, InputError
 from service.index.base import sorted_member
 from service.json_file import read_json_object
 from service.manifest import verify_manifest, write_json_durably
 from service.rows import F32, I64, principal_directions
 from service.segment.catalog import ShardCatalog, ShardEntry, sorted_union
-from service.segment.layout import fsync_path, publish_folder, save
+from service.segment.layout import fsync_path, publish_folder, read_segment_meta, save
 
 INDEXES = "indexes"
 SEAL_LOCK = "seal.lock"
@@ -91,8 +91,11 @@ RERANK = 2  # candidates the graph returns per answer row, re-ranked by the full
 # The recall@10 of exact a seal chooses its index's efSearch for, over its own rows as probes (0.997 of them: the
 # width that gives queries 0.99, measured_width says why).
 RECALL_TARGET = 0.997
+# Given served queries (a traffic export's new-model rows), the width is measured on them instead, for the
+# recall@10 they are to get: no margin for easier probes is needed.
+QUERY_RECALL_TARGET = 0.99
 WIDTHS = (128, 192, 256, 384, 512, 768, 1024)  # the efSearch values a seal tries, narrowest first
-PROBES = 400  # rows of the index itself a seal asks as queries to measure them (4,000 neighbours)
+PROBES = 400  # rows of the index itself (or served queries) a seal asks to measure them (4,000 neighbours)
 LEGACY_EF_SEARCH = 128  # the efSearch of an index sealed before seals measured one (the former fixed default)
 
 
@@ -104,6 +107,7 @@ class SealedMeta:
     shards: frozenset[str]
     rows: int
     ef_search: int = LEGACY_EF_SEARCH  # the width its seal measured to find RECALL_TARGET of exact
+    width_probes: str = "its own rows"  # what the width was measured on (served queries: measured_width)
 
 
 @dataclass(frozen=True)
@@ -211,7 +215,8 @@ def read_meta(folder: Path, name: str) -> SealedMeta:
     ef_search = data.get("ef_search", LEGACY_EF_SEARCH)
     if not isinstance(ef_search, int) or isinstance(ef_search, bool) or ef_search < 1:
         raise ArtifactError(f"sealed index {path.parent}: {INDEX_JSON}'s ef_search must be a positive integer")
-    return SealedMeta(name, frozenset(shards), rows, ef_search)
+    probes = data.get("width_probes")  # absent before seals could measure on served queries
+    return SealedMeta(name, frozenset(shards), rows, ef_search, probes if isinstance(probes, str) else "its own rows")
 
 
 def choose_cover(metas: list[SealedMeta], intact: set[str]) -> list[SealedMeta]:
@@ -266,16 +271,23 @@ class SealReport:
     absorbed: int = 0
     ef_search: int | None = None  # the width measured for it, and the recall found there (measured_width)
     recall: float | None = None
+    probes: str = "its own rows"  # what the width was measured on
 
 
 def seal(
-    folder: Path, min_rows: int = 1, writer: str = "backfill", whole_rows: bool = False, storage: str = STORAGE
+    folder: Path,
+    min_rows: int = 1,
+    writer: str = "backfill",
+    whole_rows: bool = False,
+    storage: str = STORAGE,
+    queries: F32 | None = None,
 ) -> SealReport:
     """Build one sealed index over the intact shards no sealed index covers, when they hold >= min_rows new ids.
 
     storage: the graph's coordinates, "float16" (format 3) or "float32" (format 2, what seals wrote before).
     whole_rows: format 1, the graph over the whole rows and no re-rank (what seals wrote before; benches and
     tests compare against it).
+    queries: served new-model queries [n, d] to measure the index's width on (measured_width); None: its own rows.
 
     One seal at a time per segment (it waits for SEGMENT/seal.lock), so two never cover the same shards:
     parts of a parallel backfill that end together seal one after the other, the later one what is left.
@@ -283,8 +295,16 @@ def seal(
     import time
 
     started = time.perf_counter()
+    if queries is not None:
+        queries = np.ascontiguousarray(queries, dtype=np.float32)
+        dim = read_segment_meta(folder).model.dim
+        if queries.ndim != 2 or queries.shape[1] != dim or not len(queries):
+            raise InputError(
+                f"segment {folder}: {queries.shape[-1]}-d queries, but the segment's rows are {dim}-d (a width is "
+                "measured on queries of the segment's model)"
+            )
     with _seal_lock(folder):
-        return _seal(folder, min_rows, writer, started, whole_rows, storage)
+        return _seal(folder, min_rows, writer, started, whole_rows, storage, queries)
 
 
 @contextmanager
@@ -298,7 +318,9 @@ def _seal_lock(folder: Path) -> Iterator[None]:
             fcntl.flock(handle.fileno(), fcntl.LOCK_UN)
 
 
-def _seal(folder: Path, min_rows: int, writer: str, started: float, whole_rows: bool, storage: str) -> SealReport:
+def _seal(
+    folder: Path, min_rows: int, writer: str, started: float, whole_rows: bool, storage: str, queries: F32 | None
+) -> SealReport:
     """seal()'s work, under the seal lock."""
     import time
 
@@ -325,17 +347,22 @@ def _seal(folder: Path, min_rows: int, writer: str, started: float, whole_rows: 
     graph.hnsw.efConstruction = EF_CONSTRUCTION
     graph.add(walked)
     searched = graph if basis is None else ProjectedGraph(graph, basis, vectors)
-    width, recall = measured_width(searched, vectors)
+    width, recall = measured_width(searched, vectors, queries=queries)
+    probes = "its own rows" if queries is None else f"{min(PROBES, len(queries))} served queries"
     shards = [e.name for e, _, _ in picked]
-    name = _publish(folder, graph, basis, vectors, ids, shards, writer, (width, recall))
+    name = _publish(folder, graph, basis, vectors, ids, shards, writer, (width, recall, probes))
     _retire_superseded(folder, metas, set(shards))
     seconds = time.perf_counter() - started
-    return SealReport(name, int(len(ids)), len(picked), seconds, len(absorbed), width, recall)
+    return SealReport(name, int(len(ids)), len(picked), seconds, len(absorbed), width, recall, probes)
 
 
-def measured_width(index: Any, rows: F32, k: int = 10) -> tuple[int, float]:
+def measured_width(index: Any, rows: F32, k: int = 10, queries: F32 | None = None) -> tuple[int, float]:
     """The narrowest efSearch of WIDTHS at which `index` (over `rows`, row numbers) finds RECALL_TARGET of the
     exact top k, and the recall there (the widest width and its recall when none does).
+
+    Given `queries` (served new-model queries: a traffic export's, or a support set's), PROBES of them are
+    asked instead and the target is QUERY_RECALL_TARGET: what the queries users send get is measured, not
+    read from easier probes through a margin.
 
     Why measured, not fixed: the recall a given width finds falls as a graph grows (synthetic rows: 0.99 at
     ef 128 over 10^5 rows, 0.957 over 5 x 10^5, docs/backfill.md), so a fixed default kept the documented
@@ -349,6 +376,8 @@ def measured_width(index: Any, rows: F32, k: int = 10) -> tuple[int, float]:
     count alike.
     """
     n = len(rows)
+    if queries is not None:
+        return _width_for_queries(index, rows, queries, k)
     if n <= k + 1:
         return WIDTHS[0], 1.0
     picked = np.random.default_rng(0).choice(n, min(PROBES, n), replace=False)
@@ -365,6 +394,22 @@ def measured_width(index: Any, rows: F32, k: int = 10) -> tuple[int, float]:
         hits = np.minimum(((scores >= bar[:, None]) & others).sum(axis=1), k)
         recall = float(hits.mean() / k)
         if recall >= RECALL_TARGET:
+            return width, recall
+    return WIDTHS[-1], recall
+
+
+def _width_for_queries(index: Any, rows: F32, queries: F32, k: int) -> tuple[int, float]:
+    """measured_width over PROBES of these queries, for QUERY_RECALL_TARGET of each one's exact top k."""
+    k = min(k, len(rows))
+    asked = queries[np.random.default_rng(0).choice(len(queries), min(PROBES, len(queries)), replace=False)]
+    asked = np.ascontiguousarray(asked, dtype=np.float32)
+    exact, _ = faiss.knn(asked, rows, k, metric=faiss.METRIC_INNER_PRODUCT)
+    bar = exact[:, k - 1] - 1e-6  # a found row counts when it scores at least the k-th exact (ties alike)
+    recall = 0.0
+    for width in WIDTHS:
+        scores, found = search_graph(index, asked, k, width)
+        recall = float(np.minimum(((scores >= bar[:, None]) & (found >= 0)).sum(axis=1), k).mean() / k)
+        if recall >= QUERY_RECALL_TARGET:
             return width, recall
     return WIDTHS[-1], recall
 
@@ -452,10 +497,10 @@ def _publish(
     ids: I64,
     shards: list[str],
     writer: str,
-    measured: tuple[int, float],
+    measured: tuple[int, float, str],
 ) -> str:
     """Write a sealed index hidden, manifest last, then one rename (layout.publish_folder); returns its name.
-    measured: the efSearch its readers search at by default, and the recall its seal found there."""
+    measured: the efSearch its readers search at by default, the recall its seal found there, and on what."""
 
     float16 = isinstance(graph, faiss.IndexHNSWSQ)
 
@@ -474,7 +519,8 @@ def _publish(
             "links": LINKS,
             "ef_construction": EF_CONSTRUCTION,
             "ef_search": measured[0],
-            "recall_at_ef_search": round(measured[1], 4),  # recall@10 of exact, PROBES of its own rows asking
+            "recall_at_ef_search": round(measured[1], 4),  # recall@10 of exact, PROBES asking
+            "width_probes": measured[2],  # its own rows, or served queries (measured_width)
             "dim": int(graph.d),
             "storage": STORAGE if float16 else "float32",
             "writer": writer,

@@ -6,6 +6,7 @@ The synthetic world's gallery (real FAISS) and item store; every command through
 from __future__ import annotations
 
 import json
+import shutil
 import signal
 import subprocess
 import time
@@ -17,7 +18,7 @@ from service.backfill.run import one_run_at_a_time
 from service.segment.catalog import moved_ids
 from service.segment.layout import SHARDS, VECTORS, shard_names
 from service.segment.reader import Segment
-from service.segment.sealed import RECALL_TARGET, WIDTHS, sealed_names
+from service.segment.sealed import INDEX_JSON, INDEXES, QUERY_RECALL_TARGET, RECALL_TARGET, WIDTHS, sealed_names
 from tests.support.cli import NOBACKFILL, cli
 from tests.support.stores import items_fixture
 from tests.support.world import WORLD_GALLERY_SIZE, World
@@ -142,3 +143,36 @@ def test_a_run_seals_at_its_end_and_backfill_index_seals_on_demand(world: World,
     assert {s["name"]: s["ef_search"] for s in status} == served.describe()["sealed_ef_search"]
     assert sorted(s["rows"] for s in status) == [50, 600]
     assert f"sealed index {sealed['index']}: 600 rows, searched at ef" in cli("backfill", "status", segment).stdout
+
+
+def test_given_served_queries_a_seal_measures_its_width_on_them(world: World, items: Path, tmp_path: Path) -> None:
+    """--probe-queries: the world's support queries (a folder as `traffic export` writes one) are what the seals of
+    `backfill run` and `backfill index` measure their width on; another model's queries are refused in one line."""
+    segment = tmp_path / "segment"
+    args = _run_args(world, items, segment, "--backend", "synthetic-new", "--profile", world.profile_dir)
+    done = cli(*args, "--limit", 600, "--seal-rows", 500, "--probe-queries", world.support_dir, "--json")
+    assert done.returncode == 0, done.stderr
+    sealed = json.loads(done.stdout)["sealed"]
+    assert sealed["probes"] == "400 served queries" and sealed["recall"] >= QUERY_RECALL_TARGET
+    recorded = json.loads((segment / INDEXES / sealed["index"] / INDEX_JSON).read_text())
+    assert recorded["width_probes"] == "400 served queries" and recorded["ef_search"] == sealed["ef_search"]
+    foreign = tmp_path / "foreign"
+    shutil.copytree(world.support_dir, foreign)
+    models = json.loads((foreign / "models.json").read_text())
+    models["new"]["model_id"] = "someone-elses-model"
+    (foreign / "models.json").write_text(json.dumps(models))
+    assert cli(*args, "--limit", 50, "--seal-rows", 0).returncode == 0
+    refused = cli("backfill", "index", segment, "--probe-queries", foreign)
+    assert refused.returncode == 2 and "queries are someone-elses-model's, but the segment's rows are" in refused.stderr
+    assert len(sealed_names(segment)) == 1  # nothing sealed on the refusal
+    narrow = tmp_path / "narrow"  # no models.json to name a model: the width of its rows is still checked
+    narrow.mkdir()
+    for name in ("old_query.npy", "new_query.npy"):
+        np.save(narrow / name, np.load(world.support_dir / name)[:, :16])
+    refused = cli("backfill", "index", segment, "--probe-queries", narrow)
+    assert refused.returncode == 2 and "16-d new-model queries, but the segment's rows are" in refused.stderr
+    on_demand = cli("backfill", "index", segment, "--probe-queries", world.support_dir)
+    assert on_demand.returncode == 0 and "of exact on 400 served queries)" in on_demand.stdout
+    status = json.loads(cli("backfill", "status", segment, "--json").stdout)["sealed_indexes"]
+    assert [s["width_probes"] for s in status] == ["400 served queries"] * 2
+    assert "(its seal's measurement on 400 served queries;" in cli("backfill", "status", segment).stdout

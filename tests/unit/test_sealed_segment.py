@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 from service.encoders.identity import ModelIdentity
+from service.errors import InputError
 from service.manifest import write_manifest
 from service.segment.layout import GalleryRef, create_segment, write_shard
 from service.segment.reader import Indexing, Segment
@@ -19,6 +20,7 @@ from service.segment.sealed import (
     INDEXES,
     LEGACY_EF_SEARCH,
     PROBES,
+    QUERY_RECALL_TARGET,
     RECALL_TARGET,
     WIDTHS,
     SealedMeta,
@@ -365,3 +367,53 @@ def test_the_cover_serves_a_merged_index_before_those_it_took_in_and_falls_back_
     older = SealedMeta("a", frozenset({"s1"}), 10)
     assert choose_cover([older, merged], {"s1", "s2"}) == [merged]
     assert choose_cover([older, merged], {"s1"}) == [older]  # s2 quarantined: the merged index covers nothing
+
+
+def _query_recall(graph: faiss.Index, rows: np.ndarray, queries: np.ndarray, width: int) -> float:
+    """Recall@10 of `graph` at `width` for these queries against brute force over the rows."""
+    params = faiss.SearchParametersHNSW()  # type: ignore[attr-defined]
+    params.efSearch = width
+    _, found = graph.search(queries, 10, params=params)
+    want = np.argsort(-(queries @ rows.T), axis=1)[:, :10]
+    return float(np.mean([len(set(w) & set(g)) / 10 for w, g in zip(want, found, strict=True)]))
+
+
+def test_given_served_queries_a_seal_measures_the_width_they_need() -> None:
+    """Measured on served queries, the width is the one they need, narrower or wider than the own rows' (which
+    aim at 0.997 to leave a margin): queries drawn like the data need less, queries off it more.  Each width
+    reaches QUERY_RECALL_TARGET for its queries under brute force, and the width below it does not."""
+    rows = _clustered(np.random.default_rng(6), 20_000)
+    centres = np.random.default_rng(6).standard_normal((40, DIM)).astype(np.float32)  # _clustered's first draw
+    threads = faiss.omp_get_max_threads()
+    faiss.omp_set_num_threads(1)  # the same graph every run
+    try:
+        graph = faiss.IndexHNSWFlat(DIM, 20, faiss.METRIC_INNER_PRODUCT)
+        graph.hnsw.efConstruction = 24
+        graph.add(rows)
+    finally:
+        faiss.omp_set_num_threads(threads)
+    own, _ = measured_width(graph, rows)
+    rng = np.random.default_rng(9)
+    widths = {}
+    for spread in (0.3, 0.7):  # the data's own spread around its centres, and more than twice it
+        queries = centres[rng.integers(0, 40, 3000)] + spread * rng.standard_normal((3000, DIM)).astype(np.float32)
+        queries /= np.linalg.norm(queries, axis=1, keepdims=True)
+        width, recall = measured_width(graph, rows, queries=queries)
+        asked = queries[np.random.default_rng(0).choice(len(queries), PROBES, replace=False)]
+        assert recall >= QUERY_RECALL_TARGET and _query_recall(graph, rows, asked, width) >= QUERY_RECALL_TARGET
+        if width > WIDTHS[0]:
+            assert _query_recall(graph, rows, asked, WIDTHS[WIDTHS.index(width) - 1]) < QUERY_RECALL_TARGET
+        widths[spread] = width
+    assert widths[0.3] < own < widths[0.7]
+
+
+def test_a_seal_given_queries_records_them_and_refuses_another_width(segment: Path) -> None:
+    rng = np.random.default_rng(8)
+    write_shard(segment, np.arange(3000), _clustered(rng, 3000), MODEL, "t")
+    with pytest.raises(InputError, match="12-d queries, but the segment's rows are 16-d"):
+        seal(segment, queries=np.ones((10, 12), dtype=np.float32))
+    assert sealed_names(segment) == []  # nothing published
+    done = seal(segment, queries=_clustered(rng, 50))
+    recorded = json.loads((segment / INDEXES / str(done.name) / INDEX_JSON).read_text())
+    assert recorded["width_probes"] == done.probes == "50 served queries"
+    assert recorded["recall_at_ef_search"] >= QUERY_RECALL_TARGET
