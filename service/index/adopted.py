@@ -326,8 +326,8 @@ class AdoptedGallery:
     def _params(self, nprobe: int, k: int, ef_search: int | None = None) -> Any:
         """The call's own search parameters (nothing set on the shared index, so threads never race).
 
-        An HNSW width is raised to k: faiss raises its own efSearch to k, but not a per-call one, and a
-        narrower walk returns fewer than k rows (-1 padded)."""
+        An HNSW width is raised to k, as faiss raises its own efSearch but not a per-call one: a walk
+        narrower than the rows asked for returns a worse list than one as wide."""
         if self.kind["family"] == "ivf":
             params = faiss.SearchParametersIVF()
             params.nprobe = nprobe

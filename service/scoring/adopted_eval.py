@@ -23,6 +23,7 @@ from typing import Any
 import faiss
 import numpy as np
 
+from service.errors import InputError
 from service.index.adopted import AdoptedGallery
 from service.index.adopted_rows import AdoptedRows
 from service.index.sources import sample_positions
@@ -89,6 +90,8 @@ def evaluate_adopted(
     """Recall against exact search and latency, per width the index family takes (widths: nprobes or efSearches)."""
     family = gallery.kind["family"]
     parameter = PARAMETERS[family][0] if family in PARAMETERS else None
+    if rows.ntotal < 2:
+        raise InputError(f"gallery {gallery.folder}: {rows.ntotal} row(s): a row's neighbours need other rows")
     picked = sample_positions(rows.ntotal, min(queries, rows.ntotal - 1), seed)
     q = np.ascontiguousarray(rows.rows(picked), dtype=np.float32)
     own = rows.ids(0, rows.ntotal)[picked]
@@ -131,13 +134,16 @@ def _exact_others(q: F32, rows: AdoptedRows, own: I64) -> I64:
     return _without_own(best_ids, own)
 
 
+def _searched(gallery: AdoptedGallery, q: F32, k: int, width: int | None) -> I64:
+    """The served call's top k gallery ids at this width (an IVF index's nprobe, an HNSW one's efSearch)."""
+    if gallery.kind["family"] == "hnsw":
+        return gallery.search(q, k, nprobe=1, ef_search=width)[1]
+    return gallery.search(q, k, nprobe=width or 1)[1]
+
+
 def _others(gallery: AdoptedGallery, q: F32, own: I64, width: int | None) -> I64:
     """The index's top K gallery ids for each query row, the row itself left out, at this width."""
-    if width is None or gallery.kind["family"] != "hnsw":
-        _, found = gallery.search(q, K + 1, nprobe=width or 1)
-    else:
-        _, found = gallery.search(q, K + 1, nprobe=1, ef_search=width)
-    return _without_own(found, own)
+    return _without_own(_searched(gallery, q, K + 1, width), own)
 
 
 def _without_own(ids: I64, own: I64) -> I64:
@@ -161,10 +167,7 @@ def _latency(gallery: AdoptedGallery, q: F32, width: int | None, batch: int) -> 
     """(single-query p50 and p95 ms on one thread, ms per batch of `batch` on all threads) of the served call."""
 
     def search(rows: F32) -> None:
-        if gallery.kind["family"] == "hnsw":
-            gallery.search(rows, K, nprobe=1, ef_search=width)
-        else:
-            gallery.search(rows, K, nprobe=width or 1)
+        _searched(gallery, rows, K, width)
 
     threads = faiss.omp_get_max_threads()
     faiss.omp_set_num_threads(1)
