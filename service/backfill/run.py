@@ -71,6 +71,7 @@ class RunOptions:
     part: Part | None = None
     # Served new-model queries the seal measures its index's width on (sealed.measured_width); None: its own rows.
     seal_queries: F32 | None = None
+    seal_queries_kind: str = "served"  # what they are: "served" (a traffic export's) or "support"
 
 
 @dataclass
@@ -265,7 +266,7 @@ def _run(
         bar.close()
         report.seconds = time.perf_counter() - started
     if not report.interrupted:  # a stopped run stops now; the next one seals
-        report.sealed = target.finish(options.seal_rows, writer, options.seal_queries)
+        report.sealed = target.finish(options.seal_rows, writer, options.seal_queries, options.seal_queries_kind)
     return report
 
 

@@ -60,7 +60,9 @@ class BackfillTarget(Protocol):
         """Publish unit rows; the name of what was published."""
         ...
 
-    def finish(self, seal_rows: int, writer: str, queries: F32 | None = None) -> SealReport | None:
+    def finish(
+        self, seal_rows: int, writer: str, queries: F32 | None = None, queries_kind: str = "served"
+    ) -> SealReport | None:
         """After an uninterrupted run: what the target builds once (a sealed index, its width measured on
         `queries` when given), or None."""
         ...
@@ -109,9 +111,13 @@ class FolderTarget:
         """One shard (hidden, fsynced, renamed)."""
         return write_shard(self.folder, ids, rows, model, writer)
 
-    def finish(self, seal_rows: int, writer: str, queries: F32 | None = None) -> SealReport | None:
+    def finish(
+        self, seal_rows: int, writer: str, queries: F32 | None = None, queries_kind: str = "served"
+    ) -> SealReport | None:
         """Seal the rows no index covers once there are seal_rows of them (0: never)."""
-        return seal(self.folder, seal_rows, writer, queries=queries) if seal_rows > 0 else None
+        if seal_rows <= 0:
+            return None
+        return seal(self.folder, seal_rows, writer, queries=queries, queries_kind=queries_kind)
 
     def close(self) -> None:
         """Nothing to release."""
@@ -144,7 +150,13 @@ class BatchTarget:
         self._written += 1
         return f"batch-{self._written}"
 
-    def finish(self, seal_rows: int, writer: str, queries: F32 | None = None) -> SealReport | None:  # noqa: ARG002
+    def finish(
+        self,
+        seal_rows: int,  # noqa: ARG002 (the protocol's)
+        writer: str,  # noqa: ARG002
+        queries: F32 | None = None,  # noqa: ARG002
+        queries_kind: str = "served",  # noqa: ARG002
+    ) -> SealReport | None:
         """Nothing to build (class docstring)."""
         return None
 

@@ -7,6 +7,7 @@ loads, then the run (run.py).  Every refusal is one `error:` line and exit 2.
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -15,6 +16,9 @@ import typer
 from service.commands import render
 from service.commands.backfill_scoring import cascade, curve
 from service.vocabulary import Modality, Order
+
+# --probe-queries: fewer queries than this (each 10 neighbours) cannot tell 0.99 from 0.98.
+MIN_PROBE_QUERIES = 100
 
 if TYPE_CHECKING:  # types only: `--help` stays free of numpy
     from service.compat.io import QueryPairs
@@ -154,7 +158,7 @@ def run(
             "to confirm the model its rows come from"
         )
     _refuse_an_artifact_as_items(input_path)
-    probes = _probe_queries(probe_queries, in_store=column is not None)  # before the model loads
+    probes = _probe_queries(probe_queries, in_store=column is not None)  # before the model loads: fails at once
     source = open_items(input_path, modality, field, id_field, ids)
     gallery_ref = _gallery_ref(segment, gallery, source) if column is None else column.gallery_ref()
     hot = _hot_ids(hits) if order == Order.hot else None
@@ -181,6 +185,7 @@ def run(
         seal_rows=seal_rows,
         part=my_part,
         seal_queries=seal_queries,
+        seal_queries_kind="served" if probes is None else probes.kind,
     )
     target = segment if column is None else column.target(add_column)
     report = run_backfill(target, source, encoder, identity, gallery_ref, options, hot=hot)
@@ -207,6 +212,12 @@ def run(
                    f"into index {sealed['index']} in {sealed['seconds']} s, searched at ef {sealed['ef_search']} "
                    f"(recall@10 {sealed['recall']:.3f} of exact on {sealed['probes']}; the service serves it from its "
                    "next refresh)")  # fmt: skip
+    elif probes is not None and not report.interrupted:  # the queries were read for a seal that did not happen
+        left = "" if report.sealed is None else f"{report.sealed.rows:,} rows no index covers, fewer than "
+        typer.echo(
+            f"not sealed ({left}--seal-rows {seal_rows:,}), so --probe-queries measured nothing; "
+            f"`nobackfill backfill index {segment} --probe-queries {probe_queries}` seals them now"
+        )
     if report.interrupted:
         typer.echo(
             f"stopped by {report.interrupted}: what was encoded is kept; run the same command again to continue",
@@ -401,9 +412,11 @@ def index(
     from service.segment.sealed import seal
 
     meta = read_segment_meta(segment)  # one line when the folder is no segment
-    queries = _probe_rows(_probe_queries(probe_queries, in_store=False), meta.model)
+    probes = _probe_queries(probe_queries, in_store=False)
+    queries = _probe_rows(probes, meta.model)
     # Beside a running backfill: it seals what is published.
-    done = seal(segment, min_rows=1, writer="backfill index", queries=queries)
+    kind = "served" if probes is None else probes.kind
+    done = seal(segment, min_rows=1, writer="backfill index", queries=queries, queries_kind=kind)
     if done.name is None:
         typer.echo(f"segment {segment}: every intact shard is in a sealed index already; nothing to seal")
         return
@@ -414,30 +427,49 @@ def index(
     )
 
 
-def _probe_queries(folder: Path | None, in_store: bool) -> QueryPairs | None:
-    """--probe-queries read (None without it); one line when the segment is in a store (its index is the
-    store's own) or the folder holds no query."""
+@dataclass(frozen=True)
+class Probes:
+    """--probe-queries as read: the folder's query pairs, and what they are ("served": a traffic export's)."""
+
+    pairs: QueryPairs
+    kind: str
+
+
+def _probe_queries(folder: Path | None, in_store: bool) -> Probes | None:
+    """--probe-queries read (None without it); one line, naming the flag, when the segment is in a store (its
+    index is the store's own), the folder is no query folder, or it holds fewer than MIN_PROBE_QUERIES."""
     if folder is None:
         return None
     from service.compat.io import load_query_pairs
-    from service.errors import InputError
+    from service.encoders.identity import MODELS_JSON
+    from service.errors import ArtifactError, InputError
 
     if in_store:
         raise InputError(
             "--probe-queries measures a sealed index's width: only a segment folder seals one (a store's "
             "segment is indexed by the store)"
         )
-    pairs = load_query_pairs(folder)
-    if not len(pairs.new):
-        raise InputError(f"--probe-queries {folder}: no query rows that are not all zeros")
-    return pairs
+    try:
+        pairs = load_query_pairs(folder)
+        described = json.loads((folder / MODELS_JSON).read_text()) if (folder / MODELS_JSON).is_file() else {}
+    except (InputError, ArtifactError, ValueError) as exc:
+        raise InputError(f"--probe-queries {folder}: {exc} (a `traffic export --out` or support folder)") from exc
+    if len(pairs.new) < MIN_PROBE_QUERIES:
+        raise InputError(
+            f"--probe-queries {folder}: {len(pairs.new)} queries (all-zero rows left out); a recall of 0.99 needs "
+            f"at least {MIN_PROBE_QUERIES} to be measured"
+        )
+    source = described.get("source") if isinstance(described, dict) else None
+    return Probes(pairs, "served" if source == "traffic" else "support")
 
 
-def _probe_rows(pairs: QueryPairs | None, model: ModelIdentity) -> F32 | None:
+def _probe_rows(probes: Probes | None, model: ModelIdentity) -> F32 | None:
     """The new-model query rows of --probe-queries, refused in one line unless the segment's model made them."""
-    if pairs is None:
+    if probes is None:
         return None
     from service.errors import InputError
+
+    pairs = probes.pairs
 
     if pairs.new_model is not None and pairs.new_model.model_id != model.model_id:
         raise InputError(

@@ -297,14 +297,32 @@ def adopt(
 
     meta = adopt_index(index_file, out, model_id, backend, ids, metric, items)
     kind = meta["index"]
+    # A Flat or HNSW index without an id map answers with positions: taken as the ids unless --ids maps them.
+    positions = ids is None and not kind["id_map"] and kind["family"] != "ivf"
+    labels = (
+        f"labels are positions 0..{meta['ntotal'] - 1:,} (no id map), taken as the gallery ids: pass --ids "
+        "IDS.npy if yours differ"
+        if positions
+        else f"labels are {meta['labels']}"
+    )
     typer.echo(
-        f"adopted {index_file} into {out} ({meta['source']['how']}): a faiss {kind['type']}"
+        f"adopted {index_file} into {out} ({meta['source']['how']}): a faiss index, {kind['type']}"
         + (" with its id map" if kind["id_map"] else "")
         + f", {meta['ntotal']:,} rows of dim {meta['d']} by {kind['metric']}"
         + (f", {kind['nlist']:,} lists" if kind["nlist"] else "")
-        + f"; labels are {meta['labels']}; sha256 {meta['sha256'][:16]}..."
+        + f"; {labels}; sha256 {meta['sha256'][:16]}..."
     )
-    typer.echo(f"serve it: NOBACKFILL_INDEX__GALLERY_DIR={out} nobackfill serve")
+    # Every setting serving needs: the profile, and the encoders unless they are the synthetic defaults.
+    encoders = (
+        ""
+        if backend is None or backend.startswith("synthetic")
+        else f"NOBACKFILL_OLD__BACKEND={backend} NOBACKFILL_OLD__PATH=OLD_MODEL_DIR "
+        "NOBACKFILL_NEW__BACKEND=NEW_BACKEND NOBACKFILL_NEW__PATH=NEW_MODEL_DIR "
+    )
+    typer.echo(
+        f"serve it: NOBACKFILL_INDEX__GALLERY_DIR={out} NOBACKFILL_COMPAT__PROFILE_DIR=PROFILE_DIR {encoders}"
+        f"nobackfill serve   (PROFILE_DIR: the profile fitted from {model_id} to the new model, `nobackfill fit`)"
+    )
 
 
 @app.command("info")
@@ -349,7 +367,7 @@ def info(
 
         if is_adopted(gallery_dir):
             adopted = AdoptedGallery.load(gallery_dir)
-            typer.echo(f"verified: sha256 matches, {adopted.ntotal:,} vectors, a {adopted.kind['type']}")
+            typer.echo(f"verified: sha256 matches, {adopted.ntotal:,} vectors, faiss index type {adopted.kind['type']}")
             return
         gallery = Gallery.load(gallery_dir, progress=True)
         typer.echo(f"verified: sha256 matches, {gallery.ntotal:,} vectors, nlist {gallery.nlist}")

@@ -95,7 +95,7 @@ def adopt(
     kind = describe_index(index)
     if kind["family"] is None:
         raise InputError(
-            f"{index_file}: a faiss {kind['type']}; nobackfill serves IVF, HNSW and Flat indexes "
+            f"{index_file}: a faiss index of type {kind['type']}; nobackfill serves IVF, HNSW and Flat indexes "
             "(with or without IndexIDMap / IDMap2)"
         )
     if kind["metric"] not in ("ip", "l2"):

@@ -286,15 +286,14 @@ def _describe(conn: Any, settings: IndexSettings, where: str) -> dict[str, Any]:
         ).fetchall()
     )
     if types.get(id_column) not in INTEGER_TYPES:
-        found = types.get(id_column, "missing")
+        found = f"of type {types[id_column]}" if id_column in types else "missing"
         raise ArtifactError(
             f"{where}: id column {id_column!r} is {found}, not an integer (NOBACKFILL_INDEX__PGVECTOR_ID_COLUMN)"
         )
-    vector_type = types.get(column, "missing")
+    vector_type = types.get(column, "")
     if not vector_type.startswith("vector"):
-        raise ArtifactError(
-            f"{where}: column {column!r} is {vector_type}, not a pgvector vector (NOBACKFILL_INDEX__PGVECTOR_COLUMN)"
-        )
+        found = f"of type {vector_type}, not a pgvector vector" if vector_type else "missing"
+        raise ArtifactError(f"{where}: column {column!r} is {found} (NOBACKFILL_INDEX__PGVECTOR_COLUMN)")
     dim = _dim(conn, vector_type, table, column, where)
     method, opclass, options = index_on(conn, rel, column)
     operator, metric = OPERATORS.get(opclass or "vector_ip_ops", ("<#>", "ip"))

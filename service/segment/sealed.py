@@ -281,6 +281,7 @@ def seal(
     whole_rows: bool = False,
     storage: str = STORAGE,
     queries: F32 | None = None,
+    queries_kind: str = "served",
 ) -> SealReport:
     """Build one sealed index over the intact shards no sealed index covers, when they hold >= min_rows new ids.
 
@@ -288,6 +289,7 @@ def seal(
     whole_rows: format 1, the graph over the whole rows and no re-rank (what seals wrote before; benches and
     tests compare against it).
     queries: served new-model queries [n, d] to measure the index's width on (measured_width); None: its own rows.
+    queries_kind: what they are, in the seal's report and index.json ("served": a traffic export's; "support").
 
     One seal at a time per segment (it waits for SEGMENT/seal.lock), so two never cover the same shards:
     parts of a parallel backfill that end together seal one after the other, the later one what is left.
@@ -304,7 +306,7 @@ def seal(
                 "measured on queries of the segment's model)"
             )
     with _seal_lock(folder):
-        return _seal(folder, min_rows, writer, started, whole_rows, storage, queries)
+        return _seal(folder, min_rows, writer, started, whole_rows, storage, queries, queries_kind)
 
 
 @contextmanager
@@ -319,7 +321,14 @@ def _seal_lock(folder: Path) -> Iterator[None]:
 
 
 def _seal(
-    folder: Path, min_rows: int, writer: str, started: float, whole_rows: bool, storage: str, queries: F32 | None
+    folder: Path,
+    min_rows: int,
+    writer: str,
+    started: float,
+    whole_rows: bool,
+    storage: str,
+    queries: F32 | None,
+    queries_kind: str,
 ) -> SealReport:
     """seal()'s work, under the seal lock."""
     import time
@@ -348,7 +357,7 @@ def _seal(
     graph.add(walked)
     searched = graph if basis is None else ProjectedGraph(graph, basis, vectors)
     width, recall = measured_width(searched, vectors, queries=queries)
-    probes = "its own rows" if queries is None else f"{min(PROBES, len(queries))} served queries"
+    probes = "its own rows" if queries is None else f"{min(PROBES, len(queries))} {queries_kind} queries"
     shards = [e.name for e, _, _ in picked]
     name = _publish(folder, graph, basis, vectors, ids, shards, writer, (width, recall, probes))
     _retire_superseded(folder, metas, set(shards))

@@ -150,15 +150,31 @@ def test_given_served_queries_a_seal_measures_its_width_on_them(world: World, it
     `backfill run` and `backfill index` measure their width on; another model's queries are refused in one line."""
     segment = tmp_path / "segment"
     args = _run_args(world, items, segment, "--backend", "synthetic-new", "--profile", world.profile_dir)
-    done = cli(*args, "--limit", 600, "--seal-rows", 500, "--probe-queries", world.support_dir, "--json")
+    unsealed = cli(*args, "--limit", 100, "--seal-rows", 500, "--probe-queries", world.support_dir)
+    assert unsealed.returncode == 0, unsealed.stderr  # below --seal-rows: it says what the flag did not do
+    assert "not sealed (100 rows no index covers, fewer than --seal-rows 500), so --probe-queries measured" in (
+        unsealed.stdout
+    )
+    few = tmp_path / "few"
+    few.mkdir()
+    for name in ("old_query.npy", "new_query.npy", "models.json"):
+        shutil.copy(world.support_dir / name, few / name)
+    for name in ("old_query.npy", "new_query.npy"):
+        np.save(few / name, np.load(few / name)[:99])
+    refused = cli(*args, "--limit", 10, "--probe-queries", few)
+    assert refused.returncode == 2 and "99 queries (all-zero rows left out); a recall of 0.99 needs" in refused.stderr
+    missing = cli("backfill", "index", segment, "--probe-queries", tmp_path / "nowhere")
+    assert missing.returncode == 2 and missing.stderr.startswith(f"error: --probe-queries {tmp_path / 'nowhere'}:")
+    done = cli(*args, "--limit", 500, "--seal-rows", 500, "--probe-queries", world.support_dir, "--json")
     assert done.returncode == 0, done.stderr
     sealed = json.loads(done.stdout)["sealed"]
-    assert sealed["probes"] == "400 served queries" and sealed["recall"] >= QUERY_RECALL_TARGET
+    assert sealed["probes"] == "400 support queries" and sealed["recall"] >= QUERY_RECALL_TARGET
     recorded = json.loads((segment / INDEXES / sealed["index"] / INDEX_JSON).read_text())
-    assert recorded["width_probes"] == "400 served queries" and recorded["ef_search"] == sealed["ef_search"]
+    assert recorded["width_probes"] == "400 support queries" and recorded["ef_search"] == sealed["ef_search"]
     foreign = tmp_path / "foreign"
     shutil.copytree(world.support_dir, foreign)
-    models = json.loads((foreign / "models.json").read_text())
+    models_text = (foreign / "models.json").read_text()
+    models = json.loads(models_text)
     models["new"]["model_id"] = "someone-elses-model"
     (foreign / "models.json").write_text(json.dumps(models))
     assert cli(*args, "--limit", 50, "--seal-rows", 0).returncode == 0
@@ -171,8 +187,11 @@ def test_given_served_queries_a_seal_measures_its_width_on_them(world: World, it
         np.save(narrow / name, np.load(world.support_dir / name)[:, :16])
     refused = cli("backfill", "index", segment, "--probe-queries", narrow)
     assert refused.returncode == 2 and "16-d new-model queries, but the segment's rows are" in refused.stderr
-    on_demand = cli("backfill", "index", segment, "--probe-queries", world.support_dir)
+    served = tmp_path / "served"  # the same queries as `traffic export` writes them: its models.json says so
+    shutil.copytree(world.support_dir, served)
+    (served / "models.json").write_text(json.dumps(json.loads(models_text) | {"source": "traffic"}))
+    on_demand = cli("backfill", "index", segment, "--probe-queries", served)
     assert on_demand.returncode == 0 and "of exact on 400 served queries)" in on_demand.stdout
     status = json.loads(cli("backfill", "status", segment, "--json").stdout)["sealed_indexes"]
-    assert [s["width_probes"] for s in status] == ["400 served queries"] * 2
-    assert "(its seal's measurement on 400 served queries;" in cli("backfill", "status", segment).stdout
+    assert sorted(s["width_probes"] for s in status) == ["400 served queries", "400 support queries"]
+    assert "(its seal's measurement on 400 support queries;" in cli("backfill", "status", segment).stdout

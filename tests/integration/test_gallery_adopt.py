@@ -315,3 +315,17 @@ def test_the_adopted_ef_search_setting_widens_an_hnsw_index_without_touching_it(
     from service.index.factory import create_gallery
 
     assert create_gallery(settings.index).ef_search == 256  # type: ignore[attr-defined]
+
+
+def test_adopt_says_when_positions_are_taken_as_ids_and_what_serving_needs(tmp_path: Path) -> None:
+    faiss.write_index(_user_index("HNSW16", "positions"), str(tmp_path / "plain.faiss"))
+    faiss.write_index(_user_index("IDMap,HNSW16", "ids"), str(tmp_path / "mapped.faiss"))
+    plain = cli("gallery", "adopt", tmp_path / "plain.faiss", "--out", tmp_path / "a", "--model-id", "m",
+                "--backend", "sentence-transformers")  # fmt: skip
+    assert plain.returncode == 0, plain.stderr
+    assert f"labels are positions 0..{N - 1:,} (no id map), taken as the gallery ids: pass --ids" in plain.stdout
+    assert "NOBACKFILL_COMPAT__PROFILE_DIR=PROFILE_DIR NOBACKFILL_OLD__BACKEND=sentence-transformers" in plain.stdout
+    mapped = cli("gallery", "adopt", tmp_path / "mapped.faiss", "--out", tmp_path / "b", "--model-id", "synthetic-old",
+                 "--backend", "synthetic-old")  # fmt: skip
+    assert "with its id map" in mapped.stdout and "labels are gallery ids;" in mapped.stdout
+    assert "NOBACKFILL_OLD__BACKEND" not in mapped.stdout  # the synthetic encoders are the default

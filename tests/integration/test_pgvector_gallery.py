@@ -184,8 +184,9 @@ def test_the_few_rows_moved_early_in_a_backfill_are_searched_through_their_index
 def test_what_cannot_be_served_is_refused_in_one_line(dsn: str) -> None:
     for table, column, message in (
         ("nowhere", "embedding", "no table 'nowhere'"),
-        ("items_text_ids", "embedding", "id column 'id' is text, not an integer"),
-        ("items_plain", "title", "column 'title' is text, not a pgvector vector"),
+        ("items_text_ids", "embedding", "id column 'id' is of type text, not an integer"),
+        ("items_plain", "title", "column 'title' is of type text, not a pgvector vector"),
+        ("items_plain", "vec", "column 'vec' is missing (NOBACKFILL_INDEX__PGVECTOR_COLUMN)"),
         ("items_empty", "embedding", "table 'items_empty' is empty"),
     ):
         with pytest.raises(ArtifactError) as refused:
