@@ -210,8 +210,8 @@ def run(
         sealed = summary["sealed"]
         typer.echo(f"sealed {sealed['rows']:,} rows of {sealed['shards']} shard(s){_taking_in(sealed['absorbed'])} "
                    f"into index {sealed['index']} in {sealed['seconds']} s, searched at ef {sealed['ef_search']} "
-                   f"(recall@10 {sealed['recall']:.3f} of exact on {sealed['probes']}; the service serves it from its "
-                   "next refresh)")  # fmt: skip
+                   f"(recall@10 {sealed['recall']:.3f} of exact on {sealed['probes']}); the service serves it from its "
+                   "next refresh")  # fmt: skip
     elif probes is not None and not report.interrupted:  # the queries were read for a seal that did not happen
         left = "" if report.sealed is None else f"{report.sealed.rows:,} rows no index covers, fewer than "
         typer.echo(

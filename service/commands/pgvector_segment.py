@@ -20,7 +20,7 @@ PGVECTOR_TABLE_PREFIX = "pgvector-table:"
 class PgvectorSegmentCli:
     """The new column (or side table) as the backfill commands see it."""
 
-    noun = "column"
+    noun = "column"  # (a side table's instance says "side table")
 
     def __init__(self, name: str, side: bool) -> None:
         from service.segment.pgvector_column import PgvectorColumn
@@ -29,6 +29,7 @@ class PgvectorSegmentCli:
         self.settings = Settings().index  # NOBACKFILL_INDEX__PGVECTOR_DSN and _TABLE, as the service reads them
         self.column = PgvectorColumn(self.settings, name, side=side)
         self.where = self.column.where
+        self.noun = "side table" if side else "column"  # in status's lines
 
     def exists(self) -> bool:
         """Whether the column (side table) is there."""

@@ -138,6 +138,8 @@ async def test_the_migration_fills_the_new_rows_and_hybrid_rises_from_compat_to_
         layout.settings(env, world), CAPTIONS, ids, rows
     )  # (no index: a scan)
 
+    status = cli("backfill", "status", layout.spec)
+    assert f"(index on the {'side table' if layout is SIDE else 'column'}: none" in status.stdout, status.stderr
     printed = cli("backfill", "cutover", layout.spec)
     view = layout.view
     assert printed.returncode == 0 and f'CREATE VIEW "{view}"' in printed.stdout, printed.stderr
