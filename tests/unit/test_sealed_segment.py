@@ -139,18 +139,24 @@ def _leave_one_out_recall(graph: faiss.Index, rows: np.ndarray, width: int, prob
     return float(np.mean([len((set(w) & set(g)) - {p}) / 10 for w, g, p in zip(want, found, probes, strict=True)]))
 
 
+def _poor_graph(rows: np.ndarray) -> faiss.Index:
+    """An HNSW graph built poorly (20 links, efConstruction 24) on one thread: the same graph every run."""
+    threads = faiss.omp_get_max_threads()
+    faiss.omp_set_num_threads(1)
+    try:
+        graph = faiss.IndexHNSWFlat(DIM, 20, faiss.METRIC_INNER_PRODUCT)
+        graph.hnsw.efConstruction = 24
+        graph.add(rows)
+    finally:
+        faiss.omp_set_num_threads(threads)
+    return graph
+
+
 def test_a_seal_measures_the_narrowest_width_that_finds_the_recall_target() -> None:
     """A graph built poorly (20 links, efConstruction 24) needs a wider search than one built well; each width
     chosen finds the target on its own rows, and the one below it does not."""
     rows = _clustered(np.random.default_rng(6), 20_000)
-    threads = faiss.omp_get_max_threads()
-    faiss.omp_set_num_threads(1)  # a graph built on one thread is the same graph every run (here: 512 wide)
-    try:
-        poor = faiss.IndexHNSWFlat(DIM, 20, faiss.METRIC_INNER_PRODUCT)
-        poor.hnsw.efConstruction = 24
-        poor.add(rows)
-    finally:
-        faiss.omp_set_num_threads(threads)
+    poor = _poor_graph(rows)  # here: 512 wide
     good = faiss.IndexHNSWFlat(DIM, 32, faiss.METRIC_INNER_PRODUCT)
     good.add(rows)
     probes = np.random.default_rng(0).choice(len(rows), PROBES, replace=False)  # measured_width's own probes
@@ -384,14 +390,7 @@ def test_given_served_queries_a_seal_measures_the_width_they_need() -> None:
     reaches QUERY_RECALL_TARGET for its queries under brute force, and the width below it does not."""
     rows = _clustered(np.random.default_rng(6), 20_000)
     centres = np.random.default_rng(6).standard_normal((40, DIM)).astype(np.float32)  # _clustered's first draw
-    threads = faiss.omp_get_max_threads()
-    faiss.omp_set_num_threads(1)  # the same graph every run
-    try:
-        graph = faiss.IndexHNSWFlat(DIM, 20, faiss.METRIC_INNER_PRODUCT)
-        graph.hnsw.efConstruction = 24
-        graph.add(rows)
-    finally:
-        faiss.omp_set_num_threads(threads)
+    graph = _poor_graph(rows)
     own, _ = measured_width(graph, rows)
     rng = np.random.default_rng(9)
     widths = {}
