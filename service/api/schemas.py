@@ -47,8 +47,9 @@ class SearchRequest(BaseModel):
     mode: str | None = None
     alpha: float | None = None
     nprobe: int | None = None
-    # The segment's sealed HNSW indexes search this many candidates for this request (hybrid, new, the
-    # cut-over); unset: index.segment_ef_search.  Wider finds more of the exact top k, slower.
+    # Every HNSW graph this request walks searches this many candidates: the segment's sealed indexes (hybrid,
+    # new, the cut-over) and an HNSW gallery (an adopted HNSW index, a pgvector HNSW index, Qdrant's hnsw_ef,
+    # a Milvus HNSW collection's ef); unset: each one's setting.  Wider finds more of the exact top k, slower.
     ef_search: int | None = None
     debug: bool = False
 

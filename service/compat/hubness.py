@@ -95,9 +95,17 @@ class Corrected:
     hubness: Hubness
     candidates: int
 
-    def search(self, gallery: Any, batch: F32, k: int, nprobe: int, rows: npt.NDArray[np.bool_]) -> tuple[F32, I64]:
+    def search(
+        self,
+        gallery: Any,
+        batch: F32,
+        k: int,
+        nprobe: int,
+        rows: npt.NDArray[np.bool_],
+        ef_search: int | None = None,
+    ) -> tuple[F32, I64]:
         """The gallery's top-k; `rows` re-ranked over max(k, candidates) hits less their biases."""
-        scores, ids = gallery.search(batch, max(k, self.candidates), nprobe)
+        scores, ids = gallery.search(batch, max(k, self.candidates), nprobe, ef_search=ef_search)
         out_s, out_i = scores[:, :k].copy(), ids[:, :k].copy()
         if rows.any():
             out_s[rows], out_i[rows] = self.hubness.correct(scores[rows], ids[rows], k)

@@ -157,8 +157,19 @@ class GalleryBackend(Protocol):
         """The largest nprobe a search takes (the IVF nlist), or None when the index has no nprobe."""
         ...
 
-    def search(self, queries: npt.ArrayLike, k: int, nprobe: int, exclude: Exclusion | None = None) -> Hits:
-        """Top-k inner products of queries [b, d], skipping `exclude`'s ids: (scores [b, k], ids [b, k]; -1 pads)."""
+    def search(
+        self,
+        queries: npt.ArrayLike,
+        k: int,
+        nprobe: int,
+        exclude: Exclusion | None = None,
+        ef_search: int | None = None,
+    ) -> Hits:
+        """Top-k inner products of queries [b, d], skipping `exclude`'s ids: (scores [b, k], ids [b, k]; -1 pads).
+
+        nprobe: an IVF index's lists.  ef_search: this call's width where the gallery walks an HNSW graph (an
+        adopted HNSW index, a pgvector HNSW index, a Qdrant collection, a Milvus HNSW collection), at least k;
+        None: the gallery's own setting.  Each backend ignores the one its index does not take."""
         ...
 
     def describe(self) -> dict[str, Any]:

@@ -124,7 +124,12 @@ class Gallery:
         return cls(folder, meta, index, nlist, resources, graph, graph_ef)
 
     def search(
-        self, queries: npt.ArrayLike, k: int, nprobe: int, exclude: Exclusion | None = None
+        self,
+        queries: npt.ArrayLike,
+        k: int,
+        nprobe: int,
+        exclude: Exclusion | None = None,
+        ef_search: int | None = None,  # noqa: ARG002 (the protocol's: an IVF index has no graph width)
     ) -> tuple[npt.NDArray[np.float32], npt.NDArray[np.int64]]:
         """Top-k inner products of queries [b, d], skipping `exclude`'s ids: (scores [b, k], ids [b, k]; -1 pads)."""
         q = checked_queries(queries, self.dim, k, nprobe, self.nlist)

@@ -25,6 +25,7 @@ and for FAIL_FAST_S searches are answered 503 at once instead of each waiting ou
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 import json
 import logging
@@ -138,13 +139,13 @@ def state_name(state: Any) -> str:
     return str(getattr(state, "name", state))
 
 
-def search_params(index_type: str, metric: str, k: int, nprobe: int) -> dict[str, Any]:
-    """One search's parameters for an index: nprobe for IVF, ef >= k for HNSW, none otherwise."""
+def search_params(index_type: str, metric: str, k: int, nprobe: int, ef_search: int | None = None) -> dict[str, Any]:
+    """One search's parameters for an index: nprobe for IVF, ef >= k for HNSW (ef_search when given), none else."""
     params: dict[str, Any] = {}
     if index_type.startswith("IVF"):
         params["nprobe"] = nprobe
     elif index_type.startswith("HNSW"):
-        params["ef"] = max(k, HNSW_MIN_EF)
+        params["ef"] = max(k, ef_search or HNSW_MIN_EF)
     return {"metric_type": metric, "params": params}
 
 
@@ -254,14 +255,20 @@ class MilvusGallery:
             return None
         return self.nlist if self.nlist is not None else MILVUS_MAX_NPROBE
 
-    def search_params(self, k: int, nprobe: int) -> dict[str, Any]:
+    def search_params(self, k: int, nprobe: int, ef_search: int | None = None) -> dict[str, Any]:
         """The per-search parameters: nprobe for IVF, ef >= k for HNSW, none otherwise."""
-        return search_params(self.index_type, self.metric, k, nprobe)
+        return search_params(self.index_type, self.metric, k, nprobe, ef_search)
 
     def search(
-        self, queries: npt.ArrayLike, k: int, nprobe: int, exclude: Exclusion | None = None
+        self,
+        queries: npt.ArrayLike,
+        k: int,
+        nprobe: int,
+        exclude: Exclusion | None = None,
+        ef_search: int | None = None,
     ) -> tuple[npt.NDArray[np.float32], npt.NDArray[np.int64]]:
-        """Top-k of queries [b, d] by the collection's IP / COSINE, skipping `exclude` (over-fetched): -1 pads."""
+        """Top-k of queries [b, d] by the collection's IP / COSINE, skipping `exclude` (over-fetched): -1 pads.
+        ef_search: an HNSW collection's ef for this call (None: at least HNSW_MIN_EF)."""
         q = checked_queries(queries, self.dim, k, nprobe, self.max_nprobe)
         scores = np.full((q.shape[0], k), PAD_SCORE, dtype=np.float32)
         ids = np.full((q.shape[0], k), -1, dtype=np.int64)
@@ -269,7 +276,8 @@ class MilvusGallery:
             return scores, ids  # every row moved: nothing here may answer (hybrid is the new search alone)
         if exclude is not None and len(exclude.ids):
             # An `id not in [...]` filter of up to millions of ids is no query to send: fetch more, drop locally.
-            return excluding_by_overfetch(self.search, q, k, nprobe, exclude, max_fetch=MILVUS_MAX_TOPK)
+            search = functools.partial(self.search, ef_search=ef_search)
+            return excluding_by_overfetch(search, q, k, nprobe, exclude, max_fetch=MILVUS_MAX_TOPK)
         if q.shape[0] == 0:
             return scores, ids
         if self._problem is not None and time.monotonic() - self._failed_at < FAIL_FAST_S:
@@ -283,7 +291,7 @@ class MilvusGallery:
                 limit=k,
                 anns_field=self.field,
                 output_fields=[self.primary],
-                search_params=self.search_params(k, nprobe),
+                search_params=self.search_params(k, nprobe, ef_search),
                 timeout=self.timeout_s,
             )
         except milvus_errors() as exc:

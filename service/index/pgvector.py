@@ -115,15 +115,22 @@ class PgvectorGallery(ServerHealth):
         return cls(settings, described)
 
     def search(
-        self, queries: npt.ArrayLike, k: int, nprobe: int, exclude: Exclusion | None = None
+        self,
+        queries: npt.ArrayLike,
+        k: int,
+        nprobe: int,
+        exclude: Exclusion | None = None,
+        ef_search: int | None = None,
     ) -> tuple[npt.NDArray[np.float32], npt.NDArray[np.int64]]:
-        """Top-k by the table's index (or exactly), as cosines, skipping `exclude`'s ids: (scores, ids; -1 pads)."""
+        """Top-k by the table's index (or exactly), as cosines, skipping `exclude`'s ids: (scores, ids; -1 pads).
+        ef_search: an HNSW index's hnsw.ef_search for this call (None: index.pgvector_ef_search)."""
         q = checked_queries(queries, self.dim, k, nprobe, self.max_nprobe)
+        search = functools.partial(self._search, ef_search=ef_search)
         if exclude is not None and exclude.in_table is not None:  # the segment is in this database
-            return self._search(q, k, nprobe, unmoved=exclude.in_table)
+            return search(q, k, nprobe, unmoved=exclude.in_table)
         if exclude is not None and len(exclude.ids):
-            return excluding_by_overfetch(self._search, q, k, nprobe, exclude)
-        return self._search(q, k, nprobe)
+            return excluding_by_overfetch(search, q, k, nprobe, exclude)
+        return search(q, k, nprobe)
 
     def _compose(self, unmoved: InTable | None) -> Any:
         """The search statement; with `unmoved`, only the rows that have not moved (a NULL new column, or no
@@ -150,7 +157,12 @@ class PgvectorGallery(ServerHealth):
         )
 
     def _search(
-        self, q: npt.NDArray[np.float32], k: int, nprobe: int, unmoved: InTable | None = None
+        self,
+        q: npt.NDArray[np.float32],
+        k: int,
+        nprobe: int,
+        unmoved: InTable | None = None,
+        ef_search: int | None = None,
     ) -> tuple[npt.NDArray[np.float32], npt.NDArray[np.int64]]:
         """Every row's statement, with this request's index settings, in one round trip on this thread's connection."""
         import psycopg
@@ -160,7 +172,12 @@ class PgvectorGallery(ServerHealth):
             statement = self._statements.setdefault(unmoved, self._compose(unmoved))
         try:
             scores, ids = ranked(
-                self._connections.get(), statement, q, k, self.metric, self._search_settings(k, nprobe, unmoved)
+                self._connections.get(),
+                statement,
+                q,
+                k,
+                self.metric,
+                self._search_settings(k, nprobe, unmoved, ef_search),
             )
         except psycopg.OperationalError as exc:
             self._connections.drop()
@@ -169,7 +186,9 @@ class PgvectorGallery(ServerHealth):
         self._answered()
         return scores, ids
 
-    def _search_settings(self, k: int, nprobe: int, unmoved: InTable | None) -> dict[str, str]:
+    def _search_settings(
+        self, k: int, nprobe: int, unmoved: InTable | None, ef_search: int | None = None
+    ) -> dict[str, str]:
         """The index's search parameters for one request (other threads and requests never see them).
 
         With moved rows left out, the index scan goes on past its first candidates until k rows pass the
@@ -188,7 +207,7 @@ class PgvectorGallery(ServerHealth):
             if unmoved is not None:
                 found["ivfflat.iterative_scan"] = "relaxed_order"
         elif self.index_method == "hnsw":
-            found["hnsw.ef_search"] = str(max(self.settings.pgvector_ef_search, k))
+            found["hnsw.ef_search"] = str(max(ef_search or self.settings.pgvector_ef_search, k))
             if unmoved is not None:
                 found["hnsw.iterative_scan"] = "strict_order"
         if unmoved is not None and unmoved.kind == "table":

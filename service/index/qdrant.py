@@ -25,6 +25,7 @@ parameters have no effect) and one process at a time may open its folder.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import logging
 import warnings
@@ -87,15 +88,22 @@ class QdrantGallery(ServerHealth):
         return cls(settings, client, described)
 
     def search(
-        self, queries: npt.ArrayLike, k: int, nprobe: int, exclude: Exclusion | None = None
+        self,
+        queries: npt.ArrayLike,
+        k: int,
+        nprobe: int,
+        exclude: Exclusion | None = None,
+        ef_search: int | None = None,
     ) -> tuple[npt.NDArray[np.float32], npt.NDArray[np.int64]]:
-        """Top-k by the collection's index, as cosines, skipping `exclude`'s ids: (scores, ids; -1 pads)."""
+        """Top-k by the collection's index, as cosines, skipping `exclude`'s ids: (scores, ids; -1 pads).
+        ef_search: this call's hnsw_ef (None: index.qdrant_hnsw_ef, else the collection's own)."""
         q = checked_queries(queries, self.dim, k, nprobe, None)
+        search = functools.partial(self._search, ef_search=ef_search)
         if exclude is not None and exclude.in_table is not None and exclude.in_table.kind == "vector":
-            return self._search(q, k, nprobe, unmoved=exclude.in_table.name)
+            return search(q, k, nprobe, unmoved=exclude.in_table.name)
         if exclude is not None and len(exclude.ids):
-            return excluding_by_overfetch(self._search, q, k, nprobe, exclude)
-        return self._search(q, k, nprobe)
+            return excluding_by_overfetch(search, q, k, nprobe, exclude)
+        return search(q, k, nprobe)
 
     def _search(
         self,
@@ -103,15 +111,15 @@ class QdrantGallery(ServerHealth):
         k: int,
         nprobe: int,  # noqa: ARG002 (the protocol's; HNSW takes hnsw_ef)
         unmoved: str | None = None,
+        ef_search: int | None = None,
     ) -> tuple[npt.NDArray[np.float32], npt.NDArray[np.int64]]:
         """One batched query: a request per row; with `unmoved`, only the points without that (new) vector."""
         from qdrant_client import models
 
         only = models.Filter(must_not=[models.HasVectorCondition(has_vector=unmoved)]) if unmoved is not None else None
+        width = self.settings.qdrant_hnsw_ef if ef_search is None else max(ef_search, k)
         try:
-            answers = query_batch(
-                self._client, self.collection, q, k, using=self.vector, only=only, hnsw_ef=self.settings.qdrant_hnsw_ef
-            )
+            answers = query_batch(self._client, self.collection, q, k, using=self.vector, only=only, hnsw_ef=width)
         except Exception as exc:  # the client's transport and server errors alike: an outage for this request
             self._failed(exc)
             raise GalleryUnavailable(f"the Qdrant gallery did not answer ({setting_line(self.settings)})") from exc

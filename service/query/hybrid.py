@@ -121,12 +121,14 @@ def _old_side(
 ) -> tuple[F32, I64]:
     """The old gallery's top-k: moved items skipped where the segment answers for them, kept where it cannot."""
     if usable.all():
-        return gallery.search(batch, job.depth, job.nprobe, exclude=snapshot.exclusion)
+        return gallery.search(batch, job.depth, job.nprobe, exclude=snapshot.exclusion, ef_search=job.ef_search)
     scores = np.full((len(batch), job.depth), -np.inf, dtype=np.float32)
     ids = np.full((len(batch), job.depth), -1, dtype=np.int64)
     for rows, exclusion in ((usable, snapshot.exclusion), (~usable, None)):
         if rows.any():
-            scores[rows], ids[rows] = gallery.search(batch[rows], job.depth, job.nprobe, exclude=exclusion)
+            scores[rows], ids[rows] = gallery.search(
+                batch[rows], job.depth, job.nprobe, exclude=exclusion, ef_search=job.ef_search
+            )
     return scores, ids
 
 

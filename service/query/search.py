@@ -67,9 +67,9 @@ def transform_and_search(
             scores, ids, from_segment = merged.scores, merged.ids, merged.from_segment.sum(axis=1).tolist()
         elif hubness is not None and stages.mode == job.mapping.head:  # what `eval` scored as <head>+csls
             own = np.array([fallback is None for _, fallback in plan])
-            scores, ids = hubness.search(gallery, batch, job.depth, job.nprobe, own)
+            scores, ids = hubness.search(gallery, batch, job.depth, job.nprobe, own, job.ef_search)
         else:
-            scores, ids = gallery.search(batch, job.depth, job.nprobe)
+            scores, ids = gallery.search(batch, job.depth, job.nprobe, ef_search=job.ef_search)
     id_lists, score_lists = ids.tolist(), scores.tolist()
     results = []
     for i, ((row_mode, fallback), alpha, theta) in enumerate(zip(plan, rows.alphas, rows.thetas, strict=True)):

@@ -59,9 +59,10 @@ class SegmentGallery:
         k: int,
         nprobe: int,  # noqa: ARG002 (the protocol's; the blocks search at index.segment_ef_search)
         exclude: Exclusion | None = None,  # noqa: ARG002 (nothing is excluded after the cut-over)
+        ef_search: int | None = None,
     ) -> Hits:
-        """Top-k over every block of the segment."""
-        return self.segment.snapshot.search(np.asarray(queries, dtype=np.float32), k)
+        """Top-k over every block of the segment, its graphs at ef_search (None: each one's own width)."""
+        return self.segment.snapshot.search(np.asarray(queries, dtype=np.float32), k, ef_search)
 
     def describe(self) -> dict[str, Any]:
         """What /v1/info reports: the segment in place of the retired gallery."""

@@ -329,3 +329,37 @@ def test_adopt_says_when_positions_are_taken_as_ids_and_what_serving_needs(tmp_p
                  "--backend", "synthetic-old")  # fmt: skip
     assert "with its id map" in mapped.stdout and "labels are gallery ids;" in mapped.stdout
     assert "NOBACKFILL_OLD__BACKEND" not in mapped.stdout  # the synthetic encoders are the default
+
+
+async def test_a_requests_ef_search_is_an_adopted_hnsw_gallerys_width_for_that_request(
+    world: World, tmp_path: Path
+) -> None:
+    """Served over a poorly built HNSW index of the world's old rows (8 links): a narrow request finds less of the
+    exact ranking than a wide one, and neither changes what a request without a width gets (the file's 16)."""
+    from service.encoders.synthetic import SyntheticOldEncoder
+
+    rows = SyntheticOldEncoder().encode_items(np.arange(5000))
+    index = faiss.IndexHNSWFlat(rows.shape[1], 8, faiss.METRIC_INNER_PRODUCT)
+    index.hnsw.efConstruction = 16
+    index.add(rows)
+    faiss.write_index(index, str(tmp_path / "theirs.faiss"))
+    built = json.loads((world.gallery_dir / "gallery.json").read_text())
+    adopt(
+        tmp_path / "theirs.faiss", tmp_path / "gallery", built["old_model"]["model_id"], built["old_model"]["backend"]
+    )
+    settings = Settings(index=IndexSettings(gallery_dir=tmp_path / "gallery"), compat=CompatSettings(
+        profile_dir=world.profile_dir))  # fmt: skip
+    texts = [f"item-{i:010d} caption-1" for i in range(0, 5000, 250)]
+    queries = SyntheticOldEncoder().encode(texts)
+    exact = np.argsort(-(queries / np.linalg.norm(queries, axis=1, keepdims=True)) @ rows.T, axis=1)[:, :10]
+    async with serving(settings) as service:
+
+        async def recall(**width: int) -> float:
+            response = await service.search(queries=[{"text": t} for t in texts], k=10, mode="old", **width)
+            assert response.status_code == 200, response.text
+            got = [r["ids"] for r in response.json()["results"]]
+            return float(np.mean([len(set(w) & set(g)) / 10 for w, g in zip(exact.tolist(), got, strict=True)]))
+
+        default, narrow, wide = await recall(), await recall(ef_search=10), await recall(ef_search=1000)
+        assert narrow < wide and wide >= 0.99
+        assert await recall(ef_search=16) == default == await recall()  # the file's width; the wide one did not stick

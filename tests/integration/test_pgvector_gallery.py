@@ -114,6 +114,21 @@ def test_an_indexed_table_is_searched_through_its_own_index(dsn: str, table: str
     gallery.close()
 
 
+def test_a_calls_ef_search_is_the_hnsw_indexs_width_for_that_call(dsn: str) -> None:
+    """A request's ef_search reaches the table's HNSW index as hnsw.ef_search, for that call only."""
+    gallery = _open(dsn, "items_hnsw")  # index.pgvector_ef_search: pgvector's 40
+
+    def recall(**width: int) -> float:
+        _, ids = gallery.search(QUERIES, 10, nprobe=1, **width)
+        pairs = zip(_exact(QUERIES, 10).tolist(), ids.tolist(), strict=True)
+        return float(np.mean([len(set(w) & set(g)) / 10 for w, g in pairs]))
+
+    default, wide = recall(), recall(ef_search=400)
+    assert default < 0.9 < wide and recall() == default  # the wide call's width did not stick
+    assert recall(ef_search=1) <= default  # raised to k, never below it: still a full list
+    gallery.close()
+
+
 def index_scans(conn: Any, table: str) -> int:
     """Index scans of a table so far, as the server's statistics count them (a backend reports its own as it ends,
     or when idle at most once a second: this connection's own, such as the setup's primary-key scans, are flushed
