@@ -224,7 +224,11 @@ class Pipeline:
                 "alphas": profile.alphas,
                 "modes": profile.modes(),
             },
-            "gallery": {**self.gallery.describe(), "nprobe_default": self.default_nprobe()},
+            # null where the gallery takes no nprobe (an HNSW or Flat index, Qdrant): it would read as a width.
+            "gallery": {
+                **self.gallery.describe(),
+                "nprobe_default": None if self.gallery.max_nprobe is None else self.default_nprobe(),
+            },
             "cache": {"kind": self.cache.kind, "state": self.cache.state()},
             "hubness": None if self.hubness is None else self._hubness_info(),
             "default_mode": default_mode(self.settings, profile),

@@ -179,6 +179,7 @@ async def test_the_worlds_own_index_adopted_is_served_as_its_built_gallery(world
             info = (await service.client.get("/v1/info")).json()
     assert answers[0] == answers[1]
     assert info["gallery"]["kind"] == "adopted" and info["gallery"]["index"]["type"] == "IndexIVFPQ"
+    assert info["gallery"]["nprobe_default"] == 32  # an IVF index: the nprobe a request without one gets
 
 
 # --------------------------------------------------------------------------- gallery eval, the width setting
@@ -363,3 +364,5 @@ async def test_a_requests_ef_search_is_an_adopted_hnsw_gallerys_width_for_that_r
         default, narrow, wide = await recall(), await recall(ef_search=10), await recall(ef_search=1000)
         assert narrow < wide and wide >= 0.99
         assert await recall(ef_search=16) == default == await recall()  # the file's width; the wide one did not stick
+        gallery = (await service.client.get("/v1/info")).json()["gallery"]
+        assert gallery["ef_search"] == 16 and gallery["nprobe_default"] is None  # no IVF lists: no nprobe to show

@@ -577,7 +577,7 @@
           ["modes", info.modes.join(", "), "modes"],
           ["gallery", info.gallery.fingerprint, "gallery.fingerprint"],
           ["gallery items", info.gallery.ntotal, "gallery.ntotal"],
-          ["nprobe", info.gallery.nprobe_default, "gallery.nprobe_default"],
+          ["nprobe", info.gallery.nprobe_default ?? "- (no IVF lists)", "gallery.nprobe_default"],
           ["item store", info.items ? `${fmt(info.items.count)} items` : "none (ids only)", "items.count"],
         ])),
     ];
