@@ -97,6 +97,7 @@ QUERY_RECALL_TARGET = 0.99
 WIDTHS = (128, 192, 256, 384, 512, 768, 1024)  # the efSearch values a seal tries, narrowest first
 PROBES = 400  # rows of the index itself (or served queries) a seal asks to measure them (4,000 neighbours)
 LEGACY_EF_SEARCH = 128  # the efSearch of an index sealed before seals measured one (the former fixed default)
+OWN_ROWS = "its own rows"  # what a width was measured on without served queries (index.json's width_probes)
 
 
 @dataclass(frozen=True)
@@ -107,7 +108,7 @@ class SealedMeta:
     shards: frozenset[str]
     rows: int
     ef_search: int = LEGACY_EF_SEARCH  # the width its seal measured to find RECALL_TARGET of exact
-    width_probes: str = "its own rows"  # what the width was measured on (served queries: measured_width)
+    width_probes: str = OWN_ROWS  # what the width was measured on (served queries: measured_width)
 
 
 @dataclass(frozen=True)
@@ -216,7 +217,7 @@ def read_meta(folder: Path, name: str) -> SealedMeta:
     if not isinstance(ef_search, int) or isinstance(ef_search, bool) or ef_search < 1:
         raise ArtifactError(f"sealed index {path.parent}: {INDEX_JSON}'s ef_search must be a positive integer")
     probes = data.get("width_probes")  # absent before seals could measure on served queries
-    return SealedMeta(name, frozenset(shards), rows, ef_search, probes if isinstance(probes, str) else "its own rows")
+    return SealedMeta(name, frozenset(shards), rows, ef_search, probes if isinstance(probes, str) else OWN_ROWS)
 
 
 def choose_cover(metas: list[SealedMeta], intact: set[str]) -> list[SealedMeta]:
@@ -271,7 +272,7 @@ class SealReport:
     absorbed: int = 0
     ef_search: int | None = None  # the width measured for it, and the recall found there (measured_width)
     recall: float | None = None
-    probes: str = "its own rows"  # what the width was measured on
+    probes: str = OWN_ROWS  # what the width was measured on
 
 
 def seal(
@@ -357,7 +358,7 @@ def _seal(
     graph.add(walked)
     searched = graph if basis is None else ProjectedGraph(graph, basis, vectors)
     width, recall = measured_width(searched, vectors, queries=queries)
-    probes = "its own rows" if queries is None else f"{min(PROBES, len(queries))} {queries_kind} queries"
+    probes = OWN_ROWS if queries is None else f"{min(PROBES, len(queries))} {queries_kind} queries"
     shards = [e.name for e, _, _ in picked]
     name = _publish(folder, graph, basis, vectors, ids, shards, writer, (width, recall, probes))
     _retire_superseded(folder, metas, set(shards))
@@ -384,9 +385,9 @@ def measured_width(index: Any, rows: F32, k: int = 10, queries: F32 | None = Non
     (recall_sample.py).  A found row counts when it scores at least the k-th exact score, so tied rows
     count alike.
     """
-    n = len(rows)
     if queries is not None:
         return _width_for_queries(index, rows, queries, k)
+    n = len(rows)
     if n <= k + 1:
         return WIDTHS[0], 1.0
     picked = np.random.default_rng(0).choice(n, min(PROBES, n), replace=False)
@@ -396,15 +397,7 @@ def measured_width(index: Any, rows: F32, k: int = 10, queries: F32 | None = Non
     # not among the first k + 1 (a duplicate row outranked it).
     own = (order == picked[:, None]).any(axis=1)
     bar = np.where(own, exact[:, k], exact[:, k - 1]) - 1e-6
-    recall = 0.0
-    for width in WIDTHS:
-        scores, found = search_graph(index, queries, k + 1, width)
-        others = (found >= 0) & (found != picked[:, None])
-        hits = np.minimum(((scores >= bar[:, None]) & others).sum(axis=1), k)
-        recall = float(hits.mean() / k)
-        if recall >= RECALL_TARGET:
-            return width, recall
-    return WIDTHS[-1], recall
+    return _narrowest_width(index, queries, k, bar, RECALL_TARGET, own_rows=picked)
 
 
 def _width_for_queries(index: Any, rows: F32, queries: F32, k: int) -> tuple[int, float]:
@@ -413,12 +406,22 @@ def _width_for_queries(index: Any, rows: F32, queries: F32, k: int) -> tuple[int
     asked = queries[np.random.default_rng(0).choice(len(queries), min(PROBES, len(queries)), replace=False)]
     asked = np.ascontiguousarray(asked, dtype=np.float32)
     exact, _ = faiss.knn(asked, rows, k, metric=faiss.METRIC_INNER_PRODUCT)
-    bar = exact[:, k - 1] - 1e-6  # a found row counts when it scores at least the k-th exact (ties alike)
+    return _narrowest_width(index, asked, k, exact[:, k - 1] - 1e-6, QUERY_RECALL_TARGET)
+
+
+def _narrowest_width(
+    index: Any, asked: F32, k: int, bar: np.ndarray, target: float, own_rows: I64 | None = None
+) -> tuple[int, float]:
+    """The narrowest of WIDTHS at which `index` finds `target` of each asked row's exact top k, and the recall there
+    (the widest and its recall when none does).  A found row counts when it scores at least the row's `bar` (its
+    exact k-th, so tied rows count alike); with `own_rows` (the index's own rows asking) the asker's own row is
+    searched past and never counts."""
     recall = 0.0
     for width in WIDTHS:
-        scores, found = search_graph(index, asked, k, width)
-        recall = float(np.minimum(((scores >= bar[:, None]) & (found >= 0)).sum(axis=1), k).mean() / k)
-        if recall >= QUERY_RECALL_TARGET:
+        scores, found = search_graph(index, asked, k if own_rows is None else k + 1, width)
+        counted = found >= 0 if own_rows is None else (found >= 0) & (found != own_rows[:, None])
+        recall = float(np.minimum(((scores >= bar[:, None]) & counted).sum(axis=1), k).mean() / k)
+        if recall >= target:
             return width, recall
     return WIDTHS[-1], recall
 
